@@ -1,0 +1,75 @@
+// Every failure a caller can see: one GW_ERR_* constructor each, with its HTTP status, and its
+// JSON-RPC code in JSONRPC_CODE (STYLE.md habit 1). Gateway-made errors carry
+// `data.source = 'gateway'` so a client can tell them from a backend's own errors (SPEC.md J-8).
+// JSON-RPC codes used by the gateway stay in -32000..-32019 (implementation-defined in the
+// legacy eras; -32020..-32099 are reserved from 2026-07-28 on):
+//   -32000 transport-level rejection (header, media type, size, origin …), as the SDK does
+//   -32001 session not found (the SDK's code for 404)
+//   -32006 backend timeout        -32007 backend connection error (unreachable, exited, overloaded)
+import createError from '@fastify/error'
+import { errorResponse, type JsonRpcFailure, type RequestId } from './jsonrpc.js'
+
+export const GW_ERR_PARSE = createError('GW_ERR_PARSE', 'Parse error: %s', 400)
+export const GW_ERR_INVALID_REQUEST = createError('GW_ERR_INVALID_REQUEST', 'Invalid Request: %s', 400)
+export const GW_ERR_BAD_REQUEST = createError('GW_ERR_BAD_REQUEST', 'Bad Request: %s', 400)
+export const GW_ERR_SESSION_REQUIRED = createError('GW_ERR_SESSION_REQUIRED', 'Bad Request: Mcp-Session-Id header is required', 400)
+export const GW_ERR_SESSION_NOT_FOUND = createError('GW_ERR_SESSION_NOT_FOUND', 'Session not found', 404)
+export const GW_ERR_SERVER_NOT_FOUND = createError('GW_ERR_SERVER_NOT_FOUND', "No MCP server named '%s'", 404)
+export const GW_ERR_UNSUPPORTED_PROTOCOL_VERSION = createError('GW_ERR_UNSUPPORTED_PROTOCOL_VERSION', 'Bad Request: %s', 400)
+export const GW_ERR_NOT_ACCEPTABLE = createError('GW_ERR_NOT_ACCEPTABLE', 'Not Acceptable: %s', 406)
+export const GW_ERR_UNSUPPORTED_MEDIA_TYPE = createError('GW_ERR_UNSUPPORTED_MEDIA_TYPE', 'Unsupported Media Type: %s', 415)
+export const GW_ERR_PAYLOAD_TOO_LARGE = createError('GW_ERR_PAYLOAD_TOO_LARGE', 'Payload Too Large: the body exceeds %d bytes', 413)
+export const GW_ERR_FORBIDDEN = createError('GW_ERR_FORBIDDEN', 'Forbidden: %s', 403)
+export const GW_ERR_METHOD_NOT_ALLOWED = createError('GW_ERR_METHOD_NOT_ALLOWED', 'Method Not Allowed', 405)
+export const GW_ERR_CONFLICT = createError('GW_ERR_CONFLICT', 'Conflict: %s', 409)
+export const GW_ERR_BACKEND_CAPACITY = createError('GW_ERR_BACKEND_CAPACITY', "Backend '%s' is at its limit of %d sessions", 503)
+export const GW_ERR_BACKEND_UNAVAILABLE = createError('GW_ERR_BACKEND_UNAVAILABLE', "Backend '%s' is unavailable: %s", 502)
+export const GW_ERR_BACKEND_TIMEOUT = createError('GW_ERR_BACKEND_TIMEOUT', "Backend '%s' did not answer within %d ms", 504)
+export const GW_ERR_STORE_UNAVAILABLE = createError('GW_ERR_STORE_UNAVAILABLE', 'Session store unavailable: %s', 503)
+export const GW_ERR_SHUTTING_DOWN = createError('GW_ERR_SHUTTING_DOWN', 'The gateway is shutting down', 503)
+export const GW_ERR_INTERNAL = createError('GW_ERR_INTERNAL', 'Internal error: %s', 500)
+export const GW_ERR_CONFIG_INVALID = createError('GW_ERR_CONFIG_INVALID', 'Invalid configuration: %s', 500)
+
+export const JSONRPC_CODE: Record<string, number> = {
+  GW_ERR_PARSE: -32700,
+  GW_ERR_INVALID_REQUEST: -32600,
+  GW_ERR_BAD_REQUEST: -32000,
+  GW_ERR_SESSION_REQUIRED: -32000,
+  GW_ERR_SESSION_NOT_FOUND: -32001,
+  GW_ERR_SERVER_NOT_FOUND: -32000,
+  GW_ERR_UNSUPPORTED_PROTOCOL_VERSION: -32000,
+  GW_ERR_NOT_ACCEPTABLE: -32000,
+  GW_ERR_UNSUPPORTED_MEDIA_TYPE: -32000,
+  GW_ERR_PAYLOAD_TOO_LARGE: -32000,
+  GW_ERR_FORBIDDEN: -32000,
+  GW_ERR_METHOD_NOT_ALLOWED: -32000,
+  GW_ERR_CONFLICT: -32000,
+  GW_ERR_BACKEND_CAPACITY: -32007,
+  GW_ERR_BACKEND_UNAVAILABLE: -32007,
+  GW_ERR_BACKEND_TIMEOUT: -32006,
+  GW_ERR_STORE_UNAVAILABLE: -32000,
+  GW_ERR_SHUTTING_DOWN: -32000,
+  GW_ERR_INTERNAL: -32603,
+  GW_ERR_CONFIG_INVALID: -32603
+}
+
+/** The shape @fastify/error instances have; what the error handler and the router read. */
+export interface GatewayError extends Error {
+  code: string
+  statusCode?: number
+  /** Seconds, sent as Retry-After on 503. */
+  retryAfter?: number
+}
+
+export function isGatewayError (err: unknown): err is GatewayError {
+  return err instanceof Error && typeof (err as GatewayError).code === 'string' && (err as GatewayError).code.startsWith('GW_ERR_')
+}
+
+export function jsonRpcCodeOf (err: GatewayError): number {
+  return JSONRPC_CODE[err.code] ?? -32603
+}
+
+/** Renders a gateway error as the JSON-RPC error a client sees. */
+export function toJsonRpcError (err: GatewayError, id: RequestId | null): JsonRpcFailure {
+  return errorResponse(id, jsonRpcCodeOf(err), err.message, { source: 'gateway', code: err.code })
+}

@@ -1,0 +1,58 @@
+// The session store: session records and the leases that say which replica owns a session's
+// backend connection and which holds each client stream (ARCHITECTURE.md sections 1 and 4).
+// Two twins implement it: session-store-memory.ts (single process) and session-store-redis.ts.
+
+/** Everything any replica needs to serve a session; never holds a live object. */
+export interface SessionRecord {
+  id: string
+  /** Name of the configured server (backend) this session talks to. */
+  server: string
+  /** Who created the session ('anonymous' with auth off). Another principal sees 404. */
+  principal: string
+  /** 'streamable' (2025-03-26+, Mcp-Session-Id) or 'legacy' (2024-11-05 HTTP+SSE). */
+  transport: 'streamable' | 'legacy'
+  /** Version negotiated with the client (its hop only, SPEC.md G-1). */
+  protocolVersion: string
+  /** The client's initialize params, re-sent when a backend must be re-initialised. */
+  initializeParams: Record<string, unknown> | null
+  /** The backend's session id (HTTP backends); never shown to the client. */
+  backendSessionId: string | null
+  createdAt: number
+}
+
+export interface SessionStore {
+  /** Creates the record with a TTL; ids are random, so an existing id is an error. */
+  create (record: SessionRecord, ttlMs: number): Promise<void>
+  get (sid: string): Promise<SessionRecord | null>
+  /** Changes fields of a live record; false (and no write) when it has expired or was deleted. */
+  update (sid: string, patch: Partial<Omit<SessionRecord, 'id'>>): Promise<boolean>
+  /** Refreshes the TTL of the record; false when it no longer exists. */
+  touch (sid: string, ttlMs: number): Promise<boolean>
+  /** Deletes the record, its leases and cursors; true when it existed. */
+  delete (sid: string): Promise<boolean>
+
+  /** Takes the owner lease when free; returns the owner after the call. */
+  claimOwner (sid: string, replicaId: string, ttlMs: number): Promise<string>
+  /** Extends the lease if replicaId still holds it. */
+  renewOwner (sid: string, replicaId: string, ttlMs: number): Promise<boolean>
+  /** Drops the lease only if replicaId holds it. */
+  releaseOwner (sid: string, replicaId: string): Promise<void>
+  getOwner (sid: string): Promise<string | null>
+
+  /** Makes replicaId the holder of a client stream; returns the previous holder if another replica. */
+  claimHolder (sid: string, streamId: string, replicaId: string, ttlMs: number): Promise<string | null>
+  renewHolder (sid: string, streamId: string, replicaId: string, ttlMs: number): Promise<boolean>
+  releaseHolder (sid: string, streamId: string, replicaId: string): Promise<void>
+  getHolder (sid: string, streamId: string): Promise<string | null>
+
+  /** Last entry id written to any connection of a stream, for a GET without Last-Event-ID. */
+  setCursor (sid: string, streamId: string, entryId: string, ttlMs: number): Promise<void>
+  getCursor (sid: string, streamId: string): Promise<string | null>
+
+  /** This replica's liveness: a key with a TTL. */
+  heartbeat (replicaId: string, ttlMs: number): Promise<void>
+  isAlive (replicaId: string): Promise<boolean>
+  /** False while the backing service is unreachable (for /readyz and 503s). */
+  isReady (): boolean
+  close (): Promise<void>
+}
