@@ -34,6 +34,11 @@ export function isStreamId (value: string): boolean {
   return STREAM_ID.test(value)
 }
 
+/** Whether a string has the shape of an entry id either twin mints (a log cursor). */
+export function isEntryId (value: string): boolean {
+  return ENTRY_ID.test(value)
+}
+
 export function formatEventId (streamId: string, entryId: string): string {
   return `${streamId}.${entryId}`
 }
@@ -52,3 +57,13 @@ export function parseEventId (value: string): { streamId: string, entryId: strin
 /** The standalone GET stream's id, and the legacy HTTP+SSE stream's id. */
 export const GET_STREAM = 'get'
 export const LEGACY_STREAM = 'legacy'
+
+/** Orders entry ids of either twin (`7` or `1700000000000-3`); only ids of one stream are compared. */
+export function compareEntryIds (a: string, b: string): number {
+  const [a1 = '0', a2 = '0'] = a.split('-')
+  const [b1 = '0', b2 = '0'] = b.split('-')
+  const major = BigInt(a1) - BigInt(b1)
+  if (major !== 0n) return major < 0n ? -1 : 1
+  const minor = BigInt(a2) - BigInt(b2)
+  return minor === 0n ? 0 : minor < 0n ? -1 : 1
+}

@@ -1,0 +1,39 @@
+import t from 'tap'
+import { MemoryEventLog } from '../src/event-log-memory.js'
+import { MemorySessionStore } from '../src/session-store-memory.js'
+import { CONTRACT_MAX_LEN, eventLogContract } from './contract-event-log.js'
+
+eventLogContract(t, async t => {
+  const store = new MemorySessionStore()
+  t.teardown(() => store.close())
+  return { log: new MemoryEventLog(store, CONTRACT_MAX_LEN), store, maxLen: CONTRACT_MAX_LEN }
+})
+
+t.test('memory ids are a per-stream sequence from 1 and the bound is exact', async t => {
+  const store = new MemorySessionStore()
+  t.teardown(() => store.close())
+  const log = new MemoryEventLog(store, 3)
+  const ids: string[] = []
+  for (let i = 0; i < 5; i++) ids.push((await log.append('s', 'get', null, 60_000)).entryId)
+  t.same(ids, ['1', '2', '3', '4', '5'])
+  t.equal((await log.append('s', 'other', null, 60_000)).entryId, '1', 'each stream counts on its own')
+  t.same((await log.readAfter('s', 'get', null, 10)).map(e => e.entryId), ['3', '4', '5'])
+  t.same((await log.readAfter('s', 'get', '4', 10)).map(e => e.entryId), ['5'])
+  t.same((await log.readAfter('s', 'get', '3-7', 10)).map(e => e.entryId), ['4', '5'], 'a Redis-shaped cursor reads as its millisecond part')
+})
+
+t.test('a stored message is a copy', async t => {
+  const store = new MemorySessionStore()
+  t.teardown(() => store.close())
+  const log = new MemoryEventLog(store, 3)
+  const message = { jsonrpc: '2.0' as const, method: 'm', params: { n: 1 } }
+  await log.append('s', 'get', message, 60_000)
+  message.params.n = 2
+  t.same((await log.readAfter('s', 'get', null, 1))[0]?.message, { jsonrpc: '2.0', method: 'm', params: { n: 1 } })
+})
+
+t.test('maxLen must be a positive integer', async t => {
+  const store = new MemorySessionStore()
+  t.teardown(() => store.close())
+  t.throws(() => new MemoryEventLog(store, 0), RangeError)
+})
