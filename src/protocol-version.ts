@@ -1,0 +1,46 @@
+// The only place (with the HTTP plugins) that knows protocol eras (ARCHITECTURE.md principle 1).
+// Client-facing negotiation is the gateway's own, independent of the backend's (SPEC.md G-1, L-2).
+import { GW_ERR_UNSUPPORTED_PROTOCOL_VERSION } from './errors.js'
+
+/** Newest first. 2026-07-28 (stateless) is not served yet: see README "Limits". */
+export const SUPPORTED_VERSIONS = ['2025-11-25', '2025-06-18', '2025-03-26', '2024-11-05'] as const
+export type ProtocolVersion = typeof SUPPORTED_VERSIONS[number]
+export const LATEST_VERSION: ProtocolVersion = '2025-11-25'
+/** Assumed when a Streamable HTTP request has no MCP-Protocol-Version and nothing else is known (H-PV-2). */
+export const HEADERLESS_DEFAULT_VERSION: ProtocolVersion = '2025-03-26'
+/** What a legacy HTTP+SSE session speaks until its initialize says otherwise. */
+export const LEGACY_SSE_VERSION: ProtocolVersion = '2024-11-05'
+
+export function isSupportedVersion (value: unknown): value is ProtocolVersion {
+  return typeof value === 'string' && (SUPPORTED_VERSIONS as readonly string[]).includes(value)
+}
+
+/** Echo a supported requested version, else answer with our latest (a success, not an error: L-2). */
+export function negotiateVersion (requested: unknown): ProtocolVersion {
+  return isSupportedVersion(requested) ? requested : LATEST_VERSION
+}
+
+/** JSON-RPC batches exist only in 2025-03-26 (J-6). */
+export function allowsBatches (version: string): boolean {
+  return version === '2025-03-26'
+}
+
+/** Priming events (empty data) and `retry` only for 2025-11-25+: older clients break on empty data (H-POST-7). */
+export function allowsPriming (version: string): boolean {
+  return version >= '2025-11-25'
+}
+
+/**
+ * Checks a request's MCP-Protocol-Version header against the session (H-PV-1..3): a present value
+ * must be supported and must match what was negotiated; an absent one means the stored version.
+ */
+export function checkVersionHeader (header: string | string[] | undefined, sessionVersion: string): void {
+  if (header === undefined) return
+  const value = Array.isArray(header) ? header[0] : header
+  if (!isSupportedVersion(value)) {
+    throw new GW_ERR_UNSUPPORTED_PROTOCOL_VERSION(`Unsupported protocol version: ${String(value).slice(0, 40)} (supported: ${SUPPORTED_VERSIONS.join(', ')})`)
+  }
+  if (value !== sessionVersion) {
+    throw new GW_ERR_UNSUPPORTED_PROTOCOL_VERSION(`MCP-Protocol-Version ${value} does not match the session's negotiated version ${sessionVersion}`)
+  }
+}

@@ -1,0 +1,601 @@
+// Terminal dispatch (ARCHITECTURE.md section 5): a client message goes to the replica that owns
+// the session's backend connection; a message for a client is appended to its stream's log and
+// the stream's holder is woken. Local first: when owner or holder is this replica, no bus hop.
+//
+// Owner side: backend request ids are gateway-minted integers (SPEC.md J-3) mapped back to the
+// client's ids; server-to-client requests get opaque ids `s.<replica>.<seq>` so any replica can
+// route the client's answer back here (flow 3). Holder side: StreamWriters pull from the log.
+import { randomBytes } from 'node:crypto'
+import type { Logger } from 'pino'
+import type { Bus, Envelope } from './bus.js'
+import type { BackendExit } from './backend.js'
+import type { Config, ServerConfig } from './config-schema.js'
+import {
+  GW_ERR_BACKEND_TIMEOUT, GW_ERR_BACKEND_UNAVAILABLE, GW_ERR_SESSION_NOT_FOUND, GW_ERR_SHUTTING_DOWN,
+  isGatewayError, toJsonRpcError, type GatewayError
+} from './errors.js'
+import { GET_STREAM, LEGACY_STREAM, type EventLog } from './event-log.js'
+import {
+  errorResponse, isNotification, isRequest, progressTokenOf, JSONRPC_METHOD_NOT_FOUND,
+  type JsonRpcMessage, type JsonRpcNotification, type JsonRpcRequest, type JsonRpcResponse, type RequestId
+} from './jsonrpc.js'
+import { shortHash } from './logger.js'
+import type { SessionRecord, SessionStore } from './session-store.js'
+import { StreamWriter, type WriterEndReason, type WriterMode } from './sse.js'
+
+/** What the router needs of the supervisor (src/supervisor.ts implements it). */
+export interface SupervisedHandlers {
+  onMessage (message: JsonRpcMessage): void
+  onRestarting (info: BackendExit & { attempt: number, delayMs: number }): void
+  onGone (reason: string): void
+}
+export interface BackendSessionHandle {
+  send (message: JsonRpcMessage): Promise<void>
+}
+export interface BackendPool {
+  open (sid: string, server: string, handlers: SupervisedHandlers, options?: { backendSessionId?: string | null, protocolVersion?: string }): Promise<BackendSessionHandle>
+  stop (sid: string): Promise<void>
+  stopAll (): Promise<void>
+}
+
+export interface RouterOptions {
+  replicaId: string
+  config: Readonly<Config>
+  store: SessionStore
+  eventLog: EventLog
+  bus: Bus
+  backends: BackendPool
+  log: Logger
+}
+
+interface InFlight {
+  clientId: RequestId
+  streamId: string
+  method: string
+  progressToken: RequestId | undefined
+  timer: NodeJS.Timeout
+}
+
+interface PendingClientRequest {
+  backendId: RequestId
+  streamId: string
+  timer: NodeJS.Timeout
+}
+
+/** A session whose backend connection lives on this replica. */
+interface OwnedSession {
+  sid: string
+  server: string
+  legacy: boolean
+  protocolVersion: string
+  clientCapabilities: Record<string, unknown>
+  backend: BackendSessionHandle | null
+  nextId: number
+  inFlight: Map<number, InFlight>
+  byClientId: Map<string, number>
+  byToken: Map<string, string>
+  pending: Map<string, PendingClientRequest>
+  log: Logger
+}
+
+const SESSION_ID = /^[A-Za-z0-9_-]{16,64}$/
+/** Session-level notifications always go to the GET stream, never a request's stream. */
+const SESSION_LEVEL = /\/list_changed$|^notifications\/resources\/updated$/
+/** Server-to-client requests and the client capability each needs (SPEC.md L-4). */
+const NEEDS_CAPABILITY: Record<string, string> = {
+  'sampling/createMessage': 'sampling',
+  'elicitation/create': 'elicitation',
+  'roots/list': 'roots'
+}
+
+/** Request stream ids say their kind and how many responses end them: `r1_xxxx`, `j3_xxxx`. */
+export function newRequestStreamId (mode: 'sse' | 'json', responses: number): string {
+  return `${mode === 'sse' ? 'r' : 'j'}${responses}_${randomBytes(9).toString('base64url')}`
+}
+export function expectedResponsesOf (streamId: string): number {
+  const match = /^[rj](\d{1,4})_/.exec(streamId)
+  return match === null ? Infinity : Number(match[1])
+}
+const isJsonStream = (streamId: string): boolean => streamId.startsWith('j')
+const idKey = (id: RequestId): string => typeof id === 'number' ? `n${id}` : `s${id}`
+const writerKey = (sid: string, streamId: string): string => `${sid}\n${streamId}`
+
+export function isValidSessionId (sid: string): boolean {
+  return SESSION_ID.test(sid)
+}
+
+export class Router {
+  readonly replicaId: string
+  readonly #o: RouterOptions
+  readonly #owned = new Map<string, OwnedSession>()
+  readonly #writers = new Map<string, StreamWriter>()
+  readonly #lastTouch = new Map<string, number>()
+  #tick: NodeJS.Timeout | undefined
+  #seq = 0
+  #stopping = false
+
+  constructor (options: RouterOptions) {
+    this.#o = options
+    this.replicaId = options.replicaId
+  }
+
+  get #leaseMs (): number { return this.#o.config.redis?.leaseMs ?? 10_000 }
+  get #idleMs (): number { return this.#o.config.sessions.idleTimeoutMs }
+
+  async start (): Promise<void> {
+    await this.#o.bus.start(this.replicaId, envelope => { this.#onEnvelope(envelope) })
+    await this.#o.store.heartbeat(this.replicaId, this.#leaseMs).catch(() => {})
+    const every = Math.max(250, Math.min(5000, Math.floor(this.#leaseMs / 3), Math.floor(this.#idleMs / 4)))
+    this.#tick = setInterval(() => { this.#onTick().catch(err => this.#o.log.warn({ err }, 'router tick failed')) }, every)
+    this.#tick.unref()
+  }
+
+  /** Graceful stop: streams end with a retry hint, leases released, backends stopped. */
+  async stop (): Promise<void> {
+    this.#stopping = true
+    clearInterval(this.#tick)
+    for (const writer of [...this.#writers.values()]) writer.end('shutdown', this.#o.config.http.retryMs)
+    const owned = [...this.#owned.values()]
+    for (const session of owned) this.#failAll(session, new GW_ERR_SHUTTING_DOWN())
+    await Promise.allSettled(owned.map(s => this.#o.store.releaseOwner(s.sid, this.replicaId)))
+    this.#owned.clear()
+    await this.#o.backends.stopAll()
+    await this.#o.bus.close()
+  }
+
+  get stopping (): boolean { return this.#stopping }
+  get localSessionCount (): number { return this.#owned.size }
+
+  // ---- sessions ----------------------------------------------------------------------------
+
+  /** Creates a session owned by this replica and starts its backend connection. */
+  async createSession (input: Omit<SessionRecord, 'id' | 'createdAt' | 'backendSessionId'>): Promise<SessionRecord> {
+    if (this.#stopping) throw new GW_ERR_SHUTTING_DOWN()
+    const record: SessionRecord = { ...input, id: randomBytes(24).toString('base64url'), backendSessionId: null, createdAt: Date.now() }
+    await this.#o.store.create(record, this.#idleMs)
+    await this.#o.store.claimOwner(record.id, this.replicaId, this.#leaseMs)
+    try {
+      await this.#openOwned(record)
+    } catch (err) {
+      await this.#o.store.delete(record.id).catch(() => {})
+      throw err
+    }
+    return record
+  }
+
+  /** The session if it exists and belongs to this principal; another principal sees none (G-5). */
+  async getSession (sid: string, principal: string): Promise<SessionRecord | null> {
+    if (!isValidSessionId(sid)) return null
+    const record = await this.#o.store.get(sid)
+    if (record === null || record.principal !== principal) return null
+    this.#touch(sid)
+    return record
+  }
+
+  async updateSession (sid: string, patch: Partial<Omit<SessionRecord, 'id'>>): Promise<void> {
+    await this.#o.store.update(sid, patch)
+    const owned = this.#owned.get(sid)
+    if (owned !== undefined) {
+      if (patch.protocolVersion !== undefined) owned.protocolVersion = patch.protocolVersion
+      if (patch.initializeParams != null) owned.clientCapabilities = capabilitiesOf(patch.initializeParams)
+    }
+  }
+
+  /** Ends a session everywhere (DELETE, legacy stream closed, backend gone). */
+  async endSession (sid: string, reason: string): Promise<void> {
+    const owner = await this.#o.store.getOwner(sid).catch(() => null)
+    const getHolder = await this.#o.store.getHolder(sid, GET_STREAM).catch(() => null)
+    await this.#o.store.delete(sid)
+    await this.#o.eventLog.deleteSession(sid)
+    const envelope: Envelope = { kind: 'end-session', sid, reason }
+    for (const replica of new Set([owner, getHolder])) {
+      if (replica !== null && replica !== this.replicaId) await this.#o.bus.send(replica, envelope).catch(() => {})
+    }
+    await this.#endLocal(sid, reason)
+  }
+
+  // ---- client -> backend -------------------------------------------------------------------
+
+  /**
+   * Hands one client message to the session's owner. `streamId` is the client stream that gets
+   * the answer (and related messages) of a request; null for notifications and responses.
+   */
+  async fromClient (record: SessionRecord, message: JsonRpcMessage, streamId: string | null): Promise<void> {
+    const owned = this.#owned.get(record.id)
+    if (owned !== undefined) { this.#deliverLocal(owned, message, streamId); return }
+    const owner = await this.#o.store.getOwner(record.id)
+    if (owner !== null && owner !== this.replicaId && await this.#o.store.isAlive(owner)) {
+      await this.#o.bus.send(owner, { kind: 'deliver', sid: record.id, streamId, message })
+      return
+    }
+    // The owner is gone: a stdio child died with it, so the session is over (ARCHITECTURE.md 6).
+    await this.endSession(record.id, 'owner replica gone')
+    throw new GW_ERR_SESSION_NOT_FOUND()
+  }
+
+  // ---- backend -> client (holder side) -----------------------------------------------------
+
+  /** Appends to a client stream's log and wakes its holder (local call, or a bus wake). */
+  async append (sid: string, streamId: string, message: JsonRpcMessage | null): Promise<string> {
+    const { entryId, holder } = await this.#o.eventLog.append(sid, streamId, message, this.#idleMs)
+    if (holder === this.replicaId) {
+      void this.#writers.get(writerKey(sid, streamId))?.wake()
+    } else if (holder !== null) {
+      await this.#o.bus.send(holder, { kind: 'wake', sid, streamId }).catch(err => {
+        this.#o.log.warn({ err, sid: shortHash(sid) }, 'wake not sent; the entry waits in the log')
+      })
+    }
+    return entryId
+  }
+
+  /** Opens a client stream on this replica: claims the holder lease, then tails the log. */
+  async openStream (options: {
+    res: import('node:http').ServerResponse
+    sid: string
+    streamId: string
+    mode: WriterMode
+    cursor: string | null
+    batch?: boolean
+    headers: Record<string, string>
+    retryMs?: number
+    preamble?: string
+    log: import('fastify').FastifyBaseLogger
+  }): Promise<StreamWriter> {
+    const { sid, streamId } = options
+    const key = writerKey(sid, streamId)
+    this.#writers.get(key)?.end('released')
+    const writer = new StreamWriter({
+      ...options,
+      eventLog: this.#o.eventLog,
+      expectedResponses: expectedResponsesOf(streamId),
+      keepAliveMs: this.#o.config.http.keepAliveMs,
+      onKeepAlive: () => {
+        this.#touch(sid, true)
+        this.#o.store.renewHolder(sid, streamId, this.replicaId, this.#leaseMs).catch(() => {})
+      },
+      onEnd: (w, reason) => { this.#onWriterEnd(w, reason) }
+    })
+    this.#writers.set(key, writer)
+    const previous = await this.#o.store.claimHolder(sid, streamId, this.replicaId, this.#leaseMs)
+    if (previous !== null && previous !== this.replicaId) {
+      await this.#o.bus.send(previous, { kind: 'release', sid, streamId }).catch(() => {})
+    }
+    return writer
+  }
+
+  /** Whether a live GET stream exists for the session (one standalone GET stream, H-GET-3). */
+  async hasLiveStream (sid: string, streamId: string): Promise<boolean> {
+    const local = this.#writers.get(writerKey(sid, streamId))
+    if (local !== undefined && !local.ended) return true
+    const holder = await this.#o.store.getHolder(sid, streamId)
+    return holder !== null && holder !== this.replicaId && await this.#o.store.isAlive(holder)
+  }
+
+  /** Whether a stream of this session has a log (a Last-Event-ID must name one, H-RES-2). */
+  async streamExists (sid: string, streamId: string): Promise<boolean> {
+    return await this.#o.eventLog.hasStream(sid, streamId)
+  }
+
+  /** Where a new GET stream without Last-Event-ID starts: after what was last written. */
+  async streamCursor (sid: string, streamId: string): Promise<string | null> {
+    return await this.#o.store.getCursor(sid, streamId)
+  }
+
+  // ---- owner side --------------------------------------------------------------------------
+
+  async #openOwned (record: SessionRecord): Promise<OwnedSession> {
+    const owned: OwnedSession = {
+      sid: record.id,
+      server: record.server,
+      legacy: record.transport === 'legacy',
+      protocolVersion: record.protocolVersion,
+      clientCapabilities: capabilitiesOf(record.initializeParams),
+      backend: null,
+      nextId: 1,
+      inFlight: new Map(),
+      byClientId: new Map(),
+      byToken: new Map(),
+      pending: new Map(),
+      log: this.#o.log.child({ sid: shortHash(record.id), backend: record.server })
+    }
+    this.#owned.set(record.id, owned)
+    try {
+      owned.backend = await this.#o.backends.open(record.id, record.server, {
+        onMessage: message => { this.#fromBackend(owned, message).catch(err => owned.log.error({ err }, 'backend message not routed')) },
+        onRestarting: info => {
+          owned.log.warn({ reason: info.reason, attempt: info.attempt, delayMs: info.delayMs }, 'backend restarting')
+          this.#failAll(owned, new GW_ERR_BACKEND_UNAVAILABLE(owned.server, `backend stopped (${info.reason}); restarting`))
+        },
+        onGone: reason => {
+          owned.log.warn({ reason }, 'backend gone; ending session')
+          this.#failAll(owned, new GW_ERR_BACKEND_UNAVAILABLE(owned.server, reason))
+          this.endSession(owned.sid, reason).catch(err => owned.log.error({ err }, 'session end failed'))
+        }
+      }, { backendSessionId: record.backendSessionId, protocolVersion: record.protocolVersion })
+    } catch (err) {
+      this.#owned.delete(record.id)
+      throw err
+    }
+    return owned
+  }
+
+  #deliverLocal (owned: OwnedSession, message: JsonRpcMessage, streamId: string | null): void {
+    this.#touch(owned.sid)
+    if (isRequest(message)) {
+      this.#forwardRequest(owned, message, streamId ?? (owned.legacy ? LEGACY_STREAM : GET_STREAM))
+    } else if (isNotification(message)) {
+      this.#forwardNotification(owned, message)
+    } else {
+      this.#forwardClientResponse(owned, message)
+    }
+  }
+
+  #forwardRequest (owned: OwnedSession, request: JsonRpcRequest, streamId: string): void {
+    if (request.method === 'ping') {
+      // Answered here: a client's liveness check is about the gateway (SPEC.md L-8 REC).
+      this.#reply(owned, streamId, { jsonrpc: '2.0', id: request.id, result: {} })
+      return
+    }
+    const backend = owned.backend
+    if (backend === null) {
+      this.#reply(owned, streamId, toJsonRpcError(new GW_ERR_BACKEND_UNAVAILABLE(owned.server, 'not connected'), request.id))
+      return
+    }
+    const backendId = owned.nextId++
+    const timeoutMs = this.#serverConfig(owned.server).requestTimeoutMs
+    const entry: InFlight = {
+      clientId: request.id,
+      streamId,
+      method: request.method,
+      progressToken: progressTokenOf(request),
+      timer: setTimeout(() => { this.#onRequestTimeout(owned, backendId, timeoutMs) }, timeoutMs)
+    }
+    entry.timer.unref()
+    owned.inFlight.set(backendId, entry)
+    owned.byClientId.set(idKey(request.id), backendId)
+    if (entry.progressToken !== undefined) owned.byToken.set(idKey(entry.progressToken), streamId)
+    backend.send({ ...request, id: backendId }).catch(err => {
+      if (this.#settle(owned, backendId) === undefined) return
+      this.#reply(owned, streamId, toJsonRpcError(asGatewayError(err, owned.server), request.id))
+    })
+  }
+
+  #forwardNotification (owned: OwnedSession, notification: JsonRpcNotification): void {
+    let outgoing: JsonRpcNotification = notification
+    if (notification.method === 'notifications/cancelled') {
+      const params = asRecord(notification.params)
+      const requestId = params.requestId
+      if (typeof requestId !== 'string' && typeof requestId !== 'number') return
+      const backendId = owned.byClientId.get(idKey(requestId))
+      if (backendId === undefined) return // unknown or finished: MAY be ignored (U-CAN-1)
+      const entry = owned.inFlight.get(backendId)
+      if (entry === undefined || entry.method === 'initialize') return // initialize is never cancelled (L-5)
+      this.#settle(owned, backendId)
+      outgoing = { ...notification, params: { ...params, requestId: backendId } }
+    }
+    owned.backend?.send(outgoing).catch(err => owned.log.warn({ err, method: notification.method }, 'notification not delivered to backend'))
+  }
+
+  #forwardClientResponse (owned: OwnedSession, response: JsonRpcResponse): void {
+    const id = response.id
+    if (typeof id !== 'string') return
+    const pending = owned.pending.get(id)
+    if (pending === undefined) return // late or unknown answer: ignored
+    owned.pending.delete(id)
+    clearTimeout(pending.timer)
+    owned.backend?.send({ ...response, id: pending.backendId } as JsonRpcResponse)
+      .catch(err => owned.log.warn({ err }, 'client answer not delivered to backend'))
+  }
+
+  async #fromBackend (owned: OwnedSession, message: JsonRpcMessage): Promise<void> {
+    if (isRequest(message)) { await this.#fromBackendRequest(owned, message); return }
+    if (isNotification(message)) { await this.#fromBackendNotification(owned, message); return }
+    const id = message.id
+    if (typeof id !== 'number') return
+    const entry = this.#settle(owned, id)
+    if (entry === undefined) return // cancelled or timed out: a late answer is dropped
+    let response: JsonRpcResponse = { ...message, id: entry.clientId }
+    if (entry.method === 'initialize' && 'result' in response && isRecord(response.result)) {
+      // The client's hop has its own negotiated version (SPEC.md G-1).
+      response = { ...response, result: { ...response.result, protocolVersion: owned.protocolVersion } }
+    }
+    await this.append(owned.sid, entry.streamId, response)
+  }
+
+  async #fromBackendNotification (owned: OwnedSession, notification: JsonRpcNotification): Promise<void> {
+    const params = asRecord(notification.params)
+    if (notification.method === 'notifications/progress') {
+      const token = params.progressToken
+      const streamId = (typeof token === 'string' || typeof token === 'number') ? owned.byToken.get(idKey(token)) : undefined
+      if (streamId === undefined) return // progress for no active request (U-PROG-1)
+      await this.append(owned.sid, isJsonStream(streamId) ? GET_STREAM : streamId, notification)
+      return
+    }
+    if (notification.method === 'notifications/cancelled') {
+      // The backend withdrew one of its own requests to the client: use the client-facing id.
+      const requestId = params.requestId
+      for (const [opaque, pending] of owned.pending) {
+        if (pending.backendId === requestId) {
+          owned.pending.delete(opaque)
+          clearTimeout(pending.timer)
+          await this.append(owned.sid, pending.streamId, { ...notification, params: { ...params, requestId: opaque } })
+          return
+        }
+      }
+      return
+    }
+    await this.append(owned.sid, this.#pickStream(owned, notification.method), notification)
+  }
+
+  async #fromBackendRequest (owned: OwnedSession, request: JsonRpcRequest): Promise<void> {
+    const backend = owned.backend
+    if (request.method === 'ping') {
+      await backend?.send({ jsonrpc: '2.0', id: request.id, result: {} }).catch(() => {})
+      return
+    }
+    const capability = NEEDS_CAPABILITY[request.method]
+    if (capability !== undefined && owned.clientCapabilities[capability] === undefined) {
+      // Never forward what the client did not declare (SPEC.md L-4, G-3).
+      await backend?.send(errorResponse(request.id, JSONRPC_METHOD_NOT_FOUND, `Client does not support ${request.method} (no '${capability}' capability)`)).catch(() => {})
+      return
+    }
+    const opaque = `s.${this.replicaId}.${++this.#seq}`
+    const streamId = this.#pickStream(owned, request.method)
+    const timeoutMs = this.#o.config.sessions.clientRequestTimeoutMs
+    const timer = setTimeout(() => {
+      if (!owned.pending.delete(opaque)) return
+      backend?.send(errorResponse(request.id, -32006, `Client did not answer ${request.method} within ${timeoutMs} ms`)).catch(() => {})
+    }, timeoutMs)
+    timer.unref()
+    owned.pending.set(opaque, { backendId: request.id, streamId, timer })
+    await this.append(owned.sid, streamId, { ...request, id: opaque })
+  }
+
+  /** Flow 2: progress by token; other messages to the one in-flight request's stream, else GET. */
+  #pickStream (owned: OwnedSession, method: string): string {
+    if (owned.legacy) return LEGACY_STREAM
+    if (!SESSION_LEVEL.test(method) && owned.inFlight.size === 1) {
+      const [only] = owned.inFlight.values()
+      if (only !== undefined && !isJsonStream(only.streamId) && only.method !== 'initialize') return only.streamId
+    }
+    return GET_STREAM
+  }
+
+  #onRequestTimeout (owned: OwnedSession, backendId: number, timeoutMs: number): void {
+    const entry = this.#settle(owned, backendId)
+    if (entry === undefined) return
+    // Stop waiting and tell the backend (SPEC.md L-7).
+    owned.backend?.send({ jsonrpc: '2.0', method: 'notifications/cancelled', params: { requestId: backendId, reason: 'gateway timeout' } }).catch(() => {})
+    this.#reply(owned, entry.streamId, toJsonRpcError(new GW_ERR_BACKEND_TIMEOUT(owned.server, timeoutMs), entry.clientId))
+  }
+
+  /** Removes an in-flight request; returns it if it was still in flight. */
+  #settle (owned: OwnedSession, backendId: number): InFlight | undefined {
+    const entry = owned.inFlight.get(backendId)
+    if (entry === undefined) return undefined
+    owned.inFlight.delete(backendId)
+    owned.byClientId.delete(idKey(entry.clientId))
+    if (entry.progressToken !== undefined) owned.byToken.delete(idKey(entry.progressToken))
+    clearTimeout(entry.timer)
+    return entry
+  }
+
+  /** Every request in flight gets a JSON-RPC error at once (backend died, shutdown). */
+  #failAll (owned: OwnedSession, err: GatewayError): void {
+    for (const backendId of [...owned.inFlight.keys()]) {
+      const entry = this.#settle(owned, backendId)
+      if (entry !== undefined) this.#reply(owned, entry.streamId, toJsonRpcError(err, entry.clientId))
+    }
+    for (const pending of owned.pending.values()) clearTimeout(pending.timer)
+    owned.pending.clear()
+  }
+
+  #reply (owned: OwnedSession, streamId: string, message: JsonRpcMessage): void {
+    this.append(owned.sid, streamId, message).catch(err => owned.log.error({ err }, 'reply not appended'))
+  }
+
+  #serverConfig (server: string): ServerConfig & { requestTimeoutMs: number } {
+    const config = this.#o.config.servers[server]
+    if (config === undefined) throw new Error(`unknown server ${server}`)
+    return config
+  }
+
+  // ---- lifecycle ---------------------------------------------------------------------------
+
+  #onEnvelope (envelope: Envelope): void {
+    switch (envelope.kind) {
+      case 'deliver': {
+        const owned = this.#owned.get(envelope.sid)
+        if (owned !== undefined) { this.#deliverLocal(owned, envelope.message, envelope.streamId); return }
+        const message = envelope.message
+        if (isRequest(message) && envelope.streamId !== null) {
+          this.append(envelope.sid, envelope.streamId, toJsonRpcError(new GW_ERR_SESSION_NOT_FOUND(), message.id)).catch(() => {})
+        }
+        return
+      }
+      case 'wake':
+        void this.#writers.get(writerKey(envelope.sid, envelope.streamId))?.wake()
+        return
+      case 'release':
+        this.#writers.get(writerKey(envelope.sid, envelope.streamId))?.end('released')
+        return
+      case 'end-session':
+        this.#endLocal(envelope.sid, envelope.reason).catch(err => this.#o.log.error({ err }, 'local session end failed'))
+    }
+  }
+
+  async #endLocal (sid: string, reason: string): Promise<void> {
+    for (const writer of [...this.#writers.values()]) {
+      if (writer.sid === sid) writer.end('session-ended')
+    }
+    const owned = this.#owned.get(sid)
+    this.#lastTouch.delete(sid)
+    if (owned === undefined) return
+    this.#owned.delete(sid)
+    this.#failAll(owned, new GW_ERR_BACKEND_UNAVAILABLE(owned.server, `session ended: ${reason}`))
+    owned.log.info({ reason }, 'session ended')
+    await this.#o.backends.stop(sid)
+  }
+
+  #onWriterEnd (writer: StreamWriter, reason: WriterEndReason): void {
+    const { sid, streamId } = writer
+    const key = writerKey(sid, streamId)
+    if (this.#writers.get(key) === writer) this.#writers.delete(key)
+    if (reason === 'released' || reason === 'session-ended') return
+    const store = this.#o.store
+    if (writer.cursor !== null && (streamId === GET_STREAM || streamId === LEGACY_STREAM)) {
+      store.setCursor(sid, streamId, writer.cursor, this.#idleMs).catch(() => {})
+    }
+    store.releaseHolder(sid, streamId, this.replicaId).catch(() => {})
+    if (streamId === LEGACY_STREAM && reason !== 'shutdown') {
+      // A legacy HTTP+SSE session lives as long as its stream (2024-11-05 has no resumption).
+      this.endSession(sid, 'legacy stream closed').catch(err => this.#o.log.warn({ err }, 'legacy session end failed'))
+    }
+  }
+
+  /** Refreshes the session TTL, at most every tenth of the idle timeout (saves store round trips). */
+  #touch (sid: string, force = false): void {
+    const now = Date.now()
+    const last = this.#lastTouch.get(sid) ?? 0
+    if (!force && now - last < this.#idleMs / 10) return
+    this.#lastTouch.set(sid, now)
+    this.#o.store.touch(sid, this.#idleMs).catch(() => {})
+  }
+
+  async #onTick (): Promise<void> {
+    const store = this.#o.store
+    await store.heartbeat(this.replicaId, this.#leaseMs)
+    for (const owned of [...this.#owned.values()]) {
+      const [alive, leased] = await Promise.all([
+        store.get(owned.sid).then(r => r !== null),
+        store.renewOwner(owned.sid, this.replicaId, this.#leaseMs)
+      ])
+      if (!alive) {
+        // Idle timeout reached (or deleted elsewhere): stop the backend (idle reaping).
+        await this.endSession(owned.sid, 'idle timeout')
+      } else if (!leased) {
+        owned.log.warn('owner lease lost; stopping backend')
+        await this.#endLocal(owned.sid, 'owner lease lost')
+      }
+    }
+    for (const writer of [...this.#writers.values()]) {
+      if (await store.get(writer.sid) === null) writer.end('session-ended')
+    }
+  }
+}
+
+function asRecord (value: unknown): Record<string, unknown> {
+  return isRecord(value) ? value : {}
+}
+
+function isRecord (value: unknown): value is Record<string, unknown> {
+  return typeof value === 'object' && value !== null && !Array.isArray(value)
+}
+
+function capabilitiesOf (initializeParams: Record<string, unknown> | null): Record<string, unknown> {
+  return asRecord(initializeParams?.capabilities)
+}
+
+function asGatewayError (err: unknown, server: string): GatewayError {
+  return isGatewayError(err) ? err : new GW_ERR_BACKEND_UNAVAILABLE(server, err instanceof Error ? err.message : String(err), { cause: err })
+}
