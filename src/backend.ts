@@ -40,6 +40,17 @@ export interface BackendOpenOptions {
   backendSessionId?: string | null
   /** HTTP backends: the protocol version the client negotiated, for MCP-Protocol-Version. */
   protocolVersion?: string
+  /**
+   * HTTP backends: the client's request headers (any case). Only the names listed in the
+   * server's `forwardHeaders` are sent upstream; everything else is dropped (A-UP-1).
+   */
+  forwardedHeaders?: Record<string, string>
+  /**
+   * HTTP backends: the client's `initialize` params, when resuming a backend session
+   * (backendSessionId) on another replica, so a 404 from the backend can still be recovered
+   * by re-initialising. A connection that sees the client's initialize remembers it itself.
+   */
+  initializeParams?: Record<string, unknown>
 }
 
 export type BackendFactory = (options: BackendOpenOptions) => Promise<BackendConnection>
