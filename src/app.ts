@@ -1,5 +1,5 @@
 // The only place services are built and plugins registered, in order (STYLE.md habit 4).
-import Fastify, { type FastifyBaseLogger, type FastifyError, type FastifyInstance } from 'fastify'
+import Fastify, { LogController, type FastifyBaseLogger, type FastifyError, type FastifyInstance } from 'fastify'
 import type { Logger } from 'pino'
 import { openStdioBackend } from './backend-stdio.js'
 import { MemoryBus, MemoryBusHub } from './bus-memory.js'
@@ -92,7 +92,7 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
     bodyLimit: config.http.bodyLimit,
     exposeHeadRoutes: false,
     // Request lines are logged by the hook below, without query strings (legacy session ids).
-    disableRequestLogging: true,
+    logController: new LogController({ disableRequestLogging: true }),
     return503OnClosing: true
   })
   registerJsonParser(app)

@@ -34,7 +34,8 @@ export function checkAccept (req: FastifyRequest, types: string[]): void {
 export function registerJsonParser (app: FastifyInstance): void {
   app.decorateRequest('jsonRpcId', null)
   const decoder = new TextDecoder('utf-8', { fatal: true })
-  app.removeContentTypeParser(['application/json'])
+  // Only JSON bodies: Fastify's built-in text/plain parser would let other types through (415).
+  app.removeAllContentTypeParsers()
   app.addContentTypeParser('application/json', { parseAs: 'buffer' }, (_req, body, done) => {
     let text: string
     try {

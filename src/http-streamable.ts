@@ -6,7 +6,7 @@ import {
   GW_ERR_BAD_REQUEST, GW_ERR_CONFLICT, GW_ERR_INVALID_REQUEST, GW_ERR_METHOD_NOT_ALLOWED, GW_ERR_SERVER_NOT_FOUND,
   GW_ERR_SESSION_NOT_FOUND, GW_ERR_SESSION_REQUIRED, isGatewayError, toJsonRpcError, GW_ERR_INTERNAL
 } from './errors.js'
-import { GET_STREAM, parseEventId } from './event-log.js'
+import { formatEventId, GET_STREAM, parseEventId } from './event-log.js'
 import { ANONYMOUS, checkAccept, decodeBody, header } from './http-common.js'
 import { isRequest, type JsonRpcMessage, type JsonRpcRequest } from './jsonrpc.js'
 import { allowsBatches, allowsPriming, checkVersionHeader, negotiateVersion } from './protocol-version.js'
@@ -115,7 +115,7 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
     if (lastEventId !== undefined && lastEventId !== '') {
       // Resume (flow 4): the id names its stream; replay only that stream (H-RES-2).
       const parsed = parseEventId(lastEventId)
-      if (parsed === null || !(await router.streamExists(record.id, parsed.streamId))) {
+      if (parsed === null || (parsed.streamId !== GET_STREAM && !(await router.streamExists(record.id, parsed.streamId)))) {
         throw new GW_ERR_BAD_REQUEST('Last-Event-ID does not name an event of this session')
       }
       streamId = parsed.streamId
@@ -133,11 +133,12 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
       mode: 'sse',
       cursor,
       headers: { 'mcp-session-id': record.id },
-      ...(priming ? { retryMs: config.http.retryMs } : {}),
+      // 2025-11-25: a priming event first, so the client holds an id to resume from. Its id is the
+      // stream's current cursor, so it needs no log entry (H-POST-7).
+      // A resumed stream gets only the retry hint: the client already holds an id of it.
+      ...(priming ? { preamble: streamId === GET_STREAM && lastEventId === undefined ? `id: ${formatEventId(streamId, cursor ?? '0')}\nretry: ${config.http.retryMs}\ndata: \n\n` : `retry: ${config.http.retryMs}\n\n` } : {}),
       log: req.log
     })
-    // A fresh GET stream on 2025-11-25 gets a priming event, so the client has an id to resume from.
-    if (priming && streamId === GET_STREAM && lastEventId === undefined) await router.append(record.id, GET_STREAM, null)
     await writer.start()
   }
 

@@ -249,10 +249,8 @@ export class Router {
       eventLog: this.#o.eventLog,
       expectedResponses: expectedResponsesOf(streamId),
       keepAliveMs: this.#o.config.http.keepAliveMs,
-      onKeepAlive: () => {
-        this.#touch(sid, true)
-        this.#o.store.renewHolder(sid, streamId, this.replicaId, this.#leaseMs).catch(() => {})
-      },
+      // An open stream keeps its session alive (idle reaping counts only silent sessions).
+      onKeepAlive: () => { this.#touch(sid, true) },
       onEnd: (w, reason) => { this.#onWriterEnd(w, reason) }
     })
     this.#writers.set(key, writer)
@@ -579,7 +577,12 @@ export class Router {
       }
     }
     for (const writer of [...this.#writers.values()]) {
-      if (await store.get(writer.sid) === null) writer.end('session-ended')
+      // Holder leases are renewed here, every third of a lease; a stream whose session is gone ends.
+      const [alive] = await Promise.all([
+        store.get(writer.sid).then(r => r !== null),
+        store.renewHolder(writer.sid, writer.streamId, this.replicaId, this.#leaseMs)
+      ])
+      if (!alive) writer.end('session-ended')
     }
   }
 }
