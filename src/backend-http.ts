@@ -584,7 +584,7 @@ class StreamableHttpBackend extends HttpBackend {
   }
 
   /** POSTs one message with the protocol headers; returns the reply and the session id it carried. */
-  async #post (message: JsonRpcMessage, signal: AbortSignal, bodyTimeout: number, bypassGate: boolean): Promise<{ res: Dispatcher.ResponseData, sid: string | null }> {
+  async #post (message: JsonRpcMessage, signal: AbortSignal, timeout: number, bypassGate: boolean): Promise<{ res: Dispatcher.ResponseData, sid: string | null }> {
     if (!bypassGate) await this.#waitGate()
     const isInit = isRequest(message) && message.method === 'initialize'
     const sid = isInit ? null : this.#sessionId
@@ -593,7 +593,8 @@ class StreamableHttpBackend extends HttpBackend {
     headers['content-type'] = 'application/json'
     if (sid !== null) headers['mcp-session-id'] = sid
     if (!isInit && this.#protocolVersion !== undefined) headers['mcp-protocol-version'] = this.#protocolVersion // H-PV-1
-    const res = await this.request(this.requests, 'POST', this.url, headers, signal, { body: JSON.stringify(message), bodyTimeout })
+    // timeout 0: a request, whose deadline is its own timer (#onTimeout), so undici never races it.
+    const res = await this.request(this.requests, 'POST', this.url, headers, signal, { body: JSON.stringify(message), headersTimeout: timeout, bodyTimeout: timeout })
     // The session id comes with the InitializeResult (H-SES-1); a late reply from an old
     // session must not overwrite the current one.
     const returned = headerValue(res.headers, 'mcp-session-id')
@@ -644,6 +645,7 @@ class StreamableHttpBackend extends HttpBackend {
         await this.#runRequest(request, p, true, bypassGate)
       } else {
         this.fail(p, this.unavailable('the backend session expired and could not be re-initialised'), { status: 404 })
+        this.#giveUpWithoutParams()
       }
       return
     }
@@ -775,6 +777,7 @@ class StreamableHttpBackend extends HttpBackend {
     if (status === 404 && sid !== null && !retried) {
       await drain(res.body)
       if (await this.#reinitialise(sid)) return await this.postNotification(message, true, bypassGate)
+      this.#giveUpWithoutParams()
       throw this.unavailable('the backend session expired and could not be re-initialised')
     }
     await drain(res.body)
@@ -802,6 +805,11 @@ class StreamableHttpBackend extends HttpBackend {
       this.#gate = null
       open()
     }
+  }
+
+  /** Without the client's initialize params no new session can ever be made: the session is over. */
+  #giveUpWithoutParams (): void {
+    if (this.initParams === undefined) this.unrecoverable('the backend session expired and there are no initialize params to start a new one')
   }
 
   async #doReinitialise (): Promise<boolean> {
@@ -849,6 +857,14 @@ class StreamableHttpBackend extends HttpBackend {
         if (res.statusCode === 405) {
           await drain(res.body)
           this.log.debug('backend offers no GET stream')
+          return
+        }
+        if (res.statusCode === 409) {
+          // H-GET-3: the session already has a GET stream (another replica, or a stale one not
+          // yet noticed by the server). Retrying would only burn attempts; whoever holds the
+          // lease calls startListening() again.
+          await drain(res.body)
+          this.log.info('backend GET stream already open elsewhere; not listening')
           return
         }
         if (res.statusCode === 404 && sid !== null) {

@@ -220,6 +220,112 @@ t.test('resume an existing backend session without initialize (failover); listen
   t.equal(toolText(await a.inbox.result(8)), 'echo: still')
 })
 
+/**
+ * A raw Streamable HTTP upstream that scripts its GET stream: `gets` says what the n-th GET
+ * (0-based) gets. initialize -> session 's1'; notifications -> 202; requests -> never answered.
+ */
+async function scriptedGetUpstream (t: Test, gets: (n: number, res: import('node:http').ServerResponse) => void): Promise<{ url: string, seen: Recorded[] }> {
+  const seen: Recorded[] = []
+  let n = 0
+  const http = await listen((request, res) => {
+    void readBody(request).then(text => {
+      const body = text === '' ? undefined : JSON.parse(text) as { id?: RequestId, method?: string }
+      seen.push({ method: request.method ?? '', url: request.url ?? '', headers: request.headers, body })
+      if (request.method === 'GET') { gets(n++, res); return }
+      if (request.method === 'DELETE') { res.writeHead(200).end(); return }
+      if (body?.method === 'initialize') {
+        res.writeHead(200, { 'content-type': 'application/json', 'mcp-session-id': 's1' })
+        res.end(JSON.stringify({ jsonrpc: '2.0', id: body.id, result: { protocolVersion: '2025-11-25', capabilities: {}, serverInfo: { name: 'raw', version: '1' } } }))
+        return
+      }
+      if (body?.id === undefined) res.writeHead(202).end()
+    })
+  })
+  t.teardown(http.close)
+  return { url: `${http.url}/mcp`, seen }
+}
+
+const note = (n: number): string => `data: ${JSON.stringify({ jsonrpc: '2.0', method: 'notifications/tools/list_changed', params: { n } })}\n\n`
+
+t.test('the standalone GET stream reconnects after a drop with Last-Event-ID, honouring retry', async t => {
+  const up = await scriptedGetUpstream(t, (n, res) => {
+    res.writeHead(200, { 'content-type': 'text/event-stream' })
+    if (n === 0) {
+      res.write(`retry: 5\nid: g1\n${note(1)}`)
+      setTimeout(() => res.socket?.destroy(), 20)
+    } else {
+      res.write(`id: g2\n${note(2)}`)
+    }
+  })
+  const { conn, inbox } = await open(t, { config: httpConfig(up.url, { reconnect: { maxAttempts: 1, baseDelayMs: 60_000, maxDelayMs: 60_000 } }) })
+  await handshake(conn, inbox)
+  await inbox.until(() => inbox.messages.find(m => 'params' in m && (m.params as { n?: number }).n === 2), 'the notification after the reconnect')
+  const gets = up.seen.filter(r => r.method === 'GET')
+  t.equal(gets.length, 2)
+  t.notOk(gets[0]?.headers['last-event-id'], 'the first GET starts fresh')
+  t.equal(gets[1]?.headers['last-event-id'], 'g1', 'the reconnect resumes after the last event')
+  t.equal(gets[1]?.headers['mcp-session-id'], 's1')
+  t.equal(inbox.exits.length, 0)
+})
+
+t.test('the GET stream cannot be re-established -> in-flight requests answered, then onExit', async t => {
+  const up = await scriptedGetUpstream(t, (n, res) => {
+    if (n === 0) {
+      res.writeHead(200, { 'content-type': 'text/event-stream' })
+      setTimeout(() => res.socket?.destroy(), 50)
+    } else {
+      res.writeHead(500).end()
+    }
+  })
+  const { conn, inbox } = await open(t, { config: httpConfig(up.url, { reconnect: { maxAttempts: 2, baseDelayMs: 10, maxDelayMs: 20 } }) })
+  await conn.send(req(1, 'initialize', initParams))
+  await inbox.result(1)
+  await conn.send(call(2, 'never'))
+  await conn.send(initialized)
+  const exit = await inbox.until(() => inbox.exits[0], 'onExit')
+  t.match(exit.reason, /HTTP 500; reconnect attempts exhausted/)
+  t.equal((await inbox.error(2)).code, -32007, 'the request in flight was answered')
+  t.equal(up.seen.filter(r => r.method === 'GET').length, 3, 'one stream, then two attempts')
+  await t.rejects(conn.send(call(3, 'x')), { code: 'GW_ERR_BACKEND_UNAVAILABLE' })
+})
+
+for (const status of [405, 409]) {
+  t.test(`a GET answered ${status} stops listening without retries or an exit`, async t => {
+    const up = await scriptedGetUpstream(t, (_n, res) => { res.writeHead(status).end() })
+    const { conn, inbox } = await open(t, { config: httpConfig(up.url, { reconnect: { maxAttempts: 2, baseDelayMs: 1, maxDelayMs: 1 } }) })
+    await handshake(conn, inbox)
+    await inbox.until(() => up.seen.find(r => r.method === 'GET'), 'the GET')
+    // A request sent after the GET was answered: once its POST arrived, a retry would have too.
+    await conn.send(call(2, 'never'))
+    await inbox.until(() => posts(up.seen, 'tools/call')[0], 'the call upstream')
+    await new Promise(resolve => setTimeout(resolve, 50))
+    t.equal(up.seen.filter(r => r.method === 'GET').length, 1, 'no retries')
+    t.equal(inbox.exits.length, 0)
+  })
+}
+
+t.test('404 on a notification re-initialises; 404 without initialize params ends the connection', async t => {
+  const up = await startStreamableUpstream()
+  t.teardown(up.close)
+  const a = await open(t, { config: httpConfig(up.url) })
+  await handshake(a.conn, a.inbox)
+  const sid = await a.inbox.until(() => a.inbox.sessionIds[0], 'the session id')
+  await up.dropSession(sid as string)
+  await a.conn.send({ jsonrpc: '2.0', method: 'notifications/roots/list_changed' })
+  t.equal(posts(up.requests, 'initialize').length, 2, 'the notification re-initialised the session')
+  t.equal(posts(up.requests, 'notifications/roots/list_changed').at(-1)?.headers['mcp-session-id'], a.inbox.sessionIds.at(-1), 'and was sent on the new one')
+
+  const sid2 = a.inbox.sessionIds.at(-1) as string
+  const b = await open(t, { config: httpConfig(up.url), backendSessionId: sid2, listen: false })
+  await up.dropSession(sid2)
+  await b.conn.send(call(1, 'echo', { message: 'x' }))
+  const err = await b.inbox.error(1)
+  t.equal(err.code, -32007)
+  t.match(err.message, /expired/)
+  const exit = await b.inbox.until(() => b.inbox.exits[0], 'onExit')
+  t.match(exit.reason, /no initialize params/)
+})
+
 t.test('server-everything in streamableHttp mode: tools/call echo round trip', async t => {
   const require = createRequire(import.meta.url)
   const entry = require.resolve('@modelcontextprotocol/server-everything/dist/index.js')
@@ -403,6 +509,26 @@ t.test('failures', async t => {
     const cancelled = await inbox.until(() => seen.find(m => (m as { method?: string }).method === 'notifications/cancelled'), 'notifications/cancelled upstream')
     t.match(cancelled, { params: { requestId: 9 } })
     t.equal(inbox.messages.filter(m => 'id' in m && m.id === 9).length, 1, 'exactly one answer')
+  })
+
+  t.test('a request the client cancelled gets no timeout error later', async t => {
+    const seen: unknown[] = []
+    const http = await listen((request, res) => {
+      void readBody(request).then(text => {
+        const body = JSON.parse(text) as { id?: unknown }
+        seen.push(body)
+        if (body.id === undefined) res.writeHead(202).end()
+      })
+    })
+    t.teardown(http.close)
+    const { conn, inbox } = await open(t, { config: httpConfig(`${http.url}/mcp`, { requestTimeoutMs: 300 }) })
+    await conn.send(call(10, 'slow'))
+    await conn.send({ jsonrpc: '2.0', method: 'notifications/cancelled', params: { requestId: 10, reason: 'user' } })
+    await conn.send(call(11, 'slow'))
+    // 11's deadline started after 10's: once 11 timed out, 10 would have too had it been kept.
+    t.equal((await inbox.error(11)).code, -32006)
+    t.notOk(inbox.messages.some(m => 'id' in m && m.id === 10), 'nothing delivered for the cancelled request')
+    t.match(seen.find(m => (m as { method?: string }).method === 'notifications/cancelled'), { params: { requestId: 10, reason: 'user' } }, 'the client\'s cancel went upstream')
   })
 
   t.test('garbage bodies -> -32007', async t => {
