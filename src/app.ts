@@ -18,7 +18,11 @@ import httpOps from './http-ops.js'
 import httpStreamable from './http-streamable.js'
 import { createLogger } from './logger.js'
 import { newReplicaId } from './replica.js'
+import { RedisBus } from './bus-redis.js'
+import { RedisEventLog } from './event-log-redis.js'
+import { closeRedis, createRedis, redisReady } from './redis-client.js'
 import { Router } from './router.js'
+import { RedisSessionStore } from './session-store-redis.js'
 import { MemorySessionStore } from './session-store-memory.js'
 import type { SessionStore } from './session-store.js'
 import { Supervisor } from './supervisor.js'
@@ -59,6 +63,30 @@ function memoryServices (config: Readonly<Config>, options: GatewayOptions): Ser
   }
 }
 
+/** Redis mode: every replica shares sessions, logs and inboxes through one Redis. */
+async function redisServices (config: Readonly<Config>, log: Logger, replicaId: string): Promise<Services> {
+  const settings = config.redis
+  if (settings === undefined) throw new Error('redis settings missing')
+  const redis = createRedis(settings.url, { log, connectionName: `mcpgw:${replicaId}`, commandTimeoutMs: settings.connectTimeoutMs })
+  try {
+    await redisReady(redis, settings.connectTimeoutMs)
+  } catch (err) {
+    closeRedis(redis)
+    throw err
+  }
+  const prefix = settings.keyPrefix
+  const bus = new RedisBus(redis, () => createRedis(settings.url, { log, blocking: true, connectionName: `mcpgw:${replicaId}:inbox` }), prefix, {
+    inboxTtlMs: settings.leaseMs * 6,
+    log
+  })
+  return {
+    store: new RedisSessionStore(redis, prefix),
+    eventLog: new RedisEventLog(redis, prefix, config.sessions.eventLogMaxLen),
+    bus,
+    close: async () => { closeRedis(redis) }
+  }
+}
+
 /** Maps Fastify's own errors (body parsing, limits) onto the gateway's typed errors. */
 function asGatewayError (err: Error & { code?: string, statusCode?: number }, bodyLimit: number): GatewayError {
   if (isGatewayError(err)) return err
@@ -79,7 +107,7 @@ function asGatewayError (err: Error & { code?: string, statusCode?: number }, bo
 export async function buildGateway (config: Readonly<Config>, options: GatewayOptions = {}): Promise<Gateway> {
   const replicaId = options.replicaId ?? newReplicaId()
   const log = options.log ?? createLogger(config.log.level, replicaId)
-  const services = memoryServices(config, options)
+  const services = config.redis === undefined ? memoryServices(config, options) : await redisServices(config, log, replicaId)
   const supervisor = new Supervisor({
     servers: config.servers,
     log,

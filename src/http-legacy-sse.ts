@@ -39,7 +39,6 @@ export default async function httpLegacySse (app: FastifyInstance, opts: HttpLeg
     req.log.info({ server }, 'legacy SSE session created')
     // A relative URL: the SDK client resolves it against the SSE URL and rejects other origins (S-2).
     const endpoint = `/sse/${encodeURIComponent(server)}/messages?sessionId=${record.id}`
-    reply.hijack()
     const writer = await router.openStream({
       res: reply.raw,
       sid: record.id,
@@ -50,6 +49,7 @@ export default async function httpLegacySse (app: FastifyInstance, opts: HttpLeg
       preamble: `event: endpoint\ndata: ${endpoint}\n\n`,
       log: req.log
     })
+    reply.hijack()
     await writer.start()
   })
 

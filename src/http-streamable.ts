@@ -44,7 +44,7 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
     const mode = config.http.responseMode
     const streamId = newRequestStreamId(mode, requests.length)
     const priming = mode === 'sse' && allowsPriming(record.protocolVersion)
-    reply.hijack()
+    // Store calls come before hijack: if the store is down the error handler still answers 503.
     const writer = await router.openStream({
       res: reply.raw,
       sid: record.id,
@@ -58,6 +58,12 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
     })
     try {
       if (priming) await router.append(record.id, streamId, null)
+    } catch (err) {
+      router.abandonStream(writer)
+      throw err
+    }
+    reply.hijack()
+    try {
       await writer.start()
       for (const message of messages) await router.fromClient(record, message, isRequest(message) ? streamId : null)
     } catch (err) {
@@ -125,7 +131,6 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
       cursor = await router.streamCursor(record.id, GET_STREAM)
     }
     const priming = allowsPriming(record.protocolVersion)
-    reply.hijack()
     const writer = await router.openStream({
       res: reply.raw,
       sid: record.id,
@@ -139,6 +144,7 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
       ...(priming ? { preamble: streamId === GET_STREAM && lastEventId === undefined ? `id: ${formatEventId(streamId, cursor ?? '0')}\nretry: ${config.http.retryMs}\ndata: \n\n` : `retry: ${config.http.retryMs}\n\n` } : {}),
       log: req.log
     })
+    reply.hijack()
     await writer.start()
   }
 

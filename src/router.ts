@@ -261,6 +261,13 @@ export class Router {
     return writer
   }
 
+  /** Forgets a stream that was opened but never started (its HTTP request failed first). */
+  abandonStream (writer: StreamWriter): void {
+    const key = writerKey(writer.sid, writer.streamId)
+    if (this.#writers.get(key) === writer) this.#writers.delete(key)
+    this.#o.store.releaseHolder(writer.sid, writer.streamId, this.replicaId).catch(() => {})
+  }
+
   /** Whether a live GET stream exists for the session (one standalone GET stream, H-GET-3). */
   async hasLiveStream (sid: string, streamId: string): Promise<boolean> {
     const local = this.#writers.get(writerKey(sid, streamId))
@@ -576,6 +583,7 @@ export class Router {
         await this.#endLocal(owned.sid, 'owner lease lost')
       }
     }
+    const remoteOwned = new Set<string>()
     for (const writer of [...this.#writers.values()]) {
       // Holder leases are renewed here, every third of a lease; a stream whose session is gone ends.
       const [alive] = await Promise.all([
@@ -583,6 +591,13 @@ export class Router {
         store.renewHolder(writer.sid, writer.streamId, this.replicaId, this.#leaseMs)
       ])
       if (!alive) writer.end('session-ended')
+      else if (!this.#owned.has(writer.sid)) remoteOwned.add(writer.sid)
+    }
+    for (const sid of remoteOwned) {
+      // The owner died with its children: end the session now so the client re-initialises
+      // instead of waiting on a stream nothing will ever write to (ARCHITECTURE.md section 6).
+      const owner = await store.getOwner(sid)
+      if (owner === null || !(await store.isAlive(owner))) await this.endSession(sid, 'owner replica gone')
     }
   }
 }

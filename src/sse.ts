@@ -96,7 +96,13 @@ export class StreamWriter {
     }
     if (this.#cursor !== null && Number.isFinite(this.#remaining)) {
       // A resumed POST stream: responses at or before the cursor were already delivered.
-      this.#remaining -= await this.#countResponsesThrough(this.#cursor)
+      try {
+        this.#remaining -= await this.#countResponsesThrough(this.#cursor)
+      } catch (err) {
+        this.#o.log.error({ err, stream: this.streamId }, 'stream resume failed')
+        this.#finish('error')
+        return
+      }
       if (this.#remaining <= 0) { this.#finish('complete'); return }
     }
     await this.wake()
