@@ -618,7 +618,8 @@ class StreamableHttpBackend extends HttpBackend {
     let open: (() => void) | undefined
     if (request.method === 'initialize' && !bypassGate) {
       // Until this initialize's reply brings the session id, other messages would go without it.
-      await this.#waitGate()
+      // Taken synchronously when free, so a message sent right after send() already waits.
+      while (this.#gate !== null) await this.#gate
       this.#gate = new Promise<void>(resolve => { open = resolve })
     }
     let exchange: { res: Dispatcher.ResponseData, sid: string | null }
@@ -797,7 +798,7 @@ class StreamableHttpBackend extends HttpBackend {
     if (this.initParams === undefined || this.closed) return false
     let open!: () => void
     this.#gate = new Promise<void>(resolve => { open = resolve })
-    this.#reinit = this.#doReinitialise()
+    this.#reinit = this.#doReinitialise(expired)
     try {
       return await this.#reinit
     } finally {
@@ -812,7 +813,7 @@ class StreamableHttpBackend extends HttpBackend {
     if (this.initParams === undefined) this.unrecoverable('the backend session expired and there are no initialize params to start a new one')
   }
 
-  async #doReinitialise (): Promise<boolean> {
+  async #doReinitialise (expired: string): Promise<boolean> {
     this.log.info('backend session expired; re-initialising')
     this.#sessionId = null
     this.#getCursor = {} // event ids of the old session mean nothing to the new one
@@ -826,6 +827,9 @@ class StreamableHttpBackend extends HttpBackend {
       await this.postNotification({ jsonrpc: '2.0', method: 'notifications/initialized' }, true, true)
     } catch (err) {
       this.log.warn({ err }, 'backend re-initialise failed')
+      // Keep answering with the dead id: its next 404 triggers the next attempt, where no id
+      // at all would only earn 400s.
+      if (this.#sessionId === null) this.#sessionId = expired
       return false
     }
     this.log.info('backend session re-initialised')
@@ -849,6 +853,7 @@ class StreamableHttpBackend extends HttpBackend {
   async #runGet (controller: AbortController): Promise<void> {
     const signal = AbortSignal.any([controller.signal, this.lifetime.signal])
     let attempt = 0
+    let justReinitialised = false
     while (!signal.aborted) {
       let reason: string
       const sid = this.#sessionId
@@ -869,10 +874,15 @@ class StreamableHttpBackend extends HttpBackend {
         }
         if (res.statusCode === 404 && sid !== null) {
           await drain(res.body)
-          // Reconnects after the usual wait, on the new session (or fails towards onExit).
-          reason = await this.#reinitialise(sid) ? 'the backend session was re-initialised' : 'the backend session expired and could not be re-initialised'
+          // A new session deserves one immediate GET; a 404 right after it counts as a failure.
+          if (!justReinitialised && await this.#reinitialise(sid)) {
+            justReinitialised = true
+            continue
+          }
+          reason = 'the backend session expired and could not be re-initialised'
         } else if (res.statusCode === 200 && mediaType(res.headers) === 'text/event-stream') {
           attempt = 0
+          justReinitialised = false
           await this.#pump(res.body, this.#getCursor, null)
           reason = 'the GET stream ended'
         } else {

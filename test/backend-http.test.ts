@@ -304,6 +304,21 @@ for (const status of [405, 409]) {
   })
 }
 
+t.test('the GET stream finds the session gone (404) -> re-initialised and listening on the new one', async t => {
+  const up = await startStreamableUpstream()
+  t.teardown(up.close)
+  const { conn, inbox } = await open(t, { config: httpConfig(up.url) })
+  await handshake(conn, inbox)
+  const sid = await inbox.until(() => inbox.sessionIds[0], 'the session id')
+  await inbox.until(() => up.requests.find(r => r.method === 'GET'), 'the GET stream')
+  await up.dropSession(sid as string) // closes the GET stream server-side too
+  const newSid = await inbox.until(() => inbox.sessionIds[1], 'a new session id')
+  await inbox.until(() => up.requests.find(r => r.method === 'GET' && r.headers['mcp-session-id'] === newSid), 'a GET on the new session')
+  t.equal(posts(up.requests, 'initialize').length, 2)
+  t.equal(inbox.exits.length, 0)
+  t.notOk(inbox.messages.some(m => 'id' in m && String(m.id).startsWith('gw-init-')))
+})
+
 t.test('404 on a notification re-initialises; 404 without initialize params ends the connection', async t => {
   const up = await startStreamableUpstream()
   t.teardown(up.close)
