@@ -1,7 +1,6 @@
 // The one place ioredis clients are made, so every connection behaves alike after a Redis restart:
 // reconnect forever with capped backoff, and meanwhile fail fast instead of queueing (ARCHITECTURE.md
 // section 6: "Redis unreachable: /readyz fails, new sessions get 503 … reconnect is automatic").
-import { once } from 'node:events'
 import { Redis, type RedisOptions } from 'ioredis'
 import { GW_ERR_STORE_UNAVAILABLE, isGatewayError } from './errors.js'
 import type { Logger } from './logger.js'
@@ -72,15 +71,27 @@ export function isRedisReady (redis: Redis): boolean {
   return redis.status === 'ready'
 }
 
-/** Waits until the client is ready; commands before that fail, as the offline queue is off. */
+/**
+ * Waits until the client is ready; commands before that fail, as the offline queue is off.
+ * Connection errors meanwhile are not fatal (the client keeps retrying); only the bound is.
+ */
 export async function redisReady (redis: Redis, timeoutMs = 10_000): Promise<void> {
   if (redis.status === 'ready') return
   if (redis.status === 'end') throw new GW_ERR_STORE_UNAVAILABLE('the Redis client was closed')
-  try {
-    await once(redis, 'ready', { signal: AbortSignal.timeout(timeoutMs) })
-  } catch (err) {
-    throw new GW_ERR_STORE_UNAVAILABLE(`Redis not ready within ${timeoutMs} ms`, { cause: err })
-  }
+  await new Promise<void>((resolve, reject) => {
+    const done = (err?: Error): void => {
+      clearTimeout(timer)
+      redis.off('ready', onReady)
+      redis.off('end', onEnd)
+      if (err === undefined) resolve()
+      else reject(err)
+    }
+    const onReady = (): void => done()
+    const onEnd = (): void => done(new GW_ERR_STORE_UNAVAILABLE('the Redis client was closed'))
+    const timer = setTimeout(() => done(new GW_ERR_STORE_UNAVAILABLE(`Redis not ready within ${timeoutMs} ms`)), timeoutMs)
+    redis.on('ready', onReady)
+    redis.on('end', onEnd)
+  })
 }
 
 /** Closes a client without waiting on a server that may be gone. */

@@ -37,3 +37,16 @@ t.test('maxLen must be a positive integer', async t => {
   t.teardown(() => store.close())
   t.throws(() => new MemoryEventLog(store, 0), RangeError)
 })
+
+t.test('the store sweep drops expired logs', async t => {
+  const store = new MemorySessionStore()
+  t.teardown(() => store.close())
+  const log = new MemoryEventLog(store, 3)
+  await log.append('s', 'old', null, 1)
+  await log.append('s', 'live', null, 60_000)
+  store.sweep(Date.now() + 10)
+  t.equal(await log.hasStream('s', 'old'), false)
+  t.equal(await log.hasStream('s', 'live'), true)
+  store.sweep(Date.now() + 120_000)
+  t.equal(await log.hasStream('s', 'live'), false)
+})

@@ -87,3 +87,18 @@ t.test('a store made while Redis is down answers 503 and becomes ready when Redi
   t.equal(store.isReady(), true)
   t.equal(await store.getOwner('s'), null)
 })
+
+t.test('redisReady waits through connection errors and gives up at its bound', async t => {
+  const server = await startRedis(t)
+  await server.stop()
+  const redis = createRedis(server.url, { maxRetryDelayMs: 50 })
+  t.teardown(() => { redis.disconnect(false) })
+  await t.rejects(redisReady(redis, 300), { code: 'GW_ERR_STORE_UNAVAILABLE' }, 'the bound, not the first ECONNREFUSED')
+  const ready = redisReady(redis, 15_000)
+  await server.restart()
+  await ready
+  t.equal(redis.status, 'ready')
+  redis.disconnect(false)
+  t.ok(await until(() => redis.status === 'end'))
+  await t.rejects(redisReady(redis, 1_000), { code: 'GW_ERR_STORE_UNAVAILABLE' }, 'a closed client never becomes ready')
+})
