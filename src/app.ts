@@ -1,6 +1,7 @@
 // The only place services are built and plugins registered, in order (STYLE.md habit 4).
 import Fastify, { LogController, type FastifyBaseLogger, type FastifyError, type FastifyInstance } from 'fastify'
 import type { Logger } from 'pino'
+import { httpBackendFactory } from './backend-http.js'
 import { openStdioBackend } from './backend-stdio.js'
 import { MemoryBus, MemoryBusHub } from './bus-memory.js'
 import type { Bus } from './bus.js'
@@ -111,7 +112,7 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
   const supervisor = new Supervisor({
     servers: config.servers,
     log,
-    factories: { stdio: openStdioBackend }
+    factories: { stdio: openStdioBackend, 'streamable-http': httpBackendFactory, sse: httpBackendFactory }
   })
   const router = new Router({ replicaId, config, store: services.store, eventLog: services.eventLog, bus: services.bus, backends: supervisor, log })
 

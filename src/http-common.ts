@@ -78,3 +78,13 @@ export function decodeBody (req: FastifyRequest, allowBatch: boolean): DecodedBo
   }
   return { messages, batch }
 }
+
+/** The client's headers as strings; an HTTP backend forwards only the names its config lists. */
+export function clientHeaders (req: FastifyRequest): Record<string, string> {
+  const headers: Record<string, string> = {}
+  for (const [name, value] of Object.entries(req.headers)) {
+    if (typeof value === 'string') headers[name] = value
+    else if (Array.isArray(value)) headers[name] = value.join(', ')
+  }
+  return headers
+}

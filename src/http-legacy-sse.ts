@@ -5,7 +5,7 @@ import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
 import type { Config } from './config-schema.js'
 import { GW_ERR_BAD_REQUEST, GW_ERR_SERVER_NOT_FOUND, GW_ERR_SESSION_NOT_FOUND } from './errors.js'
 import { LEGACY_STREAM } from './event-log.js'
-import { ANONYMOUS, decodeBody } from './http-common.js'
+import { ANONYMOUS, clientHeaders, decodeBody } from './http-common.js'
 import { isRequest } from './jsonrpc.js'
 import { LEGACY_SSE_VERSION, negotiateVersion } from './protocol-version.js'
 import type { Router } from './router.js'
@@ -35,7 +35,7 @@ export default async function httpLegacySse (app: FastifyInstance, opts: HttpLeg
       transport: 'legacy',
       protocolVersion: LEGACY_SSE_VERSION,
       initializeParams: null
-    })
+    }, clientHeaders(req))
     req.log.info({ server }, 'legacy SSE session created')
     // A relative URL: the SDK client resolves it against the SSE URL and rejects other origins (S-2).
     const endpoint = `/sse/${encodeURIComponent(server)}/messages?sessionId=${record.id}`

@@ -7,7 +7,7 @@ import {
   GW_ERR_SESSION_NOT_FOUND, GW_ERR_SESSION_REQUIRED, isGatewayError, toJsonRpcError, GW_ERR_INTERNAL
 } from './errors.js'
 import { formatEventId, GET_STREAM, parseEventId } from './event-log.js'
-import { ANONYMOUS, checkAccept, decodeBody, header } from './http-common.js'
+import { ANONYMOUS, checkAccept, clientHeaders, decodeBody, header } from './http-common.js'
 import { isRequest, type JsonRpcMessage, type JsonRpcRequest } from './jsonrpc.js'
 import { allowsBatches, allowsPriming, checkVersionHeader, negotiateVersion } from './protocol-version.js'
 import { newRequestStreamId, type Router } from './router.js'
@@ -91,7 +91,7 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
         transport: 'streamable',
         protocolVersion: negotiateVersion(params.protocolVersion),
         initializeParams: params
-      })
+      }, clientHeaders(req))
       req.log.info({ server, protocolVersion: record.protocolVersion }, 'session created')
       await answer(reply, record, messages, false, req)
       return

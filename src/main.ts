@@ -1,5 +1,6 @@
 // Process entry: load config, build the gateway, listen, stop gracefully on SIGTERM/SIGINT.
 import { buildGateway } from './app.js'
+import { closeHttpDispatchers } from './backend-http.js'
 import { stopAllChildren } from './backend-stdio.js'
 import { loadConfig, parseArgs, USAGE } from './config.js'
 import { createLogger } from './logger.js'
@@ -48,7 +49,8 @@ async function main (): Promise<void> {
       void stopAllChildren().finally(() => process.exit(1))
     }, SHUTDOWN_DEADLINE_MS)
     deadline.unref()
-    gateway.close().then(
+    // Upstream connection pools are per process: closed once, after the gateway stopped.
+    gateway.close().then(async () => { await closeHttpDispatchers() }).then(
       () => { log.info('stopped'); process.exit(0) },
       err => { log.error({ err }, 'shutdown failed'); void stopAllChildren().finally(() => process.exit(1)) }
     )

@@ -32,8 +32,15 @@ export interface SupervisedHandlers {
 export interface BackendSessionHandle {
   send (message: JsonRpcMessage): Promise<void>
 }
+export interface BackendPoolOpenOptions {
+  backendSessionId?: string | null
+  protocolVersion?: string
+  onBackendSessionId?: (backendSessionId: string | null) => void
+  forwardedHeaders?: Record<string, string>
+  initializeParams?: Record<string, unknown> | null
+}
 export interface BackendPool {
-  open (sid: string, server: string, handlers: SupervisedHandlers, options?: { backendSessionId?: string | null, protocolVersion?: string }): Promise<BackendSessionHandle>
+  open (sid: string, server: string, handlers: SupervisedHandlers, options?: BackendPoolOpenOptions): Promise<BackendSessionHandle>
   stop (sid: string): Promise<void>
   stopAll (): Promise<void>
 }
@@ -149,13 +156,13 @@ export class Router {
   // ---- sessions ----------------------------------------------------------------------------
 
   /** Creates a session owned by this replica and starts its backend connection. */
-  async createSession (input: Omit<SessionRecord, 'id' | 'createdAt' | 'backendSessionId'>): Promise<SessionRecord> {
+  async createSession (input: Omit<SessionRecord, 'id' | 'createdAt' | 'backendSessionId'>, forwardedHeaders?: Record<string, string>): Promise<SessionRecord> {
     if (this.#stopping) throw new GW_ERR_SHUTTING_DOWN()
     const record: SessionRecord = { ...input, id: randomBytes(24).toString('base64url'), backendSessionId: null, createdAt: Date.now() }
     await this.#o.store.create(record, this.#idleMs)
     await this.#o.store.claimOwner(record.id, this.replicaId, this.#leaseMs)
     try {
-      await this.#openOwned(record)
+      await this.#openOwned(record, forwardedHeaders)
     } catch (err) {
       await this.#o.store.delete(record.id).catch(() => {})
       throw err
@@ -288,7 +295,7 @@ export class Router {
 
   // ---- owner side --------------------------------------------------------------------------
 
-  async #openOwned (record: SessionRecord): Promise<OwnedSession> {
+  async #openOwned (record: SessionRecord, forwardedHeaders?: Record<string, string>): Promise<OwnedSession> {
     const owned: OwnedSession = {
       sid: record.id,
       server: record.server,
@@ -316,7 +323,16 @@ export class Router {
           this.#failAll(owned, new GW_ERR_BACKEND_UNAVAILABLE(owned.server, reason))
           this.endSession(owned.sid, reason).catch(err => owned.log.error({ err }, 'session end failed'))
         }
-      }, { backendSessionId: record.backendSessionId, protocolVersion: record.protocolVersion })
+      }, {
+        backendSessionId: record.backendSessionId,
+        protocolVersion: record.protocolVersion,
+        initializeParams: record.initializeParams,
+        ...(forwardedHeaders !== undefined ? { forwardedHeaders } : {}),
+        // HTTP backends: any replica that takes the session over resumes this backend session.
+        onBackendSessionId: backendSessionId => {
+          this.#o.store.update(record.id, { backendSessionId }).catch(err => owned.log.warn({ err }, 'backend session id not stored'))
+        }
+      })
     } catch (err) {
       this.#owned.delete(record.id)
       throw err

@@ -78,6 +78,10 @@ export interface SupervisedOpenOptions {
   protocolVersion?: string
   /** HTTP backends: the backend's session id changed; store it in the session record. */
   onBackendSessionId?: (backendSessionId: string | null) => void
+  /** HTTP backends: the client's headers, of which only config.forwardHeaders go upstream. */
+  forwardedHeaders?: Record<string, string>
+  /** HTTP backends: the client's initialize params, to re-initialise a resumed backend session. */
+  initializeParams?: Record<string, unknown> | null
 }
 
 /** One client session's supervised backend connection. */
@@ -161,6 +165,8 @@ class Session implements BackendSession {
       log: this.#log,
       backendSessionId: this.#options.backendSessionId ?? null,
       ...(this.#options.protocolVersion !== undefined ? { protocolVersion: this.#options.protocolVersion } : {}),
+      ...(this.#options.forwardedHeaders !== undefined ? { forwardedHeaders: this.#options.forwardedHeaders } : {}),
+      ...(this.#options.initializeParams != null ? { initializeParams: this.#options.initializeParams } : {}),
       handlers: {
         onMessage: msg => { if (generation === this.#generation) this.#fromBackend(msg) },
         onExit: exit => { if (generation === this.#generation) this.#crashed(exit) },
