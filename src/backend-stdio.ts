@@ -172,11 +172,11 @@ export async function stopChild (child: ChildProcess, graceMs: number): Promise<
 }
 
 // The registry of live children: what stopAllChildren() drains and the 'exit' hook kills.
-const liveChildren = new Map<ChildProcess, number>()
+const liveChildren = new Map<ChildProcess, BackendConnection>()
 let exitHookInstalled = false
 
-function registerChild (child: ChildProcess, graceMs: number): void {
-  liveChildren.set(child, graceMs)
+function registerChild (child: ChildProcess, connection: BackendConnection): void {
+  liveChildren.set(child, connection)
   if (exitHookInstalled) return
   exitHookInstalled = true
   // Last resort (an uncaught exception, process.exit somewhere): 'exit' handlers must be
@@ -193,9 +193,13 @@ export function liveChildPids (): number[] {
   return [...liveChildren.keys()].map(c => c.pid).filter((pid): pid is number => pid !== undefined)
 }
 
-/** Stops every child this module started, each with its own ladder, in parallel. */
+/**
+ * Closes every connection this module started, each child with its own ladder, in parallel.
+ * A safety net for shutdown after the supervisor's stopAll(): closing (rather than only killing)
+ * means no onExit fires, so nothing tries to restart what is being stopped.
+ */
 export async function stopAllChildren (): Promise<void> {
-  await Promise.all([...liveChildren].map(async ([child, graceMs]) => await stopChild(child, graceMs)))
+  await Promise.all([...liveChildren.values()].map(async connection => await connection.close()))
 }
 
 function exitReason (code: number | null, signal: NodeJS.Signals | null): string {
@@ -214,6 +218,7 @@ class StdioBackend implements BackendConnection {
   #exited = false
   #closing: Promise<void> | null = null
   #reported = false
+  #drained: Promise<void> | null = null
 
   constructor (server: string, config: StdioServerConfig, child: ChildProcess, log: Logger, handlers: BackendOpenOptions['handlers']) {
     this.#server = server
@@ -222,6 +227,7 @@ class StdioBackend implements BackendConnection {
     this.#log = log
     this.#handlers = handlers
     this.#wire()
+    registerChild(child, this)
   }
 
   get pid (): number | undefined {
@@ -316,12 +322,15 @@ class StdioBackend implements BackendConnection {
     return !this.#exited && this.#closing === null && stdin !== null && !stdin.destroyed && stdin.writable
   }
 
+  /** One 'drain' wait shared by every writer held back, however many there are. */
   async #drain (): Promise<void> {
-    try {
-      await once(this.#child.stdin!, 'drain', { signal: this.#gone.signal })
-    } catch {
+    this.#drained ??= once(this.#child.stdin!, 'drain', { signal: this.#gone.signal }).then(() => {
+      this.#drained = null
+    }, () => {
+      this.#drained = null
       throw this.#unavailable()
-    }
+    })
+    await this.#drained
   }
 
   async send (message: JsonRpcMessage): Promise<void> {
@@ -407,7 +416,6 @@ export function createStdioBackendFactory (factoryOptions: StdioFactoryOptions =
       options.log.warn({ err, backend: server, command: config.command }, 'backend failed to start')
       throw new GW_ERR_BACKEND_UNAVAILABLE(server, (err as Error).message, { cause: err })
     }
-    registerChild(child, config.stopGraceMs)
     const log = options.log.child({ backend: server, pid: child.pid })
     log.info({ command: config.command }, 'backend started')
     return new StdioBackend(server, config, child, log, handlers)

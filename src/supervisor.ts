@@ -125,6 +125,7 @@ class Session implements BackendSession {
   #restarts: number[] = []
   #timer: NodeJS.Timeout | undefined
   #queue: Queued[] = []
+  #flushing = false
   #stopping: Promise<void> | null = null
   /** Aborted by stop(): ends a restart in progress. */
   readonly #stopSignal = new AbortController()
@@ -239,8 +240,13 @@ class Session implements BackendSession {
   async send (msg: JsonRpcMessage): Promise<void> {
     switch (this.#state) {
       case 'running': {
-        this.#capture(msg)
-        await this.#conn!.send(msg)
+        if (!this.#flushing) {
+          this.#capture(msg)
+          await this.#conn!.send(msg)
+          return
+        }
+        // Still flushing what waited during the restart: stay behind it, in order.
+        await new Promise<void>((resolve, reject) => this.#queue.push({ msg, resolve, reject }))
         return
       }
       case 'restarting': {
@@ -377,15 +383,20 @@ class Session implements BackendSession {
   }
 
   async #flush (conn: BackendConnection): Promise<void> {
-    while (this.#queue.length > 0 && this.#state === 'running' && this.#conn === conn) {
-      const q = this.#queue.shift()!
-      try {
-        this.#capture(q.msg)
-        await conn.send(q.msg)
-        q.resolve()
-      } catch (err) {
-        q.reject(err as Error)
+    this.#flushing = true
+    try {
+      while (this.#queue.length > 0 && this.#state === 'running' && this.#conn === conn) {
+        const q = this.#queue.shift()!
+        try {
+          this.#capture(q.msg)
+          await conn.send(q.msg)
+          q.resolve()
+        } catch (err) {
+          q.reject(err as Error)
+        }
       }
+    } finally {
+      this.#flushing = false
     }
   }
 

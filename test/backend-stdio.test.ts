@@ -1,5 +1,7 @@
 // stdio backends against real child processes (SPEC.md §7): env allow-list, framing, hostile
 // stdout, stderr capture, backpressure and the stop ladder.
+import { spawn } from 'node:child_process'
+import { once } from 'node:events'
 import t, { type Test } from 'tap'
 import type { BackendConnection, BackendExit } from '../src/backend.js'
 import {
@@ -7,7 +9,8 @@ import {
   createStdioBackendFactory,
   liveChildPids,
   LineSplitter,
-  openStdioBackend
+  openStdioBackend,
+  stopAllChildren
 } from '../src/backend-stdio.js'
 import type { StdioServerConfig } from '../src/config-schema.js'
 import type { GatewayError } from '../src/errors.js'
@@ -15,6 +18,7 @@ import type { BackendFactory } from '../src/backend.js'
 import {
   callTool,
   collectingLogger,
+  fixture,
   Inbox,
   initializeParams,
   isGone,
@@ -67,7 +71,10 @@ t.test('the child sees only allow-listed variables (IO-9)', async t => {
   t.notOk('GW_TEST_SECRET' in env, 'an unlisted gateway variable is absent')
   t.equal(env.PATH, process.env.PATH, 'PATH comes from the safe base set')
   const allowed = new Set(['HOME', 'LOGNAME', 'PATH', 'SHELL', 'TERM', 'USER', 'GW_TEST_SHARED', 'GW_TEST_SET'])
-  const extra = Object.keys(env).filter(k => !allowed.has(k))
+  // Under the tap runner, @tapjs/processinfo wraps child_process.spawn and adds its own variables
+  // (coverage tracking of subprocesses); those are the harness's, not the gateway's.
+  const injectedByTap = (k: string): boolean => k.startsWith('_TAPJS_') || (k === 'NODE_OPTIONS' && /tapjs/.test(env[k] ?? ''))
+  const extra = Object.keys(env).filter(k => !allowed.has(k) && !injectedByTap(k))
   t.same(extra, [], 'no other variable reaches the child')
 })
 
@@ -231,4 +238,29 @@ t.test('a command that cannot be spawned rejects with GW_ERR_BACKEND_UNAVAILABLE
     .then(() => null, (e: unknown) => e as GatewayError)
   t.equal(err?.code, 'GW_ERR_BACKEND_UNAVAILABLE')
   t.match(err?.message, /ENOENT/)
+})
+
+t.test('stopAllChildren closes every live connection without reporting exits', async t => {
+  const a = await open(t, stdioConfig('hostile-crash'))
+  const b = await open(t, stdioConfig('hostile-stubborn', [], { stopGraceMs: 200 }))
+  await initialize(a)
+  await initialize(b)
+  await stopAllChildren()
+  t.ok(isGone(a.pid) && isGone(b.pid), 'both children are gone')
+  t.same([...a.exits, ...b.exits], [], 'closed, not crashed: no onExit')
+  t.notOk(liveChildPids().includes(a.pid) || liveChildPids().includes(b.pid))
+})
+
+t.test('no child outlives a gateway that dies of an uncaught exception', async t => {
+  const parent = spawn(process.execPath, [fixture('crashing-gateway')], { stdio: ['ignore', 'pipe', 'pipe'] })
+  t.teardown(() => { parent.kill('SIGKILL') })
+  let out = ''
+  parent.stdout.on('data', (chunk: Buffer) => { out += chunk.toString() })
+  const [code] = await once(parent, 'exit') as [number | null]
+  t.equal(code, 1, 'the parent died of its exception')
+  const pid = Number(out.trim())
+  t.ok(pid > 0, `it had a child (${pid})`)
+  t.teardown(() => { if (pid > 0 && !isGone(pid)) process.kill(pid, 'SIGKILL') }) // even when the test fails
+  await waitUntil(() => isGone(pid), 'the orphan is reaped')
+  t.ok(isGone(pid), 'the child was killed by the exit hook')
 })

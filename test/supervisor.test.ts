@@ -190,8 +190,12 @@ t.test('no restart happens once the session is stopped', async t => {
   await s.send(request(1, 'initialize', initializeParams))
   await waitUntil(() => r.restarting.length > 0, 'onRestarting')
   const queued = s.send(request(2, 'ping')) // waits in the restart queue
+  const more = Array.from({ length: 999 }, async () => await s.send({ jsonrpc: '2.0', method: 'notifications/roots/list_changed' }))
+  const settled = Promise.allSettled([queued, ...more])
+  t.equal((await errorOf(s.send(request(3, 'ping'))))?.code, 'GW_ERR_BACKEND_UNAVAILABLE', 'the restart queue is bounded')
   await s.stop()
   t.equal((await errorOf(queued))?.code, 'GW_ERR_BACKEND_UNAVAILABLE', 'the queued message is refused')
+  t.ok((await settled).every(r => r.status === 'rejected'), 'every queued message is refused on stop')
   await new Promise(resolve => setTimeout(resolve, 500)) // past the restart delay
   t.equal(liveChildPids().length, before - 1, 'no child was started after stop')
   t.same(r.gone, [], 'stop() is not reported as gone')
