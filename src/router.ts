@@ -342,6 +342,20 @@ export class Router {
 
   #deliverLocal (owned: OwnedSession, message: JsonRpcMessage, streamId: string | null): void {
     this.#touch(owned.sid)
+    if (isRequest(message) && message.method === 'initialize' && owned.legacy) {
+      // A legacy session negotiates on a POST that may have landed on another replica, which
+      // stored the outcome: take version and capabilities from the record before forwarding.
+      this.#o.store.get(owned.sid).then(record => {
+        if (record !== null) {
+          owned.protocolVersion = record.protocolVersion
+          owned.clientCapabilities = capabilitiesOf(record.initializeParams)
+        }
+        this.#forwardRequest(owned, message, streamId ?? LEGACY_STREAM)
+      }, err => {
+        this.#reply(owned, streamId ?? LEGACY_STREAM, toJsonRpcError(asGatewayError(err, owned.server), message.id))
+      })
+      return
+    }
     if (isRequest(message)) {
       this.#forwardRequest(owned, message, streamId ?? (owned.legacy ? LEGACY_STREAM : GET_STREAM))
     } else if (isNotification(message)) {
