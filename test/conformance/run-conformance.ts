@@ -1,0 +1,207 @@
+// Runs the official MCP conformance suite (SPEC.md section 11) against the gateway, with our
+// stdio conformance fixture as the only backend: `npm run test:conformance`.
+//
+// 1. writes a temporary config that fronts `node dist/test/fixtures/conformance-server.js` as
+//    server `conformance` on 127.0.0.1 and a free port (loopback, no auth: C-1, C-2);
+// 2. starts the gateway and waits for GET /readyz to answer 200;
+// 3. runs `npx conformance server --url …/mcp/conformance --requirements 2025-11-25` from
+//    tools/conformance, whose pinned node@22 binary comes first on npx's PATH (the suite needs
+//    Node >= 22; the gateway stays on Node 20);
+// 4. prints a summary of failing checks, stops the gateway, exits with the suite's exit code.
+//
+// Knobs (environment):
+//   CONFORMANCE_REQUIREMENTS  revision whose frozen requirement set runs (default 2025-11-25)
+//   CONFORMANCE_SCENARIO      run one scenario instead (at the requirements' wire version)
+//   CONFORMANCE_URL           test an already running endpoint; no gateway is started
+//   CONFORMANCE_RESULTS_DIR   where checks.json files go (default tools/conformance/results/<time>)
+//   CONFORMANCE_TIMEOUT_MS    per-scenario timeout passed to the suite
+import { spawn } from 'node:child_process'
+import type { ChildProcess } from 'node:child_process'
+import { existsSync, createWriteStream } from 'node:fs'
+import { mkdir, mkdtemp, readFile, readdir, rm, writeFile } from 'node:fs/promises'
+import { createServer } from 'node:net'
+import { once } from 'node:events'
+import { tmpdir } from 'node:os'
+import { join, resolve } from 'node:path'
+import { setTimeout as sleep } from 'node:timers/promises'
+import { fileURLToPath } from 'node:url'
+
+// dist/test/conformance/run-conformance.js -> repository root
+const ROOT = resolve(fileURLToPath(import.meta.url), '../../../..')
+const TOOLS = join(ROOT, 'tools/conformance')
+const GATEWAY = join(ROOT, 'dist/src/main.js')
+const FIXTURE = join(ROOT, 'dist/test/fixtures/conformance-server.js')
+const EXPECTED_FAILURES = join(TOOLS, 'expected-failures.yml')
+const SERVER_NAME = 'conformance'
+const READY_TIMEOUT_MS = 30_000
+const STOP_GRACE_MS = 10_000
+
+const env = process.env
+const requirements = env.CONFORMANCE_REQUIREMENTS ?? '2025-11-25'
+
+interface Check {
+  id: string
+  status: string
+  errorMessage?: string
+}
+
+function say (line: string): void {
+  process.stdout.write(`[run-conformance] ${line}\n`)
+}
+
+async function freePort (): Promise<number> {
+  const server = createServer()
+  server.listen(0, '127.0.0.1')
+  await once(server, 'listening')
+  const address = server.address()
+  server.close()
+  await once(server, 'close')
+  if (address === null || typeof address === 'string') throw new Error('no port assigned')
+  return address.port
+}
+
+/** Runs a command to completion with inherited output; resolves to its exit code. */
+async function run (command: string, args: string[], cwd: string): Promise<number> {
+  const child = spawn(command, args, { cwd, stdio: 'inherit' })
+  const [code, signal] = await once(child, 'exit') as [number | null, NodeJS.Signals | null]
+  return code ?? (signal === null ? 1 : 128)
+}
+
+async function waitReady (url: string, gateway: ChildProcess): Promise<void> {
+  const deadline = Date.now() + READY_TIMEOUT_MS
+  while (Date.now() < deadline) {
+    if (gateway.exitCode !== null || gateway.signalCode !== null) {
+      throw new Error(`gateway exited early (code ${String(gateway.exitCode)}, signal ${String(gateway.signalCode)})`)
+    }
+    try {
+      const res = await fetch(url, { signal: AbortSignal.timeout(2000) })
+      await res.body?.cancel()
+      if (res.status === 200) return
+    } catch {
+      // not listening yet
+    }
+    await sleep(200)
+  }
+  throw new Error(`${url} did not answer 200 within ${READY_TIMEOUT_MS} ms`)
+}
+
+async function stopGateway (gateway: ChildProcess): Promise<void> {
+  if (gateway.exitCode !== null || gateway.signalCode !== null) return
+  const exited = once(gateway, 'exit')
+  gateway.kill('SIGTERM')
+  const stopped = await Promise.race([exited.then(() => true), sleep(STOP_GRACE_MS, false)])
+  if (!stopped) {
+    say(`gateway ignored SIGTERM for ${STOP_GRACE_MS} ms; sending SIGKILL`)
+    gateway.kill('SIGKILL')
+    await exited
+  }
+}
+
+/** Reads every <dir>/<scenario dir>/checks.json the suite wrote. */
+async function readResults (dir: string): Promise<Map<string, Check[]>> {
+  const results = new Map<string, Check[]>()
+  const entries = await readdir(dir, { withFileTypes: true }).catch(() => [])
+  for (const entry of entries) {
+    if (!entry.isDirectory()) continue
+    const file = join(dir, entry.name, 'checks.json')
+    if (!existsSync(file)) continue
+    // Directory names are server-<scenario>-<ISO timestamp with dashes>.
+    const scenario = entry.name.replace(/^server-/, '').replace(/-\d{4}-\d{2}-\d{2}T[\d-]+Z$/, '')
+    try {
+      results.set(scenario, JSON.parse(await readFile(file, 'utf8')) as Check[])
+    } catch (err) {
+      results.set(scenario, [{ id: 'unreadable-checks-json', status: 'FAILURE', errorMessage: String(err) }])
+    }
+  }
+  return results
+}
+
+function summarize (results: Map<string, Check[]>): void {
+  let passed = 0
+  let failed = 0
+  let warnings = 0
+  const lines: string[] = []
+  for (const [scenario, checks] of [...results].sort(([a], [b]) => a.localeCompare(b))) {
+    for (const check of checks) {
+      if (check.status === 'SUCCESS') passed++
+      if (check.status === 'FAILURE') failed++
+      if (check.status === 'WARNING') warnings++
+      if (check.status === 'FAILURE' || check.status === 'WARNING') {
+        lines.push(`  ${check.status === 'FAILURE' ? 'FAIL' : 'WARN'} ${scenario}:${check.id} ${check.errorMessage ?? ''}`.trimEnd())
+      }
+    }
+  }
+  say(`${results.size} scenarios, ${passed} checks passed, ${failed} failed, ${warnings} warnings (all scenarios, scored or not)`)
+  for (const line of lines) process.stdout.write(`${line}\n`)
+}
+
+async function main (): Promise<number> {
+  if (!existsSync(join(TOOLS, 'node_modules/.bin/conformance'))) {
+    say('installing tools/conformance (npm ci)')
+    const code = await run('npm', ['ci', '--no-audit', '--no-fund'], TOOLS)
+    if (code !== 0) return code
+  }
+  const resultsDir = resolve(env.CONFORMANCE_RESULTS_DIR ?? join(TOOLS, 'results', new Date().toISOString().replace(/[:.]/g, '-')))
+  await mkdir(resultsDir, { recursive: true })
+
+  let gateway: ChildProcess | undefined
+  let tmp: string | undefined
+  let url = env.CONFORMANCE_URL
+  const onSignal = (signal: NodeJS.Signals): void => {
+    say(`${signal}: stopping`)
+    const done = gateway === undefined ? Promise.resolve() : stopGateway(gateway)
+    void done.finally(() => process.exit(130))
+  }
+  process.once('SIGINT', onSignal)
+  process.once('SIGTERM', onSignal)
+
+  try {
+    if (url === undefined) {
+      for (const file of [GATEWAY, FIXTURE]) {
+        if (!existsSync(file)) throw new Error(`${file} is missing: run \`npm run build\` first`)
+      }
+      const port = await freePort()
+      tmp = await mkdtemp(join(tmpdir(), 'mcp-gw-conformance-'))
+      const configPath = join(tmp, 'gateway.yaml')
+      // JSON is YAML: no serializer needed. Loopback without tenants means no auth (C-2), and
+      // the default allowed hosts/origins are the loopback names dns-rebinding-protection wants.
+      const config = {
+        listen: { host: '127.0.0.1', port },
+        log: { level: 'info' },
+        servers: { [SERVER_NAME]: { transport: 'stdio', command: process.execPath, args: [FIXTURE] } }
+      }
+      await writeFile(configPath, JSON.stringify(config, null, 2))
+      const logPath = join(resultsDir, 'gateway.log')
+      const logFile = createWriteStream(logPath)
+      gateway = spawn(process.execPath, [GATEWAY, '--config', configPath], { cwd: ROOT, stdio: ['ignore', 'pipe', 'pipe'] })
+      gateway.stdout?.pipe(logFile)
+      gateway.stderr?.pipe(logFile)
+      say(`gateway pid ${String(gateway.pid)} on 127.0.0.1:${port}, log ${logPath}`)
+      await waitReady(`http://127.0.0.1:${port}/readyz`, gateway)
+      url = `http://127.0.0.1:${port}/mcp/${SERVER_NAME}`
+    }
+
+    const args = ['--no-install', 'conformance', 'server', '--url', url, '-o', resultsDir]
+    if (env.CONFORMANCE_SCENARIO !== undefined) {
+      args.push('--scenario', env.CONFORMANCE_SCENARIO, '--spec-version', requirements)
+    } else {
+      args.push('--requirements', requirements)
+    }
+    if (env.CONFORMANCE_TIMEOUT_MS !== undefined) args.push('--timeout', env.CONFORMANCE_TIMEOUT_MS)
+    if (existsSync(EXPECTED_FAILURES)) args.push('--expected-failures', EXPECTED_FAILURES)
+    say(`npx ${args.join(' ')}`)
+    const code = await run('npx', args, TOOLS)
+
+    summarize(await readResults(resultsDir))
+    say(`conformance exited with ${code}; results in ${resultsDir}`)
+    return code
+  } finally {
+    if (gateway !== undefined) await stopGateway(gateway)
+    if (tmp !== undefined) await rm(tmp, { recursive: true, force: true })
+  }
+}
+
+main().then(code => { process.exitCode = code }, (err: unknown) => {
+  say(`error: ${err instanceof Error ? err.message : String(err)}`)
+  process.exitCode = 1
+})
