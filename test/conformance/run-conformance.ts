@@ -35,6 +35,7 @@ const EXPECTED_FAILURES = join(TOOLS, 'expected-failures.yml')
 const SERVER_NAME = 'conformance'
 const READY_TIMEOUT_MS = 30_000
 const STOP_GRACE_MS = 10_000
+const GATEWAY_LOG_TAIL = 40
 
 const env = process.env
 const requirements = env.CONFORMANCE_REQUIREMENTS ?? '2025-11-25'
@@ -146,6 +147,8 @@ async function main (): Promise<number> {
 
   let gateway: ChildProcess | undefined
   let tmp: string | undefined
+  let logPath: string | undefined
+  let code = 1
   let url = env.CONFORMANCE_URL
   const onSignal = (signal: NodeJS.Signals): void => {
     say(`${signal}: stopping`)
@@ -171,7 +174,7 @@ async function main (): Promise<number> {
         servers: { [SERVER_NAME]: { transport: 'stdio', command: process.execPath, args: [FIXTURE] } }
       }
       await writeFile(configPath, JSON.stringify(config, null, 2))
-      const logPath = join(resultsDir, 'gateway.log')
+      logPath = join(resultsDir, 'gateway.log')
       const logFile = createWriteStream(logPath)
       gateway = spawn(process.execPath, [GATEWAY, '--config', configPath], { cwd: ROOT, stdio: ['ignore', 'pipe', 'pipe'] })
       gateway.stdout?.pipe(logFile)
@@ -190,7 +193,7 @@ async function main (): Promise<number> {
     if (env.CONFORMANCE_TIMEOUT_MS !== undefined) args.push('--timeout', env.CONFORMANCE_TIMEOUT_MS)
     if (existsSync(EXPECTED_FAILURES)) args.push('--expected-failures', EXPECTED_FAILURES)
     say(`npx ${args.join(' ')}`)
-    const code = await run('npx', args, TOOLS)
+    code = await run('npx', args, TOOLS)
 
     summarize(await readResults(resultsDir))
     say(`conformance exited with ${code}; results in ${resultsDir}`)
@@ -198,6 +201,11 @@ async function main (): Promise<number> {
   } finally {
     if (gateway !== undefined) await stopGateway(gateway)
     if (tmp !== undefined) await rm(tmp, { recursive: true, force: true })
+    // CI keeps only the console: show the end of the gateway's log when something failed.
+    if (code !== 0 && logPath !== undefined) {
+      const tail = (await readFile(logPath, 'utf8').catch(() => '')).split('\n').slice(-GATEWAY_LOG_TAIL).join('\n')
+      say(`last lines of ${logPath}:\n${tail}`)
+    }
   }
 }
 
