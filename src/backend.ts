@@ -40,6 +40,8 @@ export interface BackendOpenOptions {
   backendSessionId?: string | null
   /** HTTP backends: the protocol version the client negotiated, for MCP-Protocol-Version. */
   protocolVersion?: string
+  /** Streamable HTTP backends: open the backend's GET stream (default true; false on non-lease replicas). */
+  listen?: boolean
   /**
    * HTTP backends: the client's request headers (any case). Only the names listed in the
    * server's `forwardHeaders` are sent upstream; everything else is dropped (A-UP-1).

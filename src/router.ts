@@ -16,7 +16,7 @@ import {
 } from './errors.js'
 import { GET_STREAM, LEGACY_STREAM, type EventLog } from './event-log.js'
 import {
-  errorResponse, isNotification, isRequest, progressTokenOf, JSONRPC_METHOD_NOT_FOUND,
+  errorResponse, isNotification, isRequest, isResponse, progressTokenOf, JSONRPC_METHOD_NOT_FOUND,
   type JsonRpcMessage, type JsonRpcNotification, type JsonRpcRequest, type JsonRpcResponse, type RequestId
 } from './jsonrpc.js'
 import { shortHash } from './logger.js'
@@ -31,6 +31,8 @@ export interface SupervisedHandlers {
 }
 export interface BackendSessionHandle {
   send (message: JsonRpcMessage): Promise<void>
+  /** Streamable HTTP: start or stop the backend's GET stream (only the lease holder listens). */
+  setListening (listening: boolean): void
 }
 export interface BackendPoolOpenOptions {
   backendSessionId?: string | null
@@ -38,6 +40,7 @@ export interface BackendPoolOpenOptions {
   onBackendSessionId?: (backendSessionId: string | null) => void
   forwardedHeaders?: Record<string, string>
   initializeParams?: Record<string, unknown> | null
+  listen?: boolean
 }
 export interface BackendPool {
   open (sid: string, server: string, handlers: SupervisedHandlers, options?: BackendPoolOpenOptions): Promise<BackendSessionHandle>
@@ -56,6 +59,7 @@ export interface RouterOptions {
 }
 
 interface InFlight {
+  backendId: RequestId
   clientId: RequestId
   streamId: string
   method: string
@@ -74,12 +78,22 @@ interface OwnedSession {
   sid: string
   server: string
   legacy: boolean
+  /**
+   * Streamable HTTP backends: every replica that takes a request for the session opens its own
+   * connection to the same backend session and sends directly; ids pass through unchanged so
+   * replicas never collide. Only the owner (GET lease holder) listens to the backend's GET stream.
+   */
+  direct: boolean
+  /** Whether this replica holds the owner lease (always, for routed sessions). */
+  isOwner: boolean
   protocolVersion: string
   clientCapabilities: Record<string, unknown>
   backend: BackendSessionHandle | null
   nextId: number
-  inFlight: Map<number, InFlight>
-  byClientId: Map<string, number>
+  /** Keyed by idKey(backend id). */
+  inFlight: Map<string, InFlight>
+  /** idKey(client id) -> idKey(backend id). */
+  byClientId: Map<string, string>
   byToken: Map<string, string>
   pending: Map<string, PendingClientRequest>
   log: Logger
@@ -117,6 +131,7 @@ export class Router {
   readonly #owned = new Map<string, OwnedSession>()
   readonly #writers = new Map<string, StreamWriter>()
   readonly #lastTouch = new Map<string, number>()
+  readonly #opening = new Map<string, Promise<OwnedSession>>()
   #tick: NodeJS.Timeout | undefined
   #seq = 0
   #stopping = false
@@ -208,15 +223,38 @@ export class Router {
    * the answer (and related messages) of a request; null for notifications and responses.
    */
   async fromClient (record: SessionRecord, message: JsonRpcMessage, streamId: string | null): Promise<void> {
-    const owned = this.#owned.get(record.id)
-    if (owned !== undefined) { this.#deliverLocal(owned, message, streamId); return }
-    const owner = await this.#o.store.getOwner(record.id)
-    if (owner !== null && owner !== this.replicaId && await this.#o.store.isAlive(owner)) {
-      await this.#o.bus.send(owner, { kind: 'deliver', sid: record.id, streamId, message })
+    const sid = record.id
+    if (isResponse(message)) {
+      // An answer to a server-to-client request goes to the replica named in its opaque id (flow 3).
+      const replica = replicaOfOpaqueId(message.id)
+      const local = this.#owned.get(sid)
+      if (replica === this.replicaId || replica === null) { if (local !== undefined) this.#deliverLocal(local, message, null); return }
+      await this.#o.bus.send(replica, { kind: 'deliver', sid, streamId: null, message })
       return
     }
-    // The owner is gone: a stdio child died with it, so the session is over (ARCHITECTURE.md 6).
-    await this.endSession(record.id, 'owner replica gone')
+    const local = this.#owned.get(sid)
+    // Direct sessions send requests from here; their notifications go to the lease holder, whose
+    // connection saw initialize and runs the backend's GET stream.
+    if (local !== undefined && (local.isOwner || isRequest(message))) { this.#deliverLocal(local, message, streamId); return }
+    if (isRequest(message) && this.#isDirect(record.server) && record.backendSessionId !== null) {
+      this.#deliverLocal(await this.#openDirect(record), message, streamId)
+      return
+    }
+    const owner = await this.#o.store.getOwner(sid)
+    if (owner !== null && owner !== this.replicaId && await this.#o.store.isAlive(owner)) {
+      await this.#o.bus.send(owner, { kind: 'deliver', sid, streamId, message })
+      return
+    }
+    if (this.#isDirect(record.server) && record.backendSessionId !== null) {
+      // The lease holder is gone but the backend session lives on: take it over here.
+      const opened = local ?? await this.#openDirect(record)
+      await this.#claimLease(opened)
+      this.#deliverLocal(opened, message, streamId)
+      return
+    }
+    // The owner is gone: a stdio child (or legacy SSE upstream) died with it, so the session
+    // is over (ARCHITECTURE.md 6).
+    await this.endSession(sid, 'owner replica gone')
     throw new GW_ERR_SESSION_NOT_FOUND()
   }
 
@@ -293,13 +331,47 @@ export class Router {
     return await this.#o.store.getCursor(sid, streamId)
   }
 
-  // ---- owner side --------------------------------------------------------------------------
+  // ---- owner side ----------------------------------------------------------------------
 
-  async #openOwned (record: SessionRecord, forwardedHeaders?: Record<string, string>): Promise<OwnedSession> {
+  #isDirect (server: string): boolean {
+    return this.#o.config.servers[server]?.transport === 'streamable-http'
+  }
+
+  /** Opens this replica's own connection to a direct session's backend session (deduplicated). */
+  async #openDirect (record: SessionRecord): Promise<OwnedSession> {
+    const existing = this.#owned.get(record.id)
+    if (existing !== undefined) return existing
+    let opening = this.#opening.get(record.id)
+    if (opening === undefined) {
+      opening = (async () => {
+        const owned = await this.#openOwned(record, undefined, false)
+        await this.#claimLease(owned)
+        return owned
+      })().finally(() => this.#opening.delete(record.id))
+      this.#opening.set(record.id, opening)
+    }
+    return await opening
+  }
+
+  /** Takes the owner lease of a direct session if it is free, and then listens to the backend. */
+  async #claimLease (owned: OwnedSession): Promise<void> {
+    if (owned.isOwner) return
+    const owner = await this.#o.store.claimOwner(owned.sid, this.replicaId, this.#leaseMs)
+    if (owner === this.replicaId) {
+      owned.isOwner = true
+      owned.backend?.setListening(true)
+      owned.log.info('took the backend GET-stream lease')
+    }
+  }
+
+  async #openOwned (record: SessionRecord, forwardedHeaders?: Record<string, string>, isOwner = true): Promise<OwnedSession> {
+    const direct = this.#isDirect(record.server)
     const owned: OwnedSession = {
       sid: record.id,
       server: record.server,
       legacy: record.transport === 'legacy',
+      direct,
+      isOwner,
       protocolVersion: record.protocolVersion,
       clientCapabilities: capabilitiesOf(record.initializeParams),
       backend: null,
@@ -328,6 +400,7 @@ export class Router {
         protocolVersion: record.protocolVersion,
         initializeParams: record.initializeParams,
         ...(forwardedHeaders !== undefined ? { forwardedHeaders } : {}),
+        ...(direct ? { listen: isOwner } : {}),
         // HTTP backends: any replica that takes the session over resumes this backend session.
         onBackendSessionId: backendSessionId => {
           this.#o.store.update(record.id, { backendSessionId }).catch(err => owned.log.warn({ err }, 'backend session id not stored'))
@@ -376,21 +449,26 @@ export class Router {
       this.#reply(owned, streamId, toJsonRpcError(new GW_ERR_BACKEND_UNAVAILABLE(owned.server, 'not connected'), request.id))
       return
     }
-    const backendId = owned.nextId++
+    // Routed sessions mint ids (one child may see the gateway's own requests too); direct ones
+    // pass the client's ids through, unique in the session, so replicas sharing one backend
+    // session never collide (SPEC.md J-3).
+    const backendId: RequestId = owned.direct ? request.id : owned.nextId++
+    const key = idKey(backendId)
     const timeoutMs = this.#serverConfig(owned.server).requestTimeoutMs
     const entry: InFlight = {
+      backendId,
       clientId: request.id,
       streamId,
       method: request.method,
       progressToken: progressTokenOf(request),
-      timer: setTimeout(() => { this.#onRequestTimeout(owned, backendId, timeoutMs) }, timeoutMs)
+      timer: setTimeout(() => { this.#onRequestTimeout(owned, key, timeoutMs) }, timeoutMs)
     }
     entry.timer.unref()
-    owned.inFlight.set(backendId, entry)
-    owned.byClientId.set(idKey(request.id), backendId)
+    owned.inFlight.set(key, entry)
+    owned.byClientId.set(idKey(request.id), key)
     if (entry.progressToken !== undefined) owned.byToken.set(idKey(entry.progressToken), streamId)
     backend.send({ ...request, id: backendId }).catch(err => {
-      if (this.#settle(owned, backendId) === undefined) return
+      if (this.#settle(owned, key) === undefined) return
       this.#reply(owned, streamId, toJsonRpcError(asGatewayError(err, owned.server), request.id))
     })
   }
@@ -401,12 +479,17 @@ export class Router {
       const params = asRecord(notification.params)
       const requestId = params.requestId
       if (typeof requestId !== 'string' && typeof requestId !== 'number') return
-      const backendId = owned.byClientId.get(idKey(requestId))
-      if (backendId === undefined) return // unknown or finished: MAY be ignored (U-CAN-1)
-      const entry = owned.inFlight.get(backendId)
-      if (entry === undefined || entry.method === 'initialize') return // initialize is never cancelled (L-5)
-      this.#settle(owned, backendId)
-      outgoing = { ...notification, params: { ...params, requestId: backendId } }
+      const key = owned.byClientId.get(idKey(requestId))
+      const entry = key === undefined ? undefined : owned.inFlight.get(key)
+      if (key === undefined || entry === undefined) {
+        // Direct sessions: the request may be in flight from another replica; the id is the
+        // backend's id too, so the backend can still be told. Routed: unknown, MAY be ignored (U-CAN-1).
+        if (!owned.direct) return
+      } else {
+        if (entry.method === 'initialize') return // initialize is never cancelled (L-5)
+        this.#settle(owned, key)
+        outgoing = { ...notification, params: { ...params, requestId: entry.backendId } }
+      }
     }
     owned.backend?.send(outgoing).catch(err => owned.log.warn({ err, method: notification.method }, 'notification not delivered to backend'))
   }
@@ -426,8 +509,8 @@ export class Router {
     if (isRequest(message)) { await this.#fromBackendRequest(owned, message); return }
     if (isNotification(message)) { await this.#fromBackendNotification(owned, message); return }
     const id = message.id
-    if (typeof id !== 'number') return
-    const entry = this.#settle(owned, id)
+    if (id === undefined || id === null) return
+    const entry = this.#settle(owned, idKey(id))
     if (entry === undefined) return // cancelled or timed out: a late answer is dropped
     let response: JsonRpcResponse = { ...message, id: entry.clientId }
     if (entry.method === 'initialize' && 'result' in response && isRecord(response.result)) {
@@ -496,19 +579,19 @@ export class Router {
     return GET_STREAM
   }
 
-  #onRequestTimeout (owned: OwnedSession, backendId: number, timeoutMs: number): void {
-    const entry = this.#settle(owned, backendId)
+  #onRequestTimeout (owned: OwnedSession, key: string, timeoutMs: number): void {
+    const entry = this.#settle(owned, key)
     if (entry === undefined) return
     // Stop waiting and tell the backend (SPEC.md L-7).
-    owned.backend?.send({ jsonrpc: '2.0', method: 'notifications/cancelled', params: { requestId: backendId, reason: 'gateway timeout' } }).catch(() => {})
+    owned.backend?.send({ jsonrpc: '2.0', method: 'notifications/cancelled', params: { requestId: entry.backendId, reason: 'gateway timeout' } }).catch(() => {})
     this.#reply(owned, entry.streamId, toJsonRpcError(new GW_ERR_BACKEND_TIMEOUT(owned.server, timeoutMs), entry.clientId))
   }
 
   /** Removes an in-flight request; returns it if it was still in flight. */
-  #settle (owned: OwnedSession, backendId: number): InFlight | undefined {
-    const entry = owned.inFlight.get(backendId)
+  #settle (owned: OwnedSession, key: string): InFlight | undefined {
+    const entry = owned.inFlight.get(key)
     if (entry === undefined) return undefined
-    owned.inFlight.delete(backendId)
+    owned.inFlight.delete(key)
     owned.byClientId.delete(idKey(entry.clientId))
     if (entry.progressToken !== undefined) owned.byToken.delete(idKey(entry.progressToken))
     clearTimeout(entry.timer)
@@ -517,8 +600,8 @@ export class Router {
 
   /** Every request in flight gets a JSON-RPC error at once (backend died, shutdown). */
   #failAll (owned: OwnedSession, err: GatewayError): void {
-    for (const backendId of [...owned.inFlight.keys()]) {
-      const entry = this.#settle(owned, backendId)
+    for (const key of [...owned.inFlight.keys()]) {
+      const entry = this.#settle(owned, key)
       if (entry !== undefined) this.#reply(owned, entry.streamId, toJsonRpcError(err, entry.clientId))
     }
     for (const pending of owned.pending.values()) clearTimeout(pending.timer)
@@ -603,11 +686,19 @@ export class Router {
     for (const owned of [...this.#owned.values()]) {
       const [alive, leased] = await Promise.all([
         store.get(owned.sid).then(r => r !== null),
-        store.renewOwner(owned.sid, this.replicaId, this.#leaseMs)
+        owned.isOwner ? store.renewOwner(owned.sid, this.replicaId, this.#leaseMs) : Promise.resolve(false)
       ])
       if (!alive) {
         // Idle timeout reached (or deleted elsewhere): stop the backend (idle reaping).
         await this.endSession(owned.sid, 'idle timeout')
+      } else if (owned.direct) {
+        if (owned.isOwner && !leased) {
+          owned.isOwner = false
+          owned.backend?.setListening(false)
+          owned.log.warn('backend GET-stream lease lost; no longer listening')
+        }
+        // A free lease (its holder died) is taken by a replica that still serves the session.
+        if (!owned.isOwner) await this.#claimLease(owned)
       } else if (!leased) {
         owned.log.warn('owner lease lost; stopping backend')
         await this.#endLocal(owned.sid, 'owner lease lost')
@@ -624,12 +715,26 @@ export class Router {
       else if (!this.#owned.has(writer.sid)) remoteOwned.add(writer.sid)
     }
     for (const sid of remoteOwned) {
-      // The owner died with its children: end the session now so the client re-initialises
-      // instead of waiting on a stream nothing will ever write to (ARCHITECTURE.md section 6).
       const owner = await store.getOwner(sid)
-      if (owner === null || !(await store.isAlive(owner))) await this.endSession(sid, 'owner replica gone')
+      if (owner !== null && await store.isAlive(owner)) continue
+      const record = await store.get(sid)
+      if (record !== null && this.#isDirect(record.server) && record.backendSessionId !== null) {
+        // The backend session outlives the replica: this one, serving the client's stream, takes it over.
+        await this.#claimLease(await this.#openDirect(record))
+      } else {
+        // The owner died with its children: end the session now so the client re-initialises
+        // instead of waiting on a stream nothing will ever write to (ARCHITECTURE.md section 6).
+        await this.endSession(sid, 'owner replica gone')
+      }
     }
   }
+}
+
+/** The replica named in an opaque server-to-client request id `s.<replica>.<seq>`. */
+function replicaOfOpaqueId (id: RequestId | null | undefined): string | null {
+  if (typeof id !== 'string') return null
+  const match = /^s\.([A-Za-z0-9_-]{1,100})\.\d{1,15}$/.exec(id)
+  return match?.[1] ?? null
 }
 
 function asRecord (value: unknown): Record<string, unknown> {

@@ -82,6 +82,8 @@ export interface SupervisedOpenOptions {
   forwardedHeaders?: Record<string, string>
   /** HTTP backends: the client's initialize params, to re-initialise a resumed backend session. */
   initializeParams?: Record<string, unknown> | null
+  /** Streamable HTTP backends: open the backend's GET stream (only the lease holder does). Default true. */
+  listen?: boolean
 }
 
 /** One client session's supervised backend connection. */
@@ -94,6 +96,8 @@ export interface BackendSession {
   send (msg: JsonRpcMessage): Promise<void>
   /** Stops the connection; cheap and idempotent. Handlers are not called afterwards. */
   stop (): Promise<void>
+  /** Streamable HTTP backends: start or stop the backend's GET stream (the lease says who). No-op otherwise. */
+  setListening (listening: boolean): void
 }
 
 type State = 'running' | 'restarting' | 'stopping' | 'gone'
@@ -152,6 +156,12 @@ class Session implements BackendSession {
     this.#onEnd = onEnd
   }
 
+  setListening (listening: boolean): void {
+    const conn = this.#conn as (BackendConnection & { startListening?: () => void, stopListening?: () => void }) | null
+    if (listening) conn?.startListening?.()
+    else conn?.stopListening?.()
+  }
+
   get pid (): number | undefined {
     return this.#conn?.pid
   }
@@ -168,6 +178,7 @@ class Session implements BackendSession {
       ...(this.#options.protocolVersion !== undefined ? { protocolVersion: this.#options.protocolVersion } : {}),
       ...(this.#options.forwardedHeaders !== undefined ? { forwardedHeaders: this.#options.forwardedHeaders } : {}),
       ...(this.#options.initializeParams != null ? { initializeParams: this.#options.initializeParams } : {}),
+      ...(this.#options.listen !== undefined ? { listen: this.#options.listen } : {}),
       handlers: {
         onMessage: msg => { if (generation === this.#generation) this.#fromBackend(msg) },
         onExit: exit => { if (generation === this.#generation) this.#crashed(exit) },

@@ -1,0 +1,157 @@
+// Issue 4: remote MCP servers behind the gateway. Real SDK upstreams on loopback (Streamable
+// HTTP in SSE and JSON modes, legacy HTTP+SSE), driven through the gateway by the official SDK
+// client; upstream failures; and, with Redis, any replica serving the session while the
+// backend's GET stream lease fails over when its holder dies.
+import { Client } from '@modelcontextprotocol/sdk/client/index.js'
+import { SSEClientTransport } from '@modelcontextprotocol/sdk/client/sse.js'
+import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
+import { CreateMessageRequestSchema, LoggingMessageNotificationSchema } from '@modelcontextprotocol/sdk/types.js'
+import t, { type Test } from 'tap'
+import { closedPort, listen, startLegacyUpstream, startStreamableUpstream } from './fixtures/http-upstreams.js'
+import { startGateway } from './helpers/gateway.js'
+import { randomPrefix, startRedis } from './helpers/redis-server.js'
+import { startReplica, startRoundRobinProxy } from './helpers/replicas.js'
+import { SseReader } from './helpers/sse-client.js'
+
+async function connect (t: Test, url: string, opts: { legacy?: boolean, headers?: Record<string, string> } = {}): Promise<Client> {
+  const client = new Client({ name: 'http-backend-test', version: '1' }, { capabilities: { sampling: {} } })
+  client.setRequestHandler(CreateMessageRequestSchema, async () => ({ role: 'assistant', model: 'm', content: { type: 'text', text: 'from the client' } }))
+  const requestInit = { headers: opts.headers ?? {} }
+  const transport = opts.legacy === true
+    ? new SSEClientTransport(new URL(url), { requestInit, eventSourceInit: { fetch: async (u, init) => await fetch(u, { ...init, headers: { ...(init?.headers as Record<string, string>), ...requestInit.headers } }) } })
+    : new StreamableHTTPClientTransport(new URL(url), { requestInit })
+  await client.connect(transport)
+  t.teardown(async () => { await client.close().catch(() => {}) })
+  return client
+}
+
+const textOf = (result: unknown): string => ((result as { content: Array<{ text: string }> }).content[0]?.text ?? '')
+
+async function eventually<T> (what: string, probe: () => Promise<T | undefined> | T | undefined, ms = 15_000): Promise<T> {
+  const deadline = Date.now() + ms
+  for (;;) {
+    const value = await probe()
+    if (value !== undefined) return value
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`)
+    await new Promise(resolve => setTimeout(resolve, 50))
+  }
+}
+
+t.test('Streamable HTTP upstream: every message passes, credentials stay per hop', async t => {
+  const upstream = await startStreamableUpstream()
+  t.teardown(upstream.close)
+  const gw = await startGateway(t, {
+    servers: { remote: { transport: 'streamable-http', url: upstream.url, headers: { 'x-api-key': 'configured-secret' } } }
+  })
+  const client = await connect(t, `${gw.url}/mcp/remote`, { headers: { authorization: 'Bearer client-token' } })
+  t.equal(textOf(await client.callTool({ name: 'echo', arguments: { message: 'hi' } })), 'echo: hi')
+
+  const logs: unknown[] = []
+  client.setNotificationHandler(LoggingMessageNotificationSchema, async n => { logs.push(n.params.data) })
+  const progress: number[] = []
+  t.equal(textOf(await client.callTool({ name: 'progress-log', arguments: {} }, undefined, { onprogress: p => { progress.push(p.progress) } })), 'done')
+  t.same(progress, [1], 'progress relayed on the request stream')
+  await eventually('the log notification', () => logs.length > 0 ? true : undefined)
+  t.same(logs, ['working'])
+  t.equal(textOf(await client.callTool({ name: 'ask-sampling', arguments: {} })), 'sampled: from the client', 'server-to-client request round trip')
+
+  const clientSid = (client.transport as StreamableHTTPClientTransport).sessionId
+  t.notOk([...upstream.sessions.keys()].includes(clientSid ?? ''), "the backend's session id is not the client's")
+  t.ok(upstream.requests.length > 0)
+  t.ok(upstream.requests.every(r => r.headers.authorization === undefined), "the client's Authorization never goes upstream")
+  t.ok(upstream.requests.every(r => r.headers['x-api-key'] === 'configured-secret'), 'configured headers go upstream')
+  t.ok(upstream.requests.filter(r => r.method === 'POST').slice(1).every(r => r.headers['mcp-protocol-version'] === '2025-11-25'), 'MCP-Protocol-Version sent after initialize')
+
+  await (client.transport as StreamableHTTPClientTransport).terminateSession()
+  await eventually('the upstream DELETE', () => upstream.requests.some(r => r.method === 'DELETE') ? true : undefined)
+  t.pass('DELETE reached the backend session')
+})
+
+t.test('JSON-mode and legacy SSE upstreams, over both client transports', async t => {
+  const json = await startStreamableUpstream({ enableJsonResponse: true })
+  const legacy = await startLegacyUpstream()
+  t.teardown(json.close)
+  t.teardown(legacy.close)
+  const gw = await startGateway(t, {
+    servers: {
+      json: { transport: 'streamable-http', url: json.url },
+      old: { transport: 'sse', url: legacy.url }
+    }
+  })
+  for (const server of ['json', 'old']) {
+    const viaStreamable = await connect(t, `${gw.url}/mcp/${server}`)
+    t.equal(textOf(await viaStreamable.callTool({ name: 'echo', arguments: { message: server } })), `echo: ${server}`, `${server} via Streamable HTTP`)
+    const viaLegacy = await connect(t, `${gw.url}/sse/${server}`, { legacy: true })
+    t.equal(textOf(await viaLegacy.callTool({ name: 'echo', arguments: { message: server } })), `echo: ${server}`, `${server} via legacy SSE`)
+    // The SDK's JSON-response upstream has no stream to ask on mid-request: sampling only on 'old'.
+    if (server === 'old') t.equal(textOf(await viaLegacy.callTool({ name: 'ask-sampling', arguments: {} })), 'sampled: from the client')
+  }
+})
+
+t.test('upstream failures: clear JSON-RPC errors in time, other sessions unaffected', async t => {
+  const healthy = await startStreamableUpstream()
+  t.teardown(healthy.close)
+  const broken = await listen((_req, res) => { res.writeHead(503, { 'content-type': 'text/plain' }).end('down for maintenance') })
+  t.teardown(broken.close)
+  const refused = await closedPort()
+  const gw = await startGateway(t, {
+    servers: {
+      healthy: { transport: 'streamable-http', url: healthy.url, requestTimeoutMs: 500 },
+      refused: { transport: 'streamable-http', url: `http://127.0.0.1:${refused}/mcp`, connectTimeoutMs: 1000 },
+      broken: { transport: 'streamable-http', url: `${broken.url}/mcp` }
+    }
+  })
+  const init = JSON.stringify({ jsonrpc: '2.0', id: 0, method: 'initialize', params: { protocolVersion: '2025-11-25', capabilities: {}, clientInfo: { name: 'raw', version: '1' } } })
+  for (const [server, status] of [['refused', undefined], ['broken', 503]] as const) {
+    const res = await fetch(`${gw.url}/mcp/${server}`, { method: 'POST', headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream' }, body: init })
+    const reader = new SseReader(res)
+    await reader.finished
+    const answer = reader.messages().find(m => m.id === 0) as { error: { code: number, message: string, data: { status?: number, source: string } } } | undefined
+    t.equal(answer?.error.code, -32007, `${server}: connection error code`)
+    t.equal(answer?.error.data.source, 'gateway', `${server}: marked as the gateway's error`)
+    if (status !== undefined) t.equal(answer?.error.data.status, status, `${server}: upstream status in data`)
+  }
+  const client = await connect(t, `${gw.url}/mcp/healthy`)
+  const err = await client.callTool({ name: 'hang', arguments: {} }).then(() => null, (e: { code?: number }) => e)
+  t.equal(err?.code, -32006, 'a slow upstream: timeout error')
+  await eventually('notifications/cancelled upstream', () => healthy.requests.some(r => (r.body as { method?: string } | undefined)?.method === 'notifications/cancelled') ? true : undefined)
+  t.pass('the upstream was told to cancel')
+  t.equal(textOf(await client.callTool({ name: 'echo', arguments: { message: 'still fine' } })), 'echo: still fine', 'the session goes on')
+})
+
+t.test('with Redis: any replica serves the session; the GET-stream lease fails over without a 404', async t => {
+  const upstream = await startStreamableUpstream()
+  t.teardown(upstream.close)
+  const redis = await startRedis(t)
+  const config = {
+    redis: { url: redis.url, keyPrefix: randomPrefix(), leaseMs: 1000, connectTimeoutMs: 2000 },
+    servers: { remote: { transport: 'streamable-http', url: upstream.url } }
+  }
+  const replicas = await Promise.all(['A', 'B', 'C'].map(async name => await startReplica(t, name, config)))
+  const proxy = await startRoundRobinProxy(t, replicas.map(r => r.url))
+  const client = await connect(t, `${proxy.url}/mcp/remote`)
+  for (let i = 0; i < 6; i++) t.equal(textOf(await client.callTool({ name: 'echo', arguments: { message: `m${i}` } })), `echo: m${i}`)
+  const initializes = (): number => upstream.requests.filter(r => (r.body as { method?: string } | undefined)?.method === 'initialize').length
+  t.equal(initializes(), 1, 'one backend session, resumed by every replica (no re-initialize)')
+  const gets = (): number => upstream.requests.filter(r => r.method === 'GET').length
+  await eventually('the lease holder to open the backend GET stream', () => gets() >= 1 ? true : undefined)
+
+  // The initialize went to A (first through the proxy), so A holds the lease. Kill it.
+  const [a, ...alive] = replicas
+  proxy.setTargets(alive.map(r => r.url))
+  const before = gets()
+  await a?.kill()
+  await eventually('another replica to resume the backend GET stream', () => gets() > before ? true : undefined)
+  for (let i = 0; i < 4; i++) t.equal(textOf(await client.callTool({ name: 'echo', arguments: { message: `after${i}` } })), `echo: after${i}`, 'no 404 after the failover')
+  t.equal(initializes(), 1, 'still the same backend session')
+
+  // A notification the backend pushes on its GET stream now reaches the client.
+  const logs: unknown[] = []
+  client.setNotificationHandler(LoggingMessageNotificationSchema, async n => { logs.push(n.params.data) })
+  const backendSession = [...upstream.sessions.values()][0]
+  await eventually('the notification to reach the client', async () => {
+    await backendSession?.send({ jsonrpc: '2.0', method: 'notifications/message', params: { level: 'info', data: 'pushed after failover' } })
+    return logs.includes('pushed after failover') ? true : undefined
+  })
+  t.pass('a GET-stream notification after the failover reached the client')
+})
