@@ -45,23 +45,21 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
     const streamId = newRequestStreamId(mode, requests.length)
     const priming = mode === 'sse' && allowsPriming(record.protocolVersion)
     // Store calls come before hijack: if the store is down the error handler still answers 503.
+    // The priming entry is appended before the stream has a holder, so nobody is woken to read
+    // it back: its frame is written directly with the id the log gave it (H-POST-7).
+    const primingId = priming ? await router.append(record.id, streamId, null) : null
     const writer = await router.openStream({
       res: reply.raw,
       sid: record.id,
       streamId,
       mode,
-      cursor: null,
+      cursor: primingId,
+      fresh: true,
       batch,
       headers: { 'mcp-session-id': record.id },
-      ...(priming ? { retryMs: config.http.retryMs } : {}),
+      ...(primingId !== null ? { preamble: `id: ${formatEventId(streamId, primingId)}\nretry: ${config.http.retryMs}\ndata: \n\n` } : {}),
       log: req.log
     })
-    try {
-      if (priming) await router.append(record.id, streamId, null)
-    } catch (err) {
-      router.abandonStream(writer)
-      throw err
-    }
     reply.hijack()
     try {
       await writer.start()

@@ -132,6 +132,8 @@ export class Router {
   readonly #writers = new Map<string, StreamWriter>()
   readonly #lastTouch = new Map<string, number>()
   readonly #opening = new Map<string, Promise<OwnedSession>>()
+  /** Replica liveness seen recently (replica -> until), so a forwarded message skips the check. */
+  readonly #aliveUntil = new Map<string, number>()
   #tick: NodeJS.Timeout | undefined
   #seq = 0
   #stopping = false
@@ -241,7 +243,7 @@ export class Router {
       return
     }
     const owner = await this.#o.store.getOwner(sid)
-    if (owner !== null && owner !== this.replicaId && await this.#o.store.isAlive(owner)) {
+    if (owner !== null && owner !== this.replicaId && await this.#isAlive(owner)) {
       await this.#o.bus.send(owner, { kind: 'deliver', sid, streamId, message })
       return
     }
@@ -280,6 +282,7 @@ export class Router {
     streamId: string
     mode: WriterMode
     cursor: string | null
+    fresh?: boolean
     batch?: boolean
     headers: Record<string, string>
     retryMs?: number
@@ -306,13 +309,6 @@ export class Router {
     return writer
   }
 
-  /** Forgets a stream that was opened but never started (its HTTP request failed first). */
-  abandonStream (writer: StreamWriter): void {
-    const key = writerKey(writer.sid, writer.streamId)
-    if (this.#writers.get(key) === writer) this.#writers.delete(key)
-    this.#o.store.releaseHolder(writer.sid, writer.streamId, this.replicaId).catch(() => {})
-  }
-
   /** Whether a live GET stream exists for the session (one standalone GET stream, H-GET-3). */
   async hasLiveStream (sid: string, streamId: string): Promise<boolean> {
     const local = this.#writers.get(writerKey(sid, streamId))
@@ -329,6 +325,16 @@ export class Router {
   /** Where a new GET stream without Last-Event-ID starts: after what was last written. */
   async streamCursor (sid: string, streamId: string): Promise<string | null> {
     return await this.#o.store.getCursor(sid, streamId)
+  }
+
+  /** Replica liveness, cached for a quarter lease: a dead owner is still noticed within a lease. */
+  async #isAlive (replica: string): Promise<boolean> {
+    const now = Date.now()
+    if ((this.#aliveUntil.get(replica) ?? 0) > now) return true
+    const alive = await this.#o.store.isAlive(replica)
+    if (alive) this.#aliveUntil.set(replica, now + this.#leaseMs / 4)
+    else this.#aliveUntil.delete(replica)
+    return alive
   }
 
   // ---- owner side ----------------------------------------------------------------------
@@ -664,7 +670,8 @@ export class Router {
     if (writer.cursor !== null && (streamId === GET_STREAM || streamId === LEGACY_STREAM)) {
       store.setCursor(sid, streamId, writer.cursor, this.#idleMs).catch(() => {})
     }
-    store.releaseHolder(sid, streamId, this.replicaId).catch(() => {})
+    // A completed request stream gets no more entries: its holder lease just lapses (saves a round trip).
+    if (reason !== 'complete') store.releaseHolder(sid, streamId, this.replicaId).catch(() => {})
     if (streamId === LEGACY_STREAM && reason !== 'shutdown') {
       // A legacy HTTP+SSE session lives as long as its stream (2024-11-05 has no resumption).
       this.endSession(sid, 'legacy stream closed').catch(err => this.#o.log.warn({ err }, 'legacy session end failed'))

@@ -32,6 +32,11 @@ export interface StreamWriterOptions {
   expectedResponses: number
   /** JSON mode: answer with an array (the POST was a batch). */
   batch?: boolean
+  /**
+   * A new POST stream: nothing can be in its log before start() (messages are delivered after),
+   * so the first read is skipped; the first wake pulls.
+   */
+  fresh?: boolean
   /** Extra response headers (Mcp-Session-Id). */
   headers: Record<string, string>
   keepAliveMs: number
@@ -94,7 +99,7 @@ export class StreamWriter {
       }, this.#o.keepAliveMs)
       this.#keepAlive.unref()
     }
-    if (this.#cursor !== null && Number.isFinite(this.#remaining)) {
+    if (this.#cursor !== null && Number.isFinite(this.#remaining) && this.#o.fresh !== true) {
       // A resumed POST stream: responses at or before the cursor were already delivered.
       try {
         this.#remaining -= await this.#countResponsesThrough(this.#cursor)
@@ -105,13 +110,14 @@ export class StreamWriter {
       }
       if (this.#remaining <= 0) { this.#finish('complete'); return }
     }
+    if (this.#o.fresh === true && !this.#again) return
     await this.wake()
   }
 
   /** Something was appended to this stream's log: pull it. Safe to call any number of times. */
   async wake (): Promise<void> {
-    if (this.#ended || !this.#started) return
-    if (this.#pumping) { this.#again = true; return }
+    if (this.#ended) return
+    if (!this.#started || this.#pumping) { this.#again = true; return }
     this.#pumping = true
     try {
       let page: LogEntry[]
