@@ -1,19 +1,30 @@
 // Runs the official MCP conformance suite (SPEC.md section 11) against the gateway, with our
-// stdio conformance fixture as the only backend: `npm run test:conformance`.
+// conformance fixture as the only backend, reached over stdio or over Streamable HTTP:
+// `npm run test:conformance` runs both, one after the other.
 //
-// 1. writes a temporary config that fronts `node dist/test/fixtures/conformance-server.js` as
-//    server `conformance` on 127.0.0.1 and a free port (loopback, no auth: C-1, C-2);
+//   node dist/test/conformance/run-conformance.js [--backend stdio|http]
+//
+// 1. backend stdio (default): the config fronts `node dist/test/fixtures/conformance-server.js`
+//    as stdio server `conformance`; backend http: starts dist/test/fixtures/conformance-http.js,
+//    reads the URL it prints and fronts it as streamable-http server `conformance`. Either way
+//    the gateway listens on 127.0.0.1 and a free port (loopback, no auth: C-1, C-2);
 // 2. starts the gateway and waits for GET /readyz to answer 200;
 // 3. runs `npx conformance server --url …/mcp/conformance --requirements 2025-11-25` from
 //    tools/conformance, whose pinned node@22 binary comes first on npx's PATH (the suite needs
 //    Node >= 22; the gateway stays on Node 20);
-// 4. prints a summary of failing checks, stops the gateway, exits with the suite's exit code.
+// 4. prints a summary of failing checks, stops the gateway (and the HTTP fixture), exits with
+//    the suite's exit code.
 //
-// Knobs (environment):
+// Expected failures: tools/conformance/expected-failures.<backend>.yml when it exists (a
+// limitation of one backend transport only), else tools/conformance/expected-failures.yml.
+//
+// Knobs (environment; --backend wins over CONFORMANCE_BACKEND):
+//   CONFORMANCE_BACKEND       stdio (default) or http: how the gateway reaches the fixture
 //   CONFORMANCE_REQUIREMENTS  revision whose frozen requirement set runs (default 2025-11-25)
 //   CONFORMANCE_SCENARIO      run one scenario instead (at the requirements' wire version)
 //   CONFORMANCE_URL           test an already running endpoint; no gateway is started
-//   CONFORMANCE_RESULTS_DIR   where checks.json files go (default tools/conformance/results/<time>)
+//   CONFORMANCE_RESULTS_DIR   where checks.json files go (default tools/conformance/results/<time>-<backend>);
+//                             gateway.log (and fixture.log for http) land there too
 //   CONFORMANCE_TIMEOUT_MS    per-scenario timeout passed to the suite
 import { spawn } from 'node:child_process'
 import type { ChildProcess } from 'node:child_process'
@@ -23,15 +34,19 @@ import { createServer } from 'node:net'
 import { once } from 'node:events'
 import { tmpdir } from 'node:os'
 import { join, resolve } from 'node:path'
+import { createInterface } from 'node:readline'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { fileURLToPath } from 'node:url'
+import { parseArgs } from 'node:util'
 
 // dist/test/conformance/run-conformance.js -> repository root
 const ROOT = resolve(fileURLToPath(import.meta.url), '../../../..')
 const TOOLS = join(ROOT, 'tools/conformance')
 const GATEWAY = join(ROOT, 'dist/src/main.js')
-const FIXTURE = join(ROOT, 'dist/test/fixtures/conformance-server.js')
-const EXPECTED_FAILURES = join(TOOLS, 'expected-failures.yml')
+const FIXTURE_STDIO = join(ROOT, 'dist/test/fixtures/conformance-server.js')
+const FIXTURE_HTTP = join(ROOT, 'dist/test/fixtures/conformance-http.js')
+const BACKENDS = ['stdio', 'http'] as const
+type Backend = typeof BACKENDS[number]
 const SERVER_NAME = 'conformance'
 const READY_TIMEOUT_MS = 30_000
 const STOP_GRACE_MS = 10_000
@@ -39,6 +54,8 @@ const GATEWAY_LOG_TAIL = 40
 
 const env = process.env
 const requirements = env.CONFORMANCE_REQUIREMENTS ?? '2025-11-25'
+const { values: flags } = parseArgs({ options: { backend: { type: 'string' } } })
+const backendName = flags.backend ?? env.CONFORMANCE_BACKEND ?? 'stdio'
 
 interface Check {
   id: string
@@ -86,15 +103,55 @@ async function waitReady (url: string, gateway: ChildProcess): Promise<void> {
   throw new Error(`${url} did not answer 200 within ${READY_TIMEOUT_MS} ms`)
 }
 
-async function stopGateway (gateway: ChildProcess): Promise<void> {
-  if (gateway.exitCode !== null || gateway.signalCode !== null) return
-  const exited = once(gateway, 'exit')
-  gateway.kill('SIGTERM')
+async function stopChild (name: string, child: ChildProcess): Promise<void> {
+  if (child.exitCode !== null || child.signalCode !== null) return
+  const exited = once(child, 'exit')
+  child.kill('SIGTERM')
   const stopped = await Promise.race([exited.then(() => true), sleep(STOP_GRACE_MS, false)])
   if (!stopped) {
-    say(`gateway ignored SIGTERM for ${STOP_GRACE_MS} ms; sending SIGKILL`)
-    gateway.kill('SIGKILL')
+    say(`${name} ignored SIGTERM for ${STOP_GRACE_MS} ms; sending SIGKILL`)
+    child.kill('SIGKILL')
     await exited
+  }
+}
+
+/**
+ * Starts the Streamable HTTP fixture on a free port and resolves to the URL it prints as its
+ * first stdout line. Its stdin stays open as a lifeline (--exit-with-stdin): should this runner
+ * die without stopping it, the fixture sees stdin close and exits. Its output goes to logPath.
+ */
+async function startHttpFixture (logPath: string): Promise<{ child: ChildProcess, url: string }> {
+  const child = spawn(process.execPath, [FIXTURE_HTTP, '--port', '0', '--exit-with-stdin', '--log-requests'], { cwd: ROOT, stdio: ['pipe', 'pipe', 'pipe'] })
+  const log = createWriteStream(logPath)
+  child.stderr?.pipe(log)
+  const lines = createInterface({ input: child.stdout! })
+  try {
+    const url = await new Promise<string>((resolve, reject) => {
+      const timer = setTimeout(() => reject(new Error(`the HTTP fixture printed no URL within ${READY_TIMEOUT_MS} ms`)), READY_TIMEOUT_MS)
+      const onExit = (code: number | null, signal: NodeJS.Signals | null): void => {
+        clearTimeout(timer)
+        reject(new Error(`the HTTP fixture exited early (code ${String(code)}, signal ${String(signal)}); see ${logPath}`))
+      }
+      child.once('exit', onExit)
+      child.once('error', reject)
+      lines.once('line', line => {
+        clearTimeout(timer)
+        child.off('exit', onExit)
+        try {
+          const parsed = JSON.parse(line) as { url?: unknown }
+          if (typeof parsed.url !== 'string') throw new Error('no url member')
+          resolve(parsed.url)
+        } catch (err) {
+          reject(new Error(`the HTTP fixture's first line is not {"url": …}: ${line} (${String(err)})`))
+        }
+      })
+    })
+    // Anything it prints later is log material too.
+    lines.on('line', line => log.write(`${line}\n`))
+    return { child, url }
+  } catch (err) {
+    await stopChild('HTTP fixture', child)
+    throw err
   }
 }
 
@@ -142,17 +199,26 @@ async function main (): Promise<number> {
     const code = await run('npm', ['ci', '--no-audit', '--no-fund'], TOOLS)
     if (code !== 0) return code
   }
-  const resultsDir = resolve(env.CONFORMANCE_RESULTS_DIR ?? join(TOOLS, 'results', new Date().toISOString().replace(/[:.]/g, '-')))
+  if (!(BACKENDS as readonly string[]).includes(backendName)) {
+    say(`unknown backend ${JSON.stringify(backendName)}: use ${BACKENDS.join(' or ')}`)
+    return 2
+  }
+  const backend = backendName as Backend
+  const resultsDir = resolve(env.CONFORMANCE_RESULTS_DIR ?? join(TOOLS, 'results', `${new Date().toISOString().replace(/[:.]/g, '-')}-${backend}`))
   await mkdir(resultsDir, { recursive: true })
 
   let gateway: ChildProcess | undefined
+  let fixture: ChildProcess | undefined
   let tmp: string | undefined
   let logPath: string | undefined
   let code = 1
   let url = env.CONFORMANCE_URL
   const onSignal = (signal: NodeJS.Signals): void => {
     say(`${signal}: stopping`)
-    const done = gateway === undefined ? Promise.resolve() : stopGateway(gateway)
+    const done = Promise.allSettled([
+      gateway === undefined ? undefined : stopChild('gateway', gateway),
+      fixture === undefined ? undefined : stopChild('HTTP fixture', fixture)
+    ])
     void done.finally(() => process.exit(130))
   }
   process.once('SIGINT', onSignal)
@@ -160,8 +226,18 @@ async function main (): Promise<number> {
 
   try {
     if (url === undefined) {
-      for (const file of [GATEWAY, FIXTURE]) {
+      const fixtureFile = backend === 'http' ? FIXTURE_HTTP : FIXTURE_STDIO
+      for (const file of [GATEWAY, fixtureFile]) {
         if (!existsSync(file)) throw new Error(`${file} is missing: run \`npm run build\` first`)
+      }
+      let server: Record<string, unknown>
+      if (backend === 'http') {
+        const started = await startHttpFixture(join(resultsDir, 'fixture.log'))
+        fixture = started.child
+        server = { transport: 'streamable-http', url: started.url }
+        say(`HTTP fixture pid ${String(fixture.pid)} at ${started.url}, log ${join(resultsDir, 'fixture.log')}`)
+      } else {
+        server = { transport: 'stdio', command: process.execPath, args: [FIXTURE_STDIO] }
       }
       const port = await freePort()
       tmp = await mkdtemp(join(tmpdir(), 'mcp-gw-conformance-'))
@@ -171,7 +247,7 @@ async function main (): Promise<number> {
       const config = {
         listen: { host: '127.0.0.1', port },
         log: { level: 'info' },
-        servers: { [SERVER_NAME]: { transport: 'stdio', command: process.execPath, args: [FIXTURE] } }
+        servers: { [SERVER_NAME]: server }
       }
       await writeFile(configPath, JSON.stringify(config, null, 2))
       logPath = join(resultsDir, 'gateway.log')
@@ -191,15 +267,18 @@ async function main (): Promise<number> {
       args.push('--requirements', requirements)
     }
     if (env.CONFORMANCE_TIMEOUT_MS !== undefined) args.push('--timeout', env.CONFORMANCE_TIMEOUT_MS)
-    if (existsSync(EXPECTED_FAILURES)) args.push('--expected-failures', EXPECTED_FAILURES)
+    const expectedFailures = [join(TOOLS, `expected-failures.${backend}.yml`), join(TOOLS, 'expected-failures.yml')].find(file => existsSync(file))
+    if (expectedFailures !== undefined) args.push('--expected-failures', expectedFailures)
     say(`npx ${args.join(' ')}`)
     code = await run('npx', args, TOOLS)
 
     summarize(await readResults(resultsDir))
-    say(`conformance exited with ${code}; results in ${resultsDir}`)
+    say(`backend ${backend}: conformance exited with ${code}; results in ${resultsDir}`)
     return code
   } finally {
-    if (gateway !== undefined) await stopGateway(gateway)
+    if (gateway !== undefined) await stopChild('gateway', gateway)
+    // After the gateway, so the gateway's own shutdown can still end its upstream sessions.
+    if (fixture !== undefined) await stopChild('HTTP fixture', fixture)
     if (tmp !== undefined) await rm(tmp, { recursive: true, force: true })
     // CI keeps only the console: show the end of the gateway's log when something failed.
     if (code !== 0 && logPath !== undefined) {
