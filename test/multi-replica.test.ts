@@ -11,13 +11,14 @@ import {
 } from '@modelcontextprotocol/sdk/types.js'
 import t, { type Test } from 'tap'
 import { stdioFixture } from './helpers/gateway.js'
-import { randomPrefix, startRedis, type RedisServer } from './helpers/redis-server.js'
+import { randomPrefix, startRedis, testRedis, type RedisServer } from './helpers/redis-server.js'
+import { sessionKeys } from '../src/redis-keys.js'
 import { startReplica, startRoundRobinProxy, type ReplicaProcess } from './helpers/replicas.js'
 import { SseReader } from './helpers/sse-client.js'
 
 const LEASE_MS = 1500
 
-async function cluster (t: Test, n = 3, redis?: RedisServer): Promise<{ redis: RedisServer, replicas: ReplicaProcess[], proxy: Awaited<ReturnType<typeof startRoundRobinProxy>> }> {
+async function cluster (t: Test, n = 3, redis?: RedisServer): Promise<{ redis: RedisServer, prefix: string, replicas: ReplicaProcess[], proxy: Awaited<ReturnType<typeof startRoundRobinProxy>> }> {
   const server = redis ?? await startRedis(t)
   const prefix = randomPrefix()
   const config = {
@@ -26,7 +27,7 @@ async function cluster (t: Test, n = 3, redis?: RedisServer): Promise<{ redis: R
   }
   const replicas = await Promise.all(['A', 'B', 'C', 'D'].slice(0, n).map(async name => await startReplica(t, name, config)))
   const proxy = await startRoundRobinProxy(t, replicas.map(r => r.url))
-  return { redis: server, replicas, proxy }
+  return { redis: server, prefix, replicas, proxy }
 }
 
 async function connect (t: Test, url: string, legacy = false): Promise<Client> {
@@ -191,4 +192,23 @@ t.test('Redis restart: /readyz follows Redis, new sessions get 503 meanwhile, th
   const client = await connect(t, a.url)
   t.equal(textOf(await client.callTool({ name: 'echo', arguments: { text: 'back' } })), 'back', 'a new session works after the restart')
   t.ok(replicas.every(r => r.child.exitCode === null), 'no replica crashed')
+})
+
+t.test('leases and TTLs: every key has a TTL after real traffic; an owner that loses its lease stops its child', async t => {
+  const { redis, prefix, proxy } = await cluster(t)
+  const client = await connect(t, proxy.url)
+  await client.callTool({ name: 'progress', arguments: { steps: 2, delayMs: 5 } }, undefined, { onprogress: () => {} })
+  await client.callTool({ name: 'sample', arguments: { prompt: 'ttl' } })
+  await client.callTool({ name: 'add-tool', arguments: {} })
+  const pid = Number(textOf(await client.callTool({ name: 'pid', arguments: {} })))
+  const inspect = await testRedis(t, redis.url)
+  const keys = await inspect.keys(`${prefix}*`)
+  t.ok(keys.length >= 5, `the gateway wrote keys (${keys.length})`)
+  const ttls = await Promise.all(keys.map(async key => [key, await inspect.pttl(key)] as const))
+  t.same(ttls.filter(([, ttl]) => ttl < 0), [], 'no key without a TTL')
+
+  const sid = (client.transport as StreamableHTTPClientTransport).sessionId ?? ''
+  await inspect.del(sessionKeys(prefix, sid).owner) // the owner's lease is gone (as if it had lapsed)
+  await eventually('the owner to stop its child', async () => { try { process.kill(pid, 0); return undefined } catch { return true } }, LEASE_MS * 5)
+  t.pass('the child stopped when its owner lost the lease')
 })
