@@ -78,11 +78,30 @@ async function freePort (): Promise<number> {
   return address.port
 }
 
+// Commands run() is waiting on. Each runs in its own process group (npx does not pass SIGTERM on
+// to the suite it starts), so a signal to this runner ends the whole group instead of leaving
+// the suite to fail against a stopped gateway.
+const running = new Set<ChildProcess>()
+
+function stopGroup (child: ChildProcess): void {
+  if (child.pid === undefined || child.exitCode !== null || child.signalCode !== null) return
+  try {
+    process.kill(-child.pid, 'SIGTERM')
+  } catch {
+    // the group is gone already
+  }
+}
+
 /** Runs a command to completion with inherited output; resolves to its exit code. */
 async function run (command: string, args: string[], cwd: string): Promise<number> {
-  const child = spawn(command, args, { cwd, stdio: 'inherit' })
-  const [code, signal] = await once(child, 'exit') as [number | null, NodeJS.Signals | null]
-  return code ?? (signal === null ? 1 : 128)
+  const child = spawn(command, args, { cwd, stdio: 'inherit', detached: true })
+  running.add(child)
+  try {
+    const [code, signal] = await once(child, 'exit') as [number | null, NodeJS.Signals | null]
+    return code ?? (signal === null ? 1 : 128)
+  } finally {
+    running.delete(child)
+  }
 }
 
 async function waitReady (url: string, gateway: ChildProcess): Promise<void> {
@@ -215,10 +234,11 @@ async function main (): Promise<number> {
   let url = env.CONFORMANCE_URL
   const onSignal = (signal: NodeJS.Signals): void => {
     say(`${signal}: stopping`)
+    for (const child of running) stopGroup(child)
     const done = Promise.allSettled([
       gateway === undefined ? undefined : stopChild('gateway', gateway),
       fixture === undefined ? undefined : stopChild('HTTP fixture', fixture)
-    ])
+    ]).then(async () => { if (tmp !== undefined) await rm(tmp, { recursive: true, force: true }) })
     void done.finally(() => process.exit(130))
   }
   process.once('SIGINT', onSignal)
