@@ -231,7 +231,8 @@ export class Router {
       const replica = replicaOfOpaqueId(message.id)
       const local = this.#owned.get(sid)
       if (replica === this.replicaId || replica === null) { if (local !== undefined) this.#deliverLocal(local, message, null); return }
-      await this.#o.bus.send(replica, { kind: 'deliver', sid, streamId: null, message })
+      // The id is client input: only a live replica gets an envelope (no inbox for made-up names).
+      if (await this.#isAlive(replica)) await this.#o.bus.send(replica, { kind: 'deliver', sid, streamId: null, message })
       return
     }
     const local = this.#owned.get(sid)
@@ -690,6 +691,8 @@ export class Router {
   async #onTick (): Promise<void> {
     const store = this.#o.store
     await store.heartbeat(this.replicaId, this.#leaseMs)
+    const stale = Date.now() - this.#idleMs
+    for (const [sid, at] of this.#lastTouch) if (at < stale) this.#lastTouch.delete(sid)
     for (const owned of [...this.#owned.values()]) {
       const [alive, leased] = await Promise.all([
         store.get(owned.sid).then(r => r !== null),

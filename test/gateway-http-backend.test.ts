@@ -93,14 +93,37 @@ t.test('upstream failures: clear JSON-RPC errors in time, other sessions unaffec
   t.teardown(healthy.close)
   const broken = await listen((_req, res) => { res.writeHead(503, { 'content-type': 'text/plain' }).end('down for maintenance') })
   t.teardown(broken.close)
+  // Answers initialize normally, then cuts every tools/call mid-stream (one event, no id, reset).
+  const resetting = await listen((req, res) => {
+    let body = ''
+    req.on('data', chunk => { body += String(chunk) })
+    req.on('end', () => {
+      const msg = body === '' ? {} : JSON.parse(body) as { id?: number, method?: string }
+      if (msg.method === 'initialize') {
+        res.writeHead(200, { 'content-type': 'application/json', 'mcp-session-id': 'upstream-1' })
+        res.end(JSON.stringify({ jsonrpc: '2.0', id: msg.id, result: { protocolVersion: '2025-11-25', capabilities: { tools: {} }, serverInfo: { name: 'resetting', version: '1' } } }))
+      } else if (msg.method === 'tools/call') {
+        res.writeHead(200, { 'content-type': 'text/event-stream' })
+        res.write('data: {"jsonrpc":"2.0","method":"notifications/message","params":{"level":"info","data":"half"}}\n\n')
+        setTimeout(() => { res.socket?.destroy() }, 20)
+      } else {
+        res.writeHead(req.method === 'GET' ? 405 : 202).end()
+      }
+    })
+  })
+  t.teardown(resetting.close)
   const refused = await closedPort()
   const gw = await startGateway(t, {
     servers: {
       healthy: { transport: 'streamable-http', url: healthy.url, requestTimeoutMs: 500 },
       refused: { transport: 'streamable-http', url: `http://127.0.0.1:${refused}/mcp`, connectTimeoutMs: 1000 },
-      broken: { transport: 'streamable-http', url: `${broken.url}/mcp` }
+      broken: { transport: 'streamable-http', url: `${broken.url}/mcp` },
+      resetting: { transport: 'streamable-http', url: `${resetting.url}/mcp` }
     }
   })
+  const cut = await connect(t, `${gw.url}/mcp/resetting`)
+  const cutErr = await cut.callTool({ name: 'any', arguments: {} }).then(() => null, (e: { code?: number }) => e)
+  t.equal(cutErr?.code, -32007, 'an upstream reset mid-stream: connection error, no hang')
   const init = JSON.stringify({ jsonrpc: '2.0', id: 0, method: 'initialize', params: { protocolVersion: '2025-11-25', capabilities: {}, clientInfo: { name: 'raw', version: '1' } } })
   for (const [server, status] of [['refused', undefined], ['broken', 503]] as const) {
     const res = await fetch(`${gw.url}/mcp/${server}`, { method: 'POST', headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream' }, body: init })

@@ -212,3 +212,32 @@ t.test('leases and TTLs: every key has a TTL after real traffic; an owner that l
   await eventually('the owner to stop its child', async () => { try { process.kill(pid, 0); return undefined } catch { return true } }, LEASE_MS * 5)
   t.pass('the child stopped when its owner lost the lease')
 })
+
+t.test('a holder replica killed mid-stream: the client resumes on another replica, nothing lost', async t => {
+  const { replicas } = await cluster(t)
+  const [a, b, c] = replicas as [ReplicaProcess, ReplicaProcess, ReplicaProcess]
+  const headers = { 'content-type': 'application/json', accept: 'application/json, text/event-stream' }
+  const init = await fetch(`${a.url}/mcp/full`, { method: 'POST', headers, body: JSON.stringify({ jsonrpc: '2.0', id: 0, method: 'initialize', params: { protocolVersion: '2025-11-25', capabilities: {}, clientInfo: { name: 'raw', version: '1' } } }) })
+  const sid = init.headers.get('mcp-session-id') ?? ''
+  await new SseReader(init).finished
+  await fetch(`${a.url}/mcp/full`, { method: 'POST', headers: { ...headers, 'mcp-session-id': sid }, body: JSON.stringify({ jsonrpc: '2.0', method: 'notifications/initialized' }) })
+  // A owns the child; B holds the POST stream of this call. Kill B while the call runs.
+  const call = await fetch(`${b.url}/mcp/full`, {
+    method: 'POST',
+    headers: { ...headers, 'mcp-session-id': sid },
+    body: JSON.stringify({ jsonrpc: '2.0', id: 9, method: 'tools/call', params: { name: 'progress', arguments: { steps: 4, delayMs: 300 }, _meta: { progressToken: 9 } } })
+  })
+  const first = new SseReader(call)
+  await first.until(ev => ev.some(e => e.data.includes('notifications/progress')))
+  const seen = [...first.events]
+  await b.kill()
+  await first.finished
+  const resumed = await fetch(`${c.url}/mcp/full`, { headers: { accept: 'text/event-stream', 'mcp-session-id': sid, 'last-event-id': seen[seen.length - 1]?.id ?? '' } })
+  t.equal(resumed.status, 200)
+  const rest = new SseReader(resumed)
+  await rest.finished
+  const all = [...seen, ...rest.events].filter(e => e.data !== '')
+  const progress = all.filter(e => e.data.includes('notifications/progress')).map(e => (JSON.parse(e.data) as { params: { progress: number } }).params.progress)
+  t.same(progress, [1, 2, 3, 4], 'every progress notification exactly once, in order')
+  t.ok(rest.messages().some(m => m.id === 9 && 'result' in m), 'the result came on the stream resumed on C')
+})
