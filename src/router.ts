@@ -298,8 +298,6 @@ export class Router {
       eventLog: this.#o.eventLog,
       expectedResponses: expectedResponsesOf(streamId),
       keepAliveMs: this.#o.config.http.keepAliveMs,
-      // An open stream keeps its session alive (idle reaping counts only silent sessions).
-      onKeepAlive: () => { this.#touch(sid, true) },
       onEnd: (w, reason) => { this.#onWriterEnd(w, reason) }
     })
     this.#writers.set(key, writer)
@@ -680,10 +678,10 @@ export class Router {
   }
 
   /** Refreshes the session TTL, at most every tenth of the idle timeout (saves store round trips). */
-  #touch (sid: string, force = false): void {
+  #touch (sid: string): void {
     const now = Date.now()
     const last = this.#lastTouch.get(sid) ?? 0
-    if (!force && now - last < this.#idleMs / 10) return
+    if (now - last < this.#idleMs / 10) return
     this.#lastTouch.set(sid, now)
     this.#o.store.touch(sid, this.#idleMs).catch(() => {})
   }
@@ -716,9 +714,11 @@ export class Router {
     }
     const remoteOwned = new Set<string>()
     for (const writer of [...this.#writers.values()]) {
-      // Holder leases are renewed here, every third of a lease; a stream whose session is gone ends.
+      // Holder leases are renewed here, every third of a lease. An open stream keeps its session
+      // alive: the tick runs at least every quarter idle timeout, and touch() also says whether
+      // the session still exists (a stream whose session is gone ends).
       const [alive] = await Promise.all([
-        store.get(writer.sid).then(r => r !== null),
+        store.touch(writer.sid, this.#idleMs),
         store.renewHolder(writer.sid, writer.streamId, this.replicaId, this.#leaseMs)
       ])
       if (!alive) writer.end('session-ended')

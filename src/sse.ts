@@ -44,8 +44,6 @@ export interface StreamWriterOptions {
   retryMs?: number
   /** Written right after the headers, before any log entry (the legacy `endpoint` event). */
   preamble?: string
-  /** Called on every keep-alive tick: renew the holder lease, refresh the session TTL. */
-  onKeepAlive?: () => void
   /** Called exactly once when the writer stops, with its last written entry id. */
   onEnd: (writer: StreamWriter, reason: WriterEndReason) => void
   log: FastifyBaseLogger
@@ -95,7 +93,6 @@ export class StreamWriter {
       this.#keepAlive = setInterval(() => {
         if (this.#ended) return
         res.write(': keepalive\n\n')
-        this.#o.onKeepAlive?.()
       }, this.#o.keepAliveMs)
       this.#keepAlive.unref()
     }
