@@ -247,8 +247,7 @@ async function runPath (path: StreamPath, setup: PathSetup): Promise<PathResult>
   let seqErrors = 0
   const one = await setup.connect()
   try {
-    for (let i = 0; i < knobs.warmup; i++) seqErrors += noteError(await callEcho(one, setup.echo, i))
-    seqErrors = 0
+    for (let i = 0; i < knobs.warmup; i++) noteError(await callEcho(one, setup.echo, i))
     for (let i = 0; i < knobs.seq; i++) {
       const t0 = performance.now()
       const err = await callEcho(one, setup.echo, i)
@@ -483,7 +482,7 @@ function table (rows: string[][]): string {
   return rows.map(r => r.map((cell, c) => c === 0 ? cell.padEnd(widths[c]!) : cell.padStart(widths[c]!)).join('  ')).join('\n')
 }
 
-function report (paths: PathResult[], idle: IdleResult[]): string {
+function report (paths: PathResult[], idle: IdleResult[], loadStart: number[]): string {
   const byPath = new Map(paths.map(p => [p.path, p]))
   const rows = [[
     'path', 'seq p50', 'seq p99', 'seq mean', 'conc calls/s', 'conc p50', 'conc p99', 'open p50',
@@ -504,7 +503,11 @@ function report (paths: PathResult[], idle: IdleResult[]): string {
       base === undefined ? '-' : fmt(p.concurrent.callsPerSec / base.concurrent.callsPerSec)
     ])
   }
+  const load = (l: number[]): string => l.map(n => n.toFixed(2)).join(' ')
   const lines = [
+    `${cpus().length} CPUs (${cpus()[0]?.model ?? '?'}), node ${process.version}; load average ${load(loadStart)} at start, ${load(loadavg())} at the end:`,
+    'everything else running on the machine shares those CPUs with the clients, the gateway and the backends.',
+    '',
     `Latencies in ms (SDK client callTool('echo') round trip). seq: ${knobs.seq} calls on one session after ${knobs.warmup} warm-up;`,
     `conc: ${knobs.sessions} sessions x ${knobs.calls} calls, all sessions at once. open: time to open one session (${knobs.connectConcurrency} at a time).`,
     'x p50 / x mean: sequential latency gateway/direct; x calls/s: throughput gateway/direct (baseline: direct, or direct-http for gateway-http-backend).',
@@ -654,7 +657,7 @@ async function main (): Promise<void> {
     else log(`gateway logs kept in ${dir}`)
   }
 
-  const text = report(paths, idle)
+  const text = report(paths, idle, loadStart)
   process.stdout.write(`${text}\n`)
   const date = new Date(started).toISOString().slice(0, 10)
   const out = process.env.BENCH_OUT ?? join(REPO, 'bench', 'results', `${date}.json`)
