@@ -242,13 +242,28 @@ for (const kind of KINDS) {
     })
 
     t.test('progress: every step, in order, on the stream of the request', async t => {
-      const { client, exchanges } = await connect(t, gw, kind)
+      const { client, transport, inbound, exchanges } = await connect(t, gw, kind)
+      // SDK client race (modelcontextprotocol/typescript-sdk#2580): notifications are dispatched a
+      // microtask late but responses at once, so when the last progress notification and the
+      // result arrive in one socket read (a loaded machine), the result retires the progress
+      // handler first and onprogress misses steps. Handing responses over a macrotask later lets
+      // the queued notifications through first; the wire order is checked separately below.
+      const deliver = transport.onmessage
+      transport.onmessage = (message, extra) => {
+        if ('id' in message && !('method' in message)) setImmediate(() => { deliver?.(message, extra) })
+        else deliver?.(message, extra)
+      }
       const steps: Array<{ progress: number, total: number | undefined }> = []
       const result = await client.callTool({ name: 'progress', arguments: { steps: 5, delayMs: 20 } }, undefined, {
         onprogress: p => { steps.push({ progress: p.progress, total: p.total }) }
       })
       t.equal(textOf(result), 'done 5 steps')
-      t.same(steps, [1, 2, 3, 4, 5].map(progress => ({ progress, total: 5 })))
+      t.same(steps, [1, 2, 3, 4, 5].map(progress => ({ progress, total: 5 })), 'onprogress got every step, in order')
+      const response = inbound.find(m => 'result' in m && textOf(m.result) === 'done 5 steps')
+      const requestId = response !== undefined && 'id' in response ? response.id : undefined
+      const wire = inbound.filter(m => ('method' in m && m.method === 'notifications/progress') || ('id' in m && m.id === requestId && !('method' in m)))
+        .map(m => 'method' in m ? (m.params as { progress: number }).progress : 'result')
+      t.same(wire, [1, 2, 3, 4, 5, 'result'], 'on the wire: every step, in order, then the result')
       if (kind === 'streamable') {
         const post = exchanges.find(e => e.method === 'POST' && (e.body as { params?: { name?: string } }).params?.name === 'progress')
         t.ok(post, 'the tools/call POST was recorded')

@@ -26,18 +26,27 @@ const MAIN = fileURLToPath(new URL('../src/main.js', import.meta.url))
 /** Quick restarts, so tests do not wait out the production backoff. */
 const FAST_RESTART = { baseDelayMs: 20, maxDelayMs: 100 }
 
-async function connect (t: Test, url: string, server: string, kind: Kind = 'streamable'): Promise<{ client: Client, transport: Transport, errors: Error[] }> {
+async function connect (t: Test, url: string, server: string, kind: Kind = 'streamable', attempt = 1): Promise<{ client: Client, transport: Transport, errors: Error[] }> {
   const client = new Client({ name: 'failures-test', version: '1.0.0' }, { capabilities: {} })
   const transport: Transport = kind === 'streamable'
     ? new StreamableHTTPClientTransport(new URL(`${url}/mcp/${server}`), { reconnectionOptions: { maxRetries: 0, initialReconnectionDelay: 100, maxReconnectionDelay: 100, reconnectionDelayGrowFactor: 1 } })
     : new SSEClientTransport(new URL(`${url}/sse/${server}`))
   const errors: Error[] = []
   client.onerror = err => { errors.push(err) }
-  await client.connect(transport)
   t.teardown(async () => {
     if (transport instanceof StreamableHTTPClientTransport) await transport.terminateSession().catch(() => {})
     await client.close().catch(() => {})
   })
+  try {
+    await client.connect(transport)
+  } catch (err) {
+    // A short requestTimeoutMs also bounds initialize, which waits for the child to start: on a
+    // loaded machine that can take longer. Try again on a new session rather than flake.
+    if (!(err instanceof McpError && err.code === -32006) || attempt >= 3) throw err
+    if (transport instanceof StreamableHTTPClientTransport) await transport.terminateSession().catch(() => {})
+    await client.close().catch(() => {})
+    return await connect(t, url, server, kind, attempt + 1)
+  }
   return { client, transport, errors }
 }
 
@@ -183,7 +192,7 @@ t.test('restart cap: one crash too many ends the session; the next request gets 
     await res.body?.cancel()
   })
 
-  t.test('a child that crashes on every start: the session ends instead of looping', async t => {
+  t.test('a child that crashes on every call: the session ends instead of looping', async t => {
     // hostile-crash dies on its 3rd message: the first tools/call, and after every restart the
     // replayed initialize + initialized + the next call.
     const gw2 = await startGateway(t, { servers: { crashy: stdioFixture('hostile-crash', ['--after', '3'], { restart: { ...FAST_RESTART, maxRestarts: 2 } }) } })
@@ -198,6 +207,25 @@ t.test('restart cap: one crash too many ends the session; the next request gets 
     const res = await post(gw2.url, 'crashy', listTools, sid)
     t.equal(res.status, 404, 'after maxRestarts + 1 crashes the session is gone')
     await res.body?.cancel()
+  })
+
+  t.test('a child that crashes on every start (on initialize): the client is told, the session ends', async t => {
+    const gw2 = await startGateway(t, { servers: { dead: stdioFixture('hostile-crash', ['--after', '1'], { restart: { ...FAST_RESTART, maxRestarts: 2 } }) } })
+    const transport = new StreamableHTTPClientTransport(new URL(`${gw2.url}/mcp/dead`), { reconnectionOptions: { maxRetries: 0, initialReconnectionDelay: 100, maxReconnectionDelay: 100, reconnectionDelayGrowFactor: 1 } })
+    const client = new Client({ name: 'failures-test', version: '1.0.0' }, { capabilities: {} })
+    t.teardown(async () => { await client.close().catch(() => {}) })
+    const connected = await settle(client.connect(transport))
+    t.ok(connected.error instanceof McpError, 'initialize fails with a JSON-RPC error')
+    t.equal((connected.error as McpError).code, -32007)
+    const sid = transport.sessionId ?? ''
+    t.ok(sid !== '', 'the gateway had created a session')
+    // The supervisor keeps replaying initialize into new children until the cap, then gives up.
+    const status = await eventually('the session to end', async () => {
+      const res = await post(gw2.url, 'dead', listTools, sid)
+      await res.body?.cancel()
+      return res.status === 404 ? res.status : undefined
+    })
+    t.equal(status, 404, 'the session is gone once the restarts are spent')
   })
 })
 
@@ -269,9 +297,10 @@ t.test('a line longer than maxLineBytes is dropped; later calls work and the gat
 
 // ---- idle reaping ----------------------------------------------------------------------------
 
-t.test('idle reaping', async t => {
+t.test('idle timeout', async t => {
+  const idleTimeoutMs = 1500
+
   t.test('a silent session is ended, its child stopped, and it answers 404', async t => {
-    const idleTimeoutMs = 1500
     const gw = await startGateway(t, { servers: { full: stdioFixture('full-server') }, sessions: { idleTimeoutMs } })
     const sid = await rawSession(gw.url, 'full')
     const pid = await rawPid(gw.url, 'full', sid)
@@ -283,16 +312,8 @@ t.test('idle reaping', async t => {
     await res.body?.cancel()
   })
 
-  /** A session whose only activity is an open GET stream outlives several idle timeouts, then is reaped once the stream closes. */
-  async function heldByStream (t: Test, config: { idleTimeoutMs: number, keepAliveMs?: number }, todo?: string): Promise<void> {
-    const { idleTimeoutMs, keepAliveMs } = config
-    // A known bug marks the assertions it breaks, so the test still runs and shows when it is fixed.
-    const bug = todo !== undefined ? { todo } : {}
-    const gw = await startGateway(t, {
-      servers: { full: stdioFixture('full-server') },
-      sessions: { idleTimeoutMs },
-      ...(keepAliveMs !== undefined ? { http: { keepAliveMs } } : {})
-    })
+  t.test('an open GET stream keeps its session; once it closes the session is reaped', async t => {
+    const gw = await startGateway(t, { servers: { full: stdioFixture('full-server') }, sessions: { idleTimeoutMs } })
     const sid = await rawSession(gw.url, 'full')
     const pid = await rawPid(gw.url, 'full', sid)
     const ac = new AbortController()
@@ -301,29 +322,47 @@ t.test('idle reaping', async t => {
     t.equal(get.status, 200, 'GET stream open')
     const stream = new SseReader(get)
     await sleep(idleTimeoutMs * 3)
-    t.ok(alive(pid), 'the child is alive after 3 idle timeouts', bug)
-    t.notOk(stream.done, 'the GET stream is still open', bug)
-    const res = await post(gw.url, 'full', { jsonrpc: '2.0', id: 5, method: 'tools/call', params: { name: 'pid', arguments: {} } }, sid)
-    t.equal(res.status, 200, 'the session still answers', bug)
-    await res.body?.cancel()
-    if (res.status !== 200) return
+    t.ok(alive(pid), 'the child is alive after 3 idle timeouts')
+    t.notOk(stream.done, 'the GET stream is still open')
+    t.equal(Number(textOf((await rawCall(gw.url, 'full', sid, 5, 'pid')).result)), pid, 'the session still answers, same child')
 
     ac.abort()
     await eventually('the child to be stopped once the stream closed', () => alive(pid) ? undefined : true, idleTimeoutMs * 6)
     const after = await post(gw.url, 'full', listTools, sid)
     t.equal(after.status, 404, 'then it is reaped like any idle session')
     await after.body?.cancel()
-  }
-
-  // Bug: an open stream refreshes its session only on SSE keep-alives (http.keepAliveMs, 15 s by
-  // default), so any idleTimeoutMs below keepAliveMs reaps sessions whose GET stream is open,
-  // although config-schema.ts says only sessions with "no traffic and no open stream" are ended.
-  t.test('an open GET stream keeps its session (idleTimeoutMs 1500, default keepAliveMs)', async t => {
-    await heldByStream(t, { idleTimeoutMs: 1500 }, 'gateway bug: a session with an open stream is reaped when sessions.idleTimeoutMs < http.keepAliveMs')
   })
 
-  t.test('an open GET stream keeps its session when keep-alives come more often than the idle timeout', async t => {
-    await heldByStream(t, { idleTimeoutMs: 2500, keepAliveMs: 1000 })
+  // Bug (memory mode): MemoryEventLog.append starts a stream whose log expired (idleTimeoutMs
+  // after its last append) afresh, with entry ids from 1 again. A writer whose cursor is already
+  // past 1 then reads nothing: the entries are in the log but never sent.
+  const resetLog = 'gateway bug: a stream log silent for idleTimeoutMs restarts its entry ids at 1 (MemoryEventLog.append), below the writer cursor, so the next entries are never sent'
+
+  t.test('a call that lasts longer than idleTimeoutMs gets its result', async t => {
+    const gw = await startGateway(t, { servers: { full: stdioFixture('full-server') }, sessions: { idleTimeoutMs } })
+    const { client } = await connect(t, gw.url, 'full')
+    const ms = idleTimeoutMs * 2
+    const call = await settle(client.callTool({ name: 'slow', arguments: { ms } }, undefined, { timeout: ms + 4000 }))
+    t.equal(call.error, undefined, 'the call got its result', { todo: resetLog })
+    if (call.error === undefined) t.equal(textOf(call.value), `slept ${ms} ms`)
+  })
+
+  t.test('a GET stream silent for longer than idleTimeoutMs still gets the next notification', async t => {
+    const gw = await startGateway(t, { servers: { full: stdioFixture('full-server') }, sessions: { idleTimeoutMs } })
+    const sid = await rawSession(gw.url, 'full')
+    const ac = new AbortController()
+    t.teardown(() => { ac.abort() })
+    const stream = new SseReader(await fetch(`${gw.url}/mcp/full`, { headers: { accept: 'text/event-stream', 'mcp-session-id': sid }, signal: ac.signal }))
+    const listChanged = (): number => stream.messages().filter(m => m.method === 'notifications/tools/list_changed').length
+    await rawCall(gw.url, 'full', sid, 1, 'add-tool')
+    await stream.until(() => listChanged() === 1)
+    await rawCall(gw.url, 'full', sid, 2, 'add-tool')
+    await stream.until(() => listChanged() === 2)
+    t.pass('two notifications arrived on the GET stream')
+    await sleep(idleTimeoutMs * 2) // the session lives on (the stream holds it); its GET log goes quiet
+    await rawCall(gw.url, 'full', sid, 3, 'add-tool')
+    const third = await stream.until(() => listChanged() === 3, 5000).then(() => true, () => false)
+    t.ok(third, 'the notification after the silence arrived', { todo: resetLog })
   })
 })
 
