@@ -308,11 +308,21 @@ for (const kind of KINDS) {
     })
 
     t.test('cancellation: the backend sees notifications/cancelled and no result arrives', async t => {
-      const { client, inbound, outbound, errors } = await connect(t, gw, kind)
+      const { client, transport, inbound, outbound, errors } = await connect(t, gw, kind)
+      // Abort only once the gateway has taken the request (the POST answered): from there on it
+      // is on its way down the child's stdin, ahead of any cancellation.
+      let sent: Promise<void> | undefined
+      const send = transport.send.bind(transport)
+      transport.send = async (message, opts) => {
+        const sending = send(message, opts)
+        if ('method' in message && message.method === 'tools/call') sent = sending
+        await sending
+      }
       const ac = new AbortController()
       const started = Date.now()
       const slow = client.callTool({ name: 'slow', arguments: { ms: 1500 } }, undefined, { signal: ac.signal })
-      await sleep(400) // the request reaches the child before the cancellation does
+      await (await eventually('the call to be sent', () => sent === undefined ? undefined : { sent })).sent
+      await sleep(50)
       ac.abort('test cancels')
       await t.rejects(slow, 'the call rejects on abort')
       const request = outbound.find(m => 'method' in m && m.method === 'tools/call' && (m.params as { name?: string }).name === 'slow')
