@@ -1,6 +1,9 @@
 // Memory twin of the event log: bounded per-stream logs kept next to the memory session store,
 // which reports the stream's holder on append and drops the logs with the session.
-// Entry ids are decimal sequence numbers per stream, starting at 1 (event-log.ts ENTRY_ID).
+// Entry ids are decimal sequence numbers per stream (event-log.ts ENTRY_ID). Like Redis stream ids
+// they never go backwards, even when a silent stream expires and is created again while a writer
+// still holds a cursor into it: a new stream starts at Date.now() * 1000, above any id an earlier
+// stream of that name can have reached (it would need 1000 appends per millisecond).
 import { GW_ERR_BAD_REQUEST } from './errors.js'
 import { isEntryId, type AppendResult, type EventLog, type LogEntry } from './event-log.js'
 import type { JsonRpcMessage } from './jsonrpc.js'
@@ -38,7 +41,8 @@ export class MemoryEventLog implements EventLog {
     }
     let stream = streams.get(streamId)
     if (stream === undefined || stream.expiresAt <= now) {
-      stream = { first: 1, entries: [], expiresAt: 0 }
+      const after = stream === undefined ? 0 : stream.first + stream.entries.length
+      stream = { first: Math.max(now * 1000, after), entries: [], expiresAt: 0 }
       streams.set(streamId, stream)
     }
     stream.entries.push(message === null ? '' : JSON.stringify(message))

@@ -4,7 +4,7 @@
 import { randomUUID } from 'node:crypto'
 import { setTimeout as sleep } from 'node:timers/promises'
 import type { Test } from 'tap'
-import type { EventLog, LogEntry } from '../src/event-log.js'
+import { compareEntryIds, type EventLog, type LogEntry } from '../src/event-log.js'
 import type { JsonRpcMessage } from '../src/jsonrpc.js'
 import type { SessionStore } from '../src/session-store.js'
 import { sampleRecord } from './contract-session-store.js'
@@ -135,6 +135,19 @@ export function eventLogContract (t: Test, make: MakeEventLog): void {
     t.same(await log.readAfter(sid, 'gone', null, 10), [])
     t.equal(await log.hasStream(sid, 'kept'), true, 'append refreshes the TTL')
     t.same((await log.readAfter(sid, 'kept', null, 10)).map(e => e.message), [note(0), note(1)])
+  })
+
+  // Regression (found through the gateway): a stream silent for its TTL is created again by the
+  // next append; a writer's cursor from before must still be below the new ids, or those entries
+  // are never sent.
+  t.test('ids never go backwards, even when an expired stream is created again', async t => {
+    const { log } = await make(t)
+    const before = (await log.append('s', 'get', null, 50)).entryId
+    await new Promise(resolve => setTimeout(resolve, 120))
+    t.notOk(await log.hasStream('s', 'get'), 'the stream expired')
+    const after = (await log.append('s', 'get', null, 60_000)).entryId
+    t.ok(compareEntryIds(after, before) > 0, `${after} comes after ${before}`)
+    t.same((await log.readAfter('s', 'get', before, 10)).map(e => e.entryId), [after], 'a reader holding the old cursor gets the new entry')
   })
 
   t.test('hasStream is true once a stream has an entry', async t => {
