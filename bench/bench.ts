@@ -93,7 +93,6 @@ function stats (samples: number[]): LatencyStats {
   return { n: sorted.length, p50: at(0.5), p99: at(0.99), mean: sorted.length === 0 ? NaN : sum / sorted.length, min: sorted[0] ?? NaN, max: sorted.at(-1) ?? NaN }
 }
 
-const median = (values: number[]): number => stats(values).p50
 const round = (n: number, digits = 3): number => Number.isFinite(n) ? Number(n.toFixed(digits)) : n
 
 async function mapLimit<T, R> (items: T[], limit: number, fn: (item: T, index: number) => Promise<R>): Promise<R[]> {

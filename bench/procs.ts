@@ -5,11 +5,13 @@ import { execFileSync, spawn, type ChildProcess } from 'node:child_process'
 import { once } from 'node:events'
 import { closeSync, openSync, readdirSync, readFileSync } from 'node:fs'
 import { writeFile } from 'node:fs/promises'
-import { createConnection, createServer } from 'node:net'
 import { join } from 'node:path'
 import { createInterface } from 'node:readline'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { fileURLToPath, pathToFileURL } from 'node:url'
+import { freePort } from '../test/helpers/wait.js'
+import { pings } from '../test/helpers/redis-server.js'
+export { freePort }
 
 const MAIN = fileURLToPath(new URL('../src/main.js', import.meta.url))
 const UPSTREAM = fileURLToPath(new URL('./http-upstream.js', import.meta.url))
@@ -41,16 +43,6 @@ export class Cleanup {
   }
 }
 
-export async function freePort (): Promise<number> {
-  const server = createServer()
-  server.listen(0, '127.0.0.1')
-  await once(server, 'listening')
-  const address = server.address()
-  server.close()
-  await once(server, 'close')
-  if (address === null || typeof address === 'string') throw new Error('no port')
-  return address.port
-}
 
 const exited = (child: ChildProcess): boolean => child.exitCode !== null || child.signalCode !== null
 
@@ -62,21 +54,6 @@ export async function stopProcess (child: ChildProcess, graceMs: number): Promis
   const timer = setTimeout(() => child.kill('SIGKILL'), graceMs)
   await done
   clearTimeout(timer)
-}
-
-async function redisPings (port: number): Promise<boolean> {
-  return await new Promise(resolve => {
-    const socket = createConnection({ port, host: '127.0.0.1' })
-    let reply = ''
-    const done = (ok: boolean): void => { socket.destroy(); resolve(ok) }
-    socket.setTimeout(500, () => done(false))
-    socket.on('error', () => done(false))
-    socket.on('connect', () => socket.write('PING\r\n'))
-    socket.on('data', chunk => {
-      reply += chunk.toString()
-      if (reply.includes('\r\n')) done(reply.startsWith('+PONG'))
-    })
-  })
 }
 
 export interface RunningProcess {
@@ -95,7 +72,7 @@ export async function startRedisServer (cleanup: Cleanup): Promise<RunningProces
     child.stderr?.on('data', chunk => { stderr += String(chunk) })
     const stop = cleanup.add(`redis-server :${port}`, async () => { await stopProcess(child, 2000) })
     for (let i = 0; i < 200 && !exited(child); i++) {
-      if (await redisPings(port)) {
+      if (await pings(port)) {
         log(`redis-server pid ${String(child.pid)} on port ${port}`)
         return { pid: child.pid!, url: `redis://127.0.0.1:${port}`, stop }
       }

@@ -1,7 +1,8 @@
 // Pieces both client-facing transports share: header reading, Accept checks, body decoding
 // into classified JSON-RPC messages, and the request decoration the error handler reads.
 import type { FastifyInstance, FastifyRequest } from 'fastify'
-import { GW_ERR_INVALID_REQUEST, GW_ERR_NOT_ACCEPTABLE, GW_ERR_PARSE } from './errors.js'
+import type { Config } from './config-schema.js'
+import { GW_ERR_INVALID_REQUEST, GW_ERR_NOT_ACCEPTABLE, GW_ERR_PARSE, GW_ERR_SERVER_NOT_FOUND } from './errors.js'
 import { classify, type JsonRpcMessage, type RequestId } from './jsonrpc.js'
 
 declare module 'fastify' {
@@ -87,4 +88,11 @@ export function clientHeaders (req: FastifyRequest): Record<string, string> {
     else if (Array.isArray(value)) headers[name] = value.join(', ')
   }
   return headers
+}
+
+/** The configured server a route's `:server` names; 404 for any other name. */
+export function serverOf (config: Readonly<Config>, req: FastifyRequest<{ Params: { server: string } }>): string {
+  const server = req.params.server
+  if (!Object.hasOwn(config.servers, server)) throw new GW_ERR_SERVER_NOT_FOUND(server.slice(0, 64))
+  return server
 }

@@ -3,9 +3,9 @@
 // `endpoint` event; POSTs there answer 202 and their answers flow into that stream.
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
 import type { Config } from './config-schema.js'
-import { GW_ERR_BAD_REQUEST, GW_ERR_SERVER_NOT_FOUND, GW_ERR_SESSION_NOT_FOUND } from './errors.js'
+import { GW_ERR_BAD_REQUEST, GW_ERR_SESSION_NOT_FOUND } from './errors.js'
 import { LEGACY_STREAM } from './event-log.js'
-import { ANONYMOUS, clientHeaders, decodeBody } from './http-common.js'
+import { ANONYMOUS, clientHeaders, decodeBody, serverOf } from './http-common.js'
 import { isRequest } from './jsonrpc.js'
 import { LEGACY_SSE_VERSION, negotiateVersion } from './protocol-version.js'
 import type { Router } from './router.js'
@@ -21,14 +21,8 @@ interface MessagesQuery { sessionId?: string }
 export default async function httpLegacySse (app: FastifyInstance, opts: HttpLegacySseOptions): Promise<void> {
   const { config, router } = opts
 
-  function serverOf (req: FastifyRequest<{ Params: ServerParams }>): string {
-    const server = req.params.server
-    if (!Object.hasOwn(config.servers, server)) throw new GW_ERR_SERVER_NOT_FOUND(server.slice(0, 64))
-    return server
-  }
-
   app.get('/sse/:server', async (req: FastifyRequest<{ Params: ServerParams }>, reply: FastifyReply) => {
-    const server = serverOf(req)
+    const server = serverOf(config, req)
     const record = await router.createSession({
       server,
       principal: ANONYMOUS,
@@ -54,7 +48,7 @@ export default async function httpLegacySse (app: FastifyInstance, opts: HttpLeg
   })
 
   app.post('/sse/:server/messages', async (req: FastifyRequest<{ Params: ServerParams, Querystring: MessagesQuery }>, reply: FastifyReply) => {
-    const server = serverOf(req)
+    const server = serverOf(config, req)
     const sid = req.query.sessionId
     if (sid === undefined || sid === '') throw new GW_ERR_BAD_REQUEST('sessionId query parameter is required')
     const record = await router.getSession(sid, ANONYMOUS)

@@ -3,11 +3,11 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
 import type { Config } from './config-schema.js'
 import {
-  GW_ERR_BAD_REQUEST, GW_ERR_CONFLICT, GW_ERR_INVALID_REQUEST, GW_ERR_METHOD_NOT_ALLOWED, GW_ERR_SERVER_NOT_FOUND,
+  GW_ERR_BAD_REQUEST, GW_ERR_CONFLICT, GW_ERR_INVALID_REQUEST, GW_ERR_METHOD_NOT_ALLOWED,
   GW_ERR_SESSION_NOT_FOUND, GW_ERR_SESSION_REQUIRED, isGatewayError, toJsonRpcError, GW_ERR_INTERNAL
 } from './errors.js'
 import { formatEventId, GET_STREAM, parseEventId } from './event-log.js'
-import { ANONYMOUS, checkAccept, clientHeaders, decodeBody, header } from './http-common.js'
+import { ANONYMOUS, checkAccept, clientHeaders, decodeBody, header, serverOf } from './http-common.js'
 import { isRequest, type JsonRpcMessage, type JsonRpcRequest } from './jsonrpc.js'
 import { allowsBatches, allowsPriming, checkVersionHeader, negotiateVersion } from './protocol-version.js'
 import { newRequestStreamId, type Router } from './router.js'
@@ -22,12 +22,6 @@ interface ServerParams { server: string }
 
 export default async function httpStreamable (app: FastifyInstance, opts: HttpStreamableOptions): Promise<void> {
   const { config, router } = opts
-
-  function serverOf (req: FastifyRequest<{ Params: ServerParams }>): string {
-    const server = req.params.server
-    if (!Object.hasOwn(config.servers, server)) throw new GW_ERR_SERVER_NOT_FOUND(server.slice(0, 64))
-    return server
-  }
 
   async function sessionOf (req: FastifyRequest, server: string): Promise<SessionRecord> {
     const sid = header(req, 'mcp-session-id')
@@ -75,7 +69,7 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
   }
 
   async function post (req: FastifyRequest<{ Params: ServerParams }>, reply: FastifyReply): Promise<void> {
-    const server = serverOf(req)
+    const server = serverOf(config, req)
     checkAccept(req, ['application/json', 'text/event-stream'])
     const { messages, batch } = decodeBody(req, true)
     const initialize = messages.find((m): m is JsonRpcRequest => isRequest(m) && m.method === 'initialize')
@@ -109,7 +103,7 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
   }
 
   async function get (req: FastifyRequest<{ Params: ServerParams }>, reply: FastifyReply): Promise<void> {
-    const server = serverOf(req)
+    const server = serverOf(config, req)
     checkAccept(req, ['text/event-stream'])
     const record = await sessionOf(req, server)
     checkVersionHeader(req.headers['mcp-protocol-version'], record.protocolVersion)
@@ -147,7 +141,7 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
   }
 
   async function del (req: FastifyRequest<{ Params: ServerParams }>, reply: FastifyReply): Promise<void> {
-    const server = serverOf(req)
+    const server = serverOf(config, req)
     const record = await sessionOf(req, server)
     checkVersionHeader(req.headers['mcp-protocol-version'], record.protocolVersion)
     await router.endSession(record.id, 'client DELETE')

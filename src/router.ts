@@ -8,7 +8,6 @@
 import { randomBytes } from 'node:crypto'
 import type { Logger } from 'pino'
 import type { Bus, Envelope } from './bus.js'
-import type { BackendExit } from './backend.js'
 import type { Config, ServerConfig } from './config-schema.js'
 import {
   GW_ERR_BACKEND_TIMEOUT, GW_ERR_BACKEND_UNAVAILABLE, GW_ERR_SESSION_NOT_FOUND, GW_ERR_SHUTTING_DOWN,
@@ -22,28 +21,16 @@ import {
 import { shortHash } from './logger.js'
 import type { SessionRecord, SessionStore } from './session-store.js'
 import { StreamWriter, type WriterEndReason, type WriterMode } from './sse.js'
+import type { SupervisedHandlers, SupervisedOpenOptions } from './supervisor.js'
 
 /** What the router needs of the supervisor (src/supervisor.ts implements it). */
-export interface SupervisedHandlers {
-  onMessage (message: JsonRpcMessage): void
-  onRestarting (info: BackendExit & { attempt: number, delayMs: number }): void
-  onGone (reason: string): void
-}
 export interface BackendSessionHandle {
   send (message: JsonRpcMessage): Promise<void>
   /** Streamable HTTP: start or stop the backend's GET stream (only the lease holder listens). */
   setListening (listening: boolean): void
 }
-export interface BackendPoolOpenOptions {
-  backendSessionId?: string | null
-  protocolVersion?: string
-  onBackendSessionId?: (backendSessionId: string | null) => void
-  forwardedHeaders?: Record<string, string>
-  initializeParams?: Record<string, unknown> | null
-  listen?: boolean
-}
 export interface BackendPool {
-  open (sid: string, server: string, handlers: SupervisedHandlers, options?: BackendPoolOpenOptions): Promise<BackendSessionHandle>
+  open (sid: string, server: string, handlers: SupervisedHandlers, options?: SupervisedOpenOptions): Promise<BackendSessionHandle>
   stop (sid: string): Promise<void>
   stopAll (): Promise<void>
 }

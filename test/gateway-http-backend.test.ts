@@ -12,6 +12,7 @@ import { startGateway } from './helpers/gateway.js'
 import { randomPrefix, startRedis } from './helpers/redis-server.js'
 import { startReplica, startRoundRobinProxy } from './helpers/replicas.js'
 import { SseReader } from './helpers/sse-client.js'
+import { eventually, textOf } from './helpers/wait.js'
 
 async function connect (t: Test, url: string, opts: { legacy?: boolean, headers?: Record<string, string> } = {}): Promise<Client> {
   const client = new Client({ name: 'http-backend-test', version: '1' }, { capabilities: { sampling: {} } })
@@ -25,17 +26,7 @@ async function connect (t: Test, url: string, opts: { legacy?: boolean, headers?
   return client
 }
 
-const textOf = (result: unknown): string => ((result as { content: Array<{ text: string }> }).content[0]?.text ?? '')
 
-async function eventually<T> (what: string, probe: () => Promise<T | undefined> | T | undefined, ms = 15_000): Promise<T> {
-  const deadline = Date.now() + ms
-  for (;;) {
-    const value = await probe()
-    if (value !== undefined) return value
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`)
-    await new Promise(resolve => setTimeout(resolve, 50))
-  }
-}
 
 t.test('Streamable HTTP upstream: every message passes, credentials stay per hop', async t => {
   const upstream = await startStreamableUpstream()

@@ -17,6 +17,7 @@ import { createParser } from 'eventsource-parser'
 import t, { type Test } from 'tap'
 import * as z from 'zod/v4'
 import { startGateway, stdioFixture, type RunningGateway } from './helpers/gateway.js'
+import { eventually, textOf } from './helpers/wait.js'
 
 type Kind = 'streamable' | 'sse'
 const KINDS: Kind[] = ['streamable', 'sse']
@@ -118,18 +119,8 @@ async function connect (t: Test, gw: RunningGateway, kind: Kind, options: Connec
   return { client, transport, inbound, outbound, exchanges, errors }
 }
 
-const textOf = (result: unknown): string => ((result as { content: Array<{ text?: string }> }).content[0]?.text ?? '')
 const sleep = async (ms: number): Promise<void> => { await new Promise(resolve => setTimeout(resolve, ms)) }
 
-async function eventually<T> (what: string, probe: () => T | undefined | Promise<T | undefined>, ms = 10_000): Promise<T> {
-  const deadline = Date.now() + ms
-  for (;;) {
-    const value = await probe()
-    if (value !== undefined) return value
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`)
-    await sleep(25)
-  }
-}
 
 /** Resolves with the first notification a handler is given (rejects after `ms`). */
 function waitFor<T> (what: string, register: (resolve: (value: T) => void) => void, ms = 10_000): Promise<T> {

@@ -19,6 +19,7 @@ import t, { type Test } from 'tap'
 import { startGateway, stdioFixture, type RunningGateway } from './helpers/gateway.js'
 import { startReplica } from './helpers/replicas.js'
 import { SseReader } from './helpers/sse-client.js'
+import { eventually, textOf } from './helpers/wait.js'
 
 type Kind = 'streamable' | 'sse'
 const ACCEPT = 'application/json, text/event-stream'
@@ -50,18 +51,8 @@ async function connect (t: Test, url: string, server: string, kind: Kind = 'stre
   return { client, transport, errors }
 }
 
-const textOf = (result: unknown): string => ((result as { content: Array<{ text?: string }> }).content[0]?.text ?? '')
 const sleep = async (ms: number): Promise<void> => { await new Promise(resolve => setTimeout(resolve, ms)) }
 
-async function eventually<T> (what: string, probe: () => T | undefined | Promise<T | undefined>, ms = 10_000): Promise<T> {
-  const deadline = Date.now() + ms
-  for (;;) {
-    const value = await probe()
-    if (value !== undefined) return value
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`)
-    await sleep(50)
-  }
-}
 
 function alive (pid: number): boolean {
   try {

@@ -15,6 +15,7 @@ import { randomPrefix, startRedis, testRedis, type RedisServer } from './helpers
 import { sessionKeys } from '../src/redis-keys.js'
 import { startReplica, startRoundRobinProxy, type ReplicaProcess } from './helpers/replicas.js'
 import { SseReader } from './helpers/sse-client.js'
+import { eventually, textOf } from './helpers/wait.js'
 
 const LEASE_MS = 1500
 
@@ -43,17 +44,7 @@ async function connect (t: Test, url: string, legacy = false): Promise<Client> {
   return client
 }
 
-const textOf = (result: unknown): string => ((result as { content: Array<{ text: string }> }).content[0]?.text ?? '')
 
-async function eventually<T> (what: string, probe: () => Promise<T | undefined>, ms = 10_000): Promise<T> {
-  const deadline = Date.now() + ms
-  for (;;) {
-    const value = await probe()
-    if (value !== undefined) return value
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`)
-    await new Promise(resolve => setTimeout(resolve, 50))
-  }
-}
 
 t.test('the SDK client works through a non-sticky round-robin over 3 replicas', async t => {
   const { proxy } = await cluster(t)

@@ -30,7 +30,6 @@ import { spawn } from 'node:child_process'
 import type { ChildProcess } from 'node:child_process'
 import { existsSync, createWriteStream } from 'node:fs'
 import { mkdir, mkdtemp, readFile, readdir, rm, writeFile } from 'node:fs/promises'
-import { createServer } from 'node:net'
 import { once } from 'node:events'
 import { tmpdir } from 'node:os'
 import { join, resolve } from 'node:path'
@@ -38,6 +37,7 @@ import { createInterface } from 'node:readline'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { fileURLToPath } from 'node:url'
 import { parseArgs } from 'node:util'
+import { freePort } from '../helpers/wait.js'
 
 // dist/test/conformance/run-conformance.js -> repository root
 const ROOT = resolve(fileURLToPath(import.meta.url), '../../../..')
@@ -67,16 +67,6 @@ function say (line: string): void {
   process.stdout.write(`[run-conformance] ${line}\n`)
 }
 
-async function freePort (): Promise<number> {
-  const server = createServer()
-  server.listen(0, '127.0.0.1')
-  await once(server, 'listening')
-  const address = server.address()
-  server.close()
-  await once(server, 'close')
-  if (address === null || typeof address === 'string') throw new Error('no port assigned')
-  return address.port
-}
 
 // Commands run() is waiting on. Each runs in its own process group (npx does not pass SIGTERM on
 // to the suite it starts), so a signal to this runner ends the whole group instead of leaving

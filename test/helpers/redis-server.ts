@@ -2,9 +2,10 @@
 import { spawn, type ChildProcess } from 'node:child_process'
 import { randomBytes } from 'node:crypto'
 import { once } from 'node:events'
-import { createConnection, createServer } from 'node:net'
+import { createConnection } from 'node:net'
 import { setTimeout as sleep } from 'node:timers/promises'
 import type { Test } from 'tap'
+import { freePort } from './wait.js'
 import { createRedis, redisReady, type CreateRedisOptions, type Redis } from '../../src/redis-client.js'
 
 export interface RedisServer {
@@ -16,19 +17,8 @@ export interface RedisServer {
   restart: () => Promise<void>
 }
 
-async function freePort (): Promise<number> {
-  const server = createServer()
-  server.listen(0, '127.0.0.1')
-  await once(server, 'listening')
-  const address = server.address()
-  server.close()
-  await once(server, 'close')
-  if (address === null || typeof address === 'string') throw new Error('no port')
-  return address.port
-}
-
 /** True once the server answers PING on a raw socket. */
-async function pings (port: number): Promise<boolean> {
+export async function pings (port: number): Promise<boolean> {
   return await new Promise(resolve => {
     const socket = createConnection({ port, host: '127.0.0.1' })
     let reply = ''
