@@ -12,6 +12,7 @@ import type { HttpServerConfig } from '../src/config-schema.js'
 import type { GatewayError } from '../src/errors.js'
 import type { JsonRpcFailure, JsonRpcMessage, JsonRpcRequest, JsonRpcSuccess, RequestId } from '../src/jsonrpc.js'
 import { closedPort, listen, readBody, startLegacyUpstream, startStreamableUpstream, type Recorded } from './fixtures/http-upstreams.js'
+import { reap } from './helpers/reaper.js'
 
 t.teardown(closeHttpDispatchers)
 
@@ -345,7 +346,7 @@ t.test('server-everything in streamableHttp mode: tools/call echo round trip', a
   const require = createRequire(import.meta.url)
   const entry = require.resolve('@modelcontextprotocol/server-everything/dist/index.js')
   const port = await closedPort()
-  const child = spawn(process.execPath, [entry, 'streamableHttp'], { env: { ...process.env, PORT: String(port) }, stdio: ['ignore', 'ignore', 'pipe'] })
+  const child = reap(spawn(process.execPath, [entry, 'streamableHttp'], { env: { ...process.env, PORT: String(port) }, stdio: ['ignore', 'ignore', 'pipe'] }))
   t.teardown(async () => {
     if (child.exitCode === null && child.signalCode === null) {
       const exited = once(child, 'exit')

@@ -20,6 +20,7 @@ import { startGateway, stdioFixture, type RunningGateway } from './helpers/gatew
 import { startReplica } from './helpers/replicas.js'
 import { SseReader } from './helpers/sse-client.js'
 import { eventually, textOf } from './helpers/wait.js'
+import { reap } from './helpers/reaper.js'
 
 type Kind = 'streamable' | 'sse'
 const ACCEPT = 'application/json, text/event-stream'
@@ -410,7 +411,7 @@ t.test('a bad config: the process exits non-zero and names every bad path', asyn
       extra: { transport: 'stdio', command: 'node', bogus: true }
     }
   }))
-  const child = spawn(process.execPath, [MAIN, '--config', file], { stdio: ['ignore', 'pipe', 'pipe'] })
+  const child = reap(spawn(process.execPath, [MAIN, '--config', file], { stdio: ['ignore', 'pipe', 'pipe'] }))
   t.teardown(() => { if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL') })
   let stderr = ''
   child.stderr.on('data', chunk => { stderr += String(chunk) })

@@ -5,6 +5,7 @@ import { once } from 'node:events'
 import { createConnection } from 'node:net'
 import { setTimeout as sleep } from 'node:timers/promises'
 import type { Test } from 'tap'
+import { reap } from './reaper.js'
 import { freePort } from './wait.js'
 import { createRedis, redisReady, type CreateRedisOptions, type Redis } from '../../src/redis-client.js'
 
@@ -43,7 +44,7 @@ async function stopChild (child: ChildProcess): Promise<void> {
 }
 
 async function spawnRedis (port: number): Promise<ChildProcess> {
-  const child = spawn('redis-server', ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--loglevel', 'warning'], { stdio: ['ignore', 'ignore', 'pipe'] })
+  const child = reap(spawn('redis-server', ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--loglevel', 'warning'], { stdio: ['ignore', 'ignore', 'pipe'] }))
   let stderr = ''
   child.stderr?.on('data', chunk => { stderr += String(chunk) })
   for (let i = 0; i < 200; i++) {

@@ -9,6 +9,7 @@ import { join } from 'node:path'
 import { createInterface } from 'node:readline'
 import { fileURLToPath } from 'node:url'
 import type { Test } from 'tap'
+import { reap } from './reaper.js'
 
 const MAIN = fileURLToPath(new URL('../../src/main.js', import.meta.url))
 
@@ -35,7 +36,7 @@ export async function startReplica (t: Test, name: string, config: Record<string
   const dir = await mkdtemp(join(tmpdir(), 'mcpgw-'))
   const file = join(dir, 'gateway.json')
   await writeFile(file, JSON.stringify({ listen: { host: '127.0.0.1', port: 0 }, log: { level: 'info' }, ...config }))
-  const child = spawn(process.execPath, [MAIN, '--config', file], { stdio: ['ignore', 'pipe', 'pipe'] })
+  const child = reap(spawn(process.execPath, [MAIN, '--config', file], { stdio: ['ignore', 'pipe', 'pipe'] }))
   const logs: Array<Record<string, unknown>> = []
   let stderr = ''
   child.stderr?.on('data', chunk => { stderr += String(chunk) })
