@@ -130,6 +130,7 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
       mode: 'sse',
       cursor,
       headers: { 'mcp-session-id': record.id },
+      exclusive: streamId === GET_STREAM && (lastEventId === undefined || lastEventId === ''),
       // 2025-11-25: a priming event first, so the client holds an id to resume from. Its id is the
       // stream's current cursor, so it needs no log entry (H-POST-7).
       // A resumed stream gets only the retry hint: the client already holds an id of it.

@@ -10,7 +10,7 @@ import type { Logger } from 'pino'
 import type { Bus, Envelope } from './bus.js'
 import type { Config, ServerConfig } from './config-schema.js'
 import {
-  GW_ERR_BACKEND_TIMEOUT, GW_ERR_BACKEND_UNAVAILABLE, GW_ERR_SESSION_NOT_FOUND, GW_ERR_SHUTTING_DOWN,
+  GW_ERR_BACKEND_TIMEOUT, GW_ERR_BACKEND_UNAVAILABLE, GW_ERR_CONFLICT, GW_ERR_SESSION_NOT_FOUND, GW_ERR_SHUTTING_DOWN,
   isGatewayError, toJsonRpcError, type GatewayError
 } from './errors.js'
 import { GET_STREAM, LEGACY_STREAM, type EventLog } from './event-log.js'
@@ -275,11 +275,17 @@ export class Router {
     headers: Record<string, string>
     retryMs?: number
     preamble?: string
+    /** A new standalone GET stream: 409 if this replica already writes one (checked atomically). */
+    exclusive?: boolean
     log: import('fastify').FastifyBaseLogger
   }): Promise<StreamWriter> {
     const { sid, streamId } = options
     const key = writerKey(sid, streamId)
-    this.#writers.get(key)?.end('released')
+    const current = this.#writers.get(key)
+    if (options.exclusive === true && current !== undefined && !current.ended) {
+      throw new GW_ERR_CONFLICT('Only one GET stream is allowed per session')
+    }
+    current?.end('released')
     const writer = new StreamWriter({
       ...options,
       eventLog: this.#o.eventLog,
@@ -288,7 +294,14 @@ export class Router {
       onEnd: (w, reason) => { this.#onWriterEnd(w, reason) }
     })
     this.#writers.set(key, writer)
-    const previous = await this.#o.store.claimHolder(sid, streamId, this.replicaId, this.#leaseMs)
+    let previous: string | null
+    try {
+      previous = await this.#o.store.claimHolder(sid, streamId, this.replicaId, this.#leaseMs)
+    } catch (err) {
+      // Not started, so nothing was written: forget it and let the error handler answer.
+      if (this.#writers.get(key) === writer) this.#writers.delete(key)
+      throw err
+    }
     if (previous !== null && previous !== this.replicaId) {
       await this.#o.bus.send(previous, { kind: 'release', sid, streamId }).catch(() => {})
     }
