@@ -56,7 +56,7 @@ export interface HttpBackendConnection extends BackendConnection {
    * startListening() when the lease is won. Idempotent. No-op for legacy 'sse' backends,
    * whose one SSE stream is the transport itself and cannot be paused.
    */
-  startListening (): void
+  startListening (fromEventId?: string | null): void
   /** Streamable HTTP: closes the standalone GET stream and stops reconnecting it. Idempotent. */
   stopListening (): void
   /** Whether the GET stream is wanted (not whether it is connected right now). */
@@ -139,6 +139,8 @@ interface Pending {
 interface SseCursor {
   lastId?: string
   retryMs?: number
+  /** Told every event id, so another replica can resume this stream after a failover. */
+  onId?: (id: string) => void
 }
 
 const keyOf = (id: RequestId): string => typeof id === 'number' ? `n${id}` : `s${id}`
@@ -246,7 +248,7 @@ abstract class HttpBackend implements HttpBackendConnection {
   }
 
   abstract send (message: JsonRpcMessage): Promise<void>
-  abstract startListening (): void
+  abstract startListening (fromEventId?: string | null): void
   abstract stopListening (): void
   abstract get listening (): boolean
   abstract get backendSessionId (): string | null
@@ -527,6 +529,11 @@ class StreamableHttpBackend extends HttpBackend {
     this.#sessionId = options.backendSessionId ?? null
     this.#protocolVersion = options.protocolVersion
     this.#listen = options.listen ?? true
+    const onId = options.handlers.onGetStreamEventId
+    this.#getCursor = {
+      ...(options.getStreamLastEventId != null ? { lastId: options.getStreamLastEventId } : {}),
+      ...(onId !== undefined ? { onId: (id: string) => { onId(id) } } : {})
+    }
     if (this.#sessionId !== null) {
       // Failover: the session was initialised by another replica (H-SES-6: no initialize).
       this.initialized = true
@@ -542,7 +549,9 @@ class StreamableHttpBackend extends HttpBackend {
     return this.#sessionId
   }
 
-  startListening (): void {
+  startListening (fromEventId?: string | null): void {
+    // A replica taking the lease over resumes where the previous holder's stream got to.
+    if (fromEventId != null && this.#get === null) this.#getCursor.lastId = fromEventId
     this.#listen = true
     if (this.initialized && this.isOpen) this.#openGet()
   }
@@ -740,7 +749,10 @@ class StreamableHttpBackend extends HttpBackend {
   /** Feeds one SSE body; garbage data fails the request the stream carries (if any). */
   async #pump (body: Body, cursor: SseCursor, p: Pending | null): Promise<void> {
     await pumpSse(body, event => {
-      if (event.id !== undefined) cursor.lastId = event.id
+      if (event.id !== undefined) {
+        cursor.lastId = event.id
+        cursor.onId?.(event.id)
+      }
       if (event.event !== undefined && event.event !== 'message') return
       if (!this.deliverData(event.data) && p !== null) {
         this.fail(p, this.unavailable('the backend sent an event that is not JSON-RPC'), { status: 200 })

@@ -19,6 +19,8 @@ export interface BackendHandlers {
   onExit (exit: BackendExit): void
   /** HTTP backends: the backend's own session id, to keep in the session record. */
   onBackendSessionId? (backendSessionId: string | null): void
+  /** Streamable HTTP backends: the id of an event on the backend's GET stream, to resume from after a failover. */
+  onGetStreamEventId? (eventId: string): void
 }
 
 export interface BackendConnection {
@@ -42,6 +44,8 @@ export interface BackendOpenOptions {
   protocolVersion?: string
   /** Streamable HTTP backends: open the backend's GET stream (default true; false on non-lease replicas). */
   listen?: boolean
+  /** Streamable HTTP backends: resume the backend's GET stream after this event (failover). */
+  getStreamLastEventId?: string | null
   /**
    * HTTP backends: the client's request headers (any case). Only the names listed in the
    * server's `forwardHeaders` are sent upstream; everything else is dropped (A-UP-1).

@@ -27,7 +27,7 @@ import type { SupervisedHandlers, SupervisedOpenOptions } from './supervisor.js'
 export interface BackendSessionHandle {
   send (message: JsonRpcMessage): Promise<void>
   /** Streamable HTTP: start or stop the backend's GET stream (only the lease holder listens). */
-  setListening (listening: boolean): void
+  setListening (listening: boolean, fromEventId?: string | null): void
 }
 export interface BackendPool {
   open (sid: string, server: string, handlers: SupervisedHandlers, options?: SupervisedOpenOptions): Promise<BackendSessionHandle>
@@ -364,7 +364,8 @@ export class Router {
     const owner = await this.#o.store.claimOwner(owned.sid, this.replicaId, this.#leaseMs)
     if (owner === this.replicaId) {
       owned.isOwner = true
-      owned.backend?.setListening(true)
+      const record = await this.#o.store.get(owned.sid)
+      owned.backend?.setListening(true, record?.backendGetEventId ?? null)
       owned.log.info('took the backend GET-stream lease')
     }
   }
@@ -405,11 +406,16 @@ export class Router {
         protocolVersion: record.protocolVersion,
         initializeParams: record.initializeParams,
         ...(forwardedHeaders !== undefined ? { forwardedHeaders } : {}),
-        ...(direct ? { listen: isOwner } : {}),
+        ...(direct ? { listen: isOwner, getStreamLastEventId: record.backendGetEventId ?? null } : {}),
         // HTTP backends: any replica that takes the session over resumes this backend session.
         onBackendSessionId: backendSessionId => {
           this.#o.store.update(record.id, { backendSessionId }).catch(err => owned.log.warn({ err }, 'backend session id not stored'))
-        }
+        },
+        // The replica that takes the GET lease over resumes the backend's stream from here, so
+        // nothing the backend sent meanwhile is lost (it replays, if it keeps an event store).
+        ...(direct
+          ? { onGetStreamEventId: (backendGetEventId: string) => { this.#o.store.update(record.id, { backendGetEventId }).catch(err => owned.log.warn({ err }, 'backend GET event id not stored')) } }
+          : {})
       })
     } catch (err) {
       this.#owned.delete(record.id)

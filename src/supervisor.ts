@@ -84,6 +84,10 @@ export interface SupervisedOpenOptions {
   initializeParams?: Record<string, unknown> | null
   /** Streamable HTTP backends: open the backend's GET stream (only the lease holder does). Default true. */
   listen?: boolean
+  /** Streamable HTTP backends: resume the backend's GET stream after this event id (failover). */
+  getStreamLastEventId?: string | null
+  /** Streamable HTTP backends: every event id seen on the backend's GET stream. */
+  onGetStreamEventId?: (eventId: string) => void
 }
 
 /** One client session's supervised backend connection. */
@@ -97,7 +101,7 @@ export interface BackendSession {
   /** Stops the connection; cheap and idempotent. Handlers are not called afterwards. */
   stop (): Promise<void>
   /** Streamable HTTP backends: start or stop the backend's GET stream (the lease says who). No-op otherwise. */
-  setListening (listening: boolean): void
+  setListening (listening: boolean, fromEventId?: string | null): void
 }
 
 type State = 'running' | 'restarting' | 'stopping' | 'gone'
@@ -156,9 +160,9 @@ class Session implements BackendSession {
     this.#onEnd = onEnd
   }
 
-  setListening (listening: boolean): void {
-    const conn = this.#conn as (BackendConnection & { startListening?: () => void, stopListening?: () => void }) | null
-    if (listening) conn?.startListening?.()
+  setListening (listening: boolean, fromEventId?: string | null): void {
+    const conn = this.#conn as (BackendConnection & { startListening?: (from?: string | null) => void, stopListening?: () => void }) | null
+    if (listening) conn?.startListening?.(fromEventId)
     else conn?.stopListening?.()
   }
 
@@ -179,10 +183,12 @@ class Session implements BackendSession {
       ...(this.#options.forwardedHeaders !== undefined ? { forwardedHeaders: this.#options.forwardedHeaders } : {}),
       ...(this.#options.initializeParams != null ? { initializeParams: this.#options.initializeParams } : {}),
       ...(this.#options.listen !== undefined ? { listen: this.#options.listen } : {}),
+      ...(this.#options.getStreamLastEventId != null ? { getStreamLastEventId: this.#options.getStreamLastEventId } : {}),
       handlers: {
         onMessage: msg => { if (generation === this.#generation) this.#fromBackend(msg) },
         onExit: exit => { if (generation === this.#generation) this.#crashed(exit) },
-        ...(this.#options.onBackendSessionId !== undefined ? { onBackendSessionId: this.#options.onBackendSessionId } : {})
+        ...(this.#options.onBackendSessionId !== undefined ? { onBackendSessionId: this.#options.onBackendSessionId } : {}),
+        ...(this.#options.onGetStreamEventId !== undefined ? { onGetStreamEventId: this.#options.onGetStreamEventId } : {})
       }
     })
     if (generation !== this.#generation || this.#state === 'stopping' || this.#state === 'gone') {

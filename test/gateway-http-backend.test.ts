@@ -133,8 +133,8 @@ t.test('upstream failures: clear JSON-RPC errors in time, other sessions unaffec
   t.equal(textOf(await client.callTool({ name: 'echo', arguments: { message: 'still fine' } })), 'echo: still fine', 'the session goes on')
 })
 
-t.test('with Redis: any replica serves the session; the GET-stream lease fails over without a 404', async t => {
-  const upstream = await startStreamableUpstream()
+t.test('with Redis: any replica serves the session; the GET-stream lease fails over without a 404 or a lost notification', async t => {
+  const upstream = await startStreamableUpstream({ eventStore: true })
   t.teardown(upstream.close)
   const redis = await startRedis(t)
   const config = {
@@ -150,19 +150,27 @@ t.test('with Redis: any replica serves the session; the GET-stream lease fails o
   const gets = (): number => upstream.requests.filter(r => r.method === 'GET').length
   await eventually('the lease holder to open the backend GET stream', () => gets() >= 1 ? true : undefined)
 
-  // The initialize went to A (first through the proxy), so A holds the lease. Kill it.
+  // The initialize went to A (first through the proxy), so A holds the lease. Kill it, and let
+  // the backend push a notification while no replica listens: the upstream stores it.
+  const logs: unknown[] = []
+  client.setNotificationHandler(LoggingMessageNotificationSchema, async n => { logs.push(n.params.data) })
+  const backendSession = [...upstream.sessions.values()][0]
+  await backendSession?.send({ jsonrpc: '2.0', method: 'notifications/message', params: { level: 'info', data: 'before failover' } })
+  await eventually('the first notification', () => logs.includes('before failover') ? true : undefined)
   const [a, ...alive] = replicas
   proxy.setTargets(alive.map(r => r.url))
   const before = gets()
   await a?.kill()
+  await backendSession?.send({ jsonrpc: '2.0', method: 'notifications/message', params: { level: 'info', data: 'during the gap' } })
   await eventually('another replica to resume the backend GET stream', () => gets() > before ? true : undefined)
+  const resume = upstream.requests.filter(r => r.method === 'GET').at(-1)
+  t.ok(typeof resume?.headers['last-event-id'] === 'string', 'the new lease holder resumed the backend stream with Last-Event-ID')
+  await eventually('the notification sent during the gap', () => logs.includes('during the gap') ? true : undefined)
+  t.equal(logs.filter(l => l === 'during the gap').length, 1, 'the notification sent while nobody listened arrived, once')
   for (let i = 0; i < 4; i++) t.equal(textOf(await client.callTool({ name: 'echo', arguments: { message: `after${i}` } })), `echo: after${i}`, 'no 404 after the failover')
   t.equal(initializes(), 1, 'still the same backend session')
 
   // A notification the backend pushes on its GET stream now reaches the client.
-  const logs: unknown[] = []
-  client.setNotificationHandler(LoggingMessageNotificationSchema, async n => { logs.push(n.params.data) })
-  const backendSession = [...upstream.sessions.values()][0]
   await eventually('the notification to reach the client', async () => {
     await backendSession?.send({ jsonrpc: '2.0', method: 'notifications/message', params: { level: 'info', data: 'pushed after failover' } })
     return logs.includes('pushed after failover') ? true : undefined
