@@ -376,6 +376,8 @@ abstract class HttpBackend implements HttpBackendConnection {
     if (!this.isPending(p)) return
     this.log.warn({ id: p.id, method: p.method, timeoutMs: this.config.requestTimeoutMs }, 'backend request timed out')
     this.fail(p, new GW_ERR_BACKEND_TIMEOUT(this.server, this.config.requestTimeoutMs))
+    // initialize is never cancelled (SPEC L-5), and the gateway's own requests need no cancel.
+    if (p.method === 'initialize' || p.internal !== undefined) return
     // Tell the backend to stop working on it (U-CAN-1); the reply, if any, is dropped.
     const cancel: JsonRpcNotification = {
       jsonrpc: '2.0',
@@ -388,13 +390,14 @@ abstract class HttpBackend implements HttpBackendConnection {
   /** Sends a gateway-made notification; failures are only logged. */
   protected sendQuietly (message: JsonRpcNotification): void {
     if (this.closed) return
-    this.postNotification(message).catch((err: unknown) => {
+    // retried: a notification the gateway makes never starts a re-initialise of its own.
+    this.postNotification(message, true).catch((err: unknown) => {
       this.log.debug({ err, method: message.method }, 'backend notification not delivered')
     })
   }
 
   /** Transport-specific POST of a notification or response; rejects with a GatewayError. */
-  protected abstract postNotification (message: JsonRpcMessage): Promise<void>
+  protected abstract postNotification (message: JsonRpcMessage, retried?: boolean): Promise<void>
 
   /** The client cancelled a request: stop waiting for it, so no timeout error follows. */
   protected forgetCancelled (message: JsonRpcNotification): void {
@@ -523,6 +526,8 @@ class StreamableHttpBackend extends HttpBackend {
   #listen: boolean
   #get: AbortController | null = null
   #getCursor: SseCursor = {}
+  /** The backend answered 405 to GET: it offers no stream, so listening again is pointless. */
+  #noGetStream = false
 
   constructor (options: HttpBackendOpenOptions, config: HttpServerConfig) {
     super(options, config)
@@ -550,6 +555,7 @@ class StreamableHttpBackend extends HttpBackend {
   }
 
   startListening (fromEventId?: string | null): void {
+    if (this.#noGetStream) return
     // A replica taking the lease over resumes where the previous holder's stream got to.
     if (fromEventId != null && this.#get === null) this.#getCursor.lastId = fromEventId
     this.#listen = true
@@ -583,7 +589,11 @@ class StreamableHttpBackend extends HttpBackend {
 
   protected override onInitializeResult (result: unknown): void {
     const version = (result as { protocolVersion?: unknown } | null)?.protocolVersion
-    if (typeof version === 'string') this.#protocolVersion = version
+    if (typeof version === 'string') {
+      this.#protocolVersion = version
+      // Replicas that resume this backend session must send the backend's version (H-PV-1).
+      this.handlers.onBackendProtocolVersion?.(version)
+    }
   }
 
   // -- POST ------------------------------------------------------------------------------------
@@ -828,7 +838,8 @@ class StreamableHttpBackend extends HttpBackend {
   async #doReinitialise (expired: string): Promise<boolean> {
     this.log.info('backend session expired; re-initialising')
     this.#sessionId = null
-    this.#getCursor = {} // event ids of the old session mean nothing to the new one
+    // Event ids of the old session mean nothing to the new one; the id reporting stays.
+    this.#getCursor = this.#getCursor.onId !== undefined ? { onId: this.#getCursor.onId } : {}
     const request: JsonRpcRequest = { jsonrpc: '2.0', id: `gw-init-${randomUUID()}`, method: 'initialize', params: this.initParams }
     try {
       const reply = await new Promise<JsonRpcResponse>((resolve, reject) => {
@@ -866,25 +877,27 @@ class StreamableHttpBackend extends HttpBackend {
     const signal = AbortSignal.any([controller.signal, this.lifetime.signal])
     let attempt = 0
     let justReinitialised = false
+    let conflict = false
     while (!signal.aborted) {
       let reason: string
       const sid = this.#sessionId
+      conflict = false
       try {
         const res = await this.#openStream(this.#getCursor.lastId, signal)
         if (res.statusCode === 405) {
           await drain(res.body)
           this.log.debug('backend offers no GET stream')
+          this.#noGetStream = true
           return
         }
         if (res.statusCode === 409) {
-          // H-GET-3: the session already has a GET stream (another replica, or a stale one not
-          // yet noticed by the server). Retrying would only burn attempts; whoever holds the
-          // lease calls startListening() again.
+          // H-GET-3: the session already has a GET stream. After a failover that is usually the
+          // dead holder's stream, which the backend drops once it notices the closed socket:
+          // retry with backoff; if it never frees, stop listening without ending the session.
           await drain(res.body)
-          this.log.info('backend GET stream already open elsewhere; not listening')
-          return
-        }
-        if (res.statusCode === 404 && sid !== null) {
+          conflict = true
+          reason = 'another GET stream is open for the backend session'
+        } else if (res.statusCode === 404 && sid !== null) {
           await drain(res.body)
           // A new session deserves one immediate GET; a 404 right after it counts as a failure.
           if (!justReinitialised && await this.#reinitialise(sid)) {
@@ -907,6 +920,10 @@ class StreamableHttpBackend extends HttpBackend {
       }
       if (signal.aborted) return
       if (attempt >= this.config.reconnect.maxAttempts) {
+        if (conflict) {
+          this.log.warn('backend GET stream stays taken; not listening')
+          return
+        }
         this.unrecoverable(`${reason}; reconnect attempts exhausted`)
         return
       }

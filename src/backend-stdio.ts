@@ -207,6 +207,9 @@ function exitReason (code: number | null, signal: NodeJS.Signals | null): string
   return `process exited with code ${String(code)}`
 }
 
+/** Senders allowed to wait on a full stdin pipe; beyond it send() fails at once. */
+export const MAX_WAITING_WRITERS = 1000
+
 class StdioBackend implements BackendConnection {
   readonly #server: string
   readonly #config: StdioServerConfig
@@ -219,6 +222,8 @@ class StdioBackend implements BackendConnection {
   #closing: Promise<void> | null = null
   #reported = false
   #drained: Promise<void> | null = null
+  /** Senders waiting for the pipe to drain (capped by MAX_WAITING_WRITERS). */
+  #waitingWriters = 0
 
   constructor (server: string, config: StdioServerConfig, child: ChildProcess, log: Logger, handlers: BackendOpenOptions['handlers']) {
     this.#server = server
@@ -335,6 +340,23 @@ class StdioBackend implements BackendConnection {
 
   async send (message: JsonRpcMessage): Promise<void> {
     if (!this.#writable()) throw this.#unavailable()
+    const stdin = this.#child.stdin!
+    // Wait behind earlier writers while the pipe is full. The wait is capped: a child that stops
+    // reading its stdin must not make the gateway hold every later message in memory.
+    if (stdin.writableNeedDrain) {
+      if (this.#waitingWriters >= MAX_WAITING_WRITERS) {
+        throw new GW_ERR_BACKEND_UNAVAILABLE(this.#server, 'the backend is not reading its stdin')
+      }
+      this.#waitingWriters++
+      try {
+        while (stdin.writableNeedDrain) {
+          await this.#drain()
+          if (!this.#writable()) throw this.#unavailable()
+        }
+      } finally {
+        this.#waitingWriters--
+      }
+    }
     // JSON.stringify escapes control characters inside strings, so the line never holds a raw
     // newline (IO-1). A message that cannot be serialised is the caller's bug.
     let line: string
@@ -342,12 +364,6 @@ class StdioBackend implements BackendConnection {
       line = JSON.stringify(message) + '\n'
     } catch (err) {
       throw new GW_ERR_INTERNAL('message cannot be serialised', { cause: err })
-    }
-    const stdin = this.#child.stdin!
-    // Wait behind earlier writers while the pipe is full, so memory stays bounded by the callers.
-    while (stdin.writableNeedDrain) {
-      await this.#drain()
-      if (!this.#writable()) throw this.#unavailable()
     }
     if (!stdin.write(line)) await this.#drain()
   }
@@ -413,7 +429,9 @@ export function createStdioBackendFactory (factoryOptions: StdioFactoryOptions =
         child.once('error', reject)
       })
     } catch (err) {
-      options.log.warn({ err, backend: server, command: config.command }, 'backend failed to start')
+      // Not the error object itself: Node puts the (${ENV}-expanded) arguments in err.spawnargs.
+      const { code, message } = err as NodeJS.ErrnoException
+      options.log.warn({ code, reason: message, backend: server, command: config.command }, 'backend failed to start')
       throw new GW_ERR_BACKEND_UNAVAILABLE(server, (err as Error).message, { cause: err })
     }
     const log = options.log.child({ backend: server, pid: child.pid })

@@ -19,6 +19,8 @@ export interface BackendHandlers {
   onExit (exit: BackendExit): void
   /** HTTP backends: the backend's own session id, to keep in the session record. */
   onBackendSessionId? (backendSessionId: string | null): void
+  /** HTTP backends: the protocol version the backend negotiated, for replicas that resume the session. */
+  onBackendProtocolVersion? (version: string): void
   /** Streamable HTTP backends: the id of an event on the backend's GET stream, to resume from after a failover. */
   onGetStreamEventId? (eventId: string): void
 }

@@ -32,7 +32,7 @@ export interface BackendSessionHandle {
 export interface BackendPool {
   open (sid: string, server: string, handlers: SupervisedHandlers, options?: SupervisedOpenOptions): Promise<BackendSessionHandle>
   stop (sid: string): Promise<void>
-  stopAll (): Promise<void>
+  stopAll (options?: { detach?: boolean }): Promise<void>
 }
 
 export interface RouterOptions {
@@ -150,7 +150,9 @@ export class Router {
     for (const session of owned) this.#failAll(session, new GW_ERR_SHUTTING_DOWN())
     await Promise.allSettled(owned.map(s => this.#o.store.releaseOwner(s.sid, this.replicaId)))
     this.#owned.clear()
-    await this.#o.backends.stopAll()
+    // With shared sessions (Redis), HTTP backend sessions outlive this replica: another one
+    // resumes them. Alone, nothing can resume them, so they are ended (DELETE).
+    await this.#o.backends.stopAll({ detach: this.#o.config.redis !== undefined })
     await this.#o.bus.close()
   }
 
@@ -403,13 +405,19 @@ export class Router {
         }
       }, {
         backendSessionId: record.backendSessionId,
-        protocolVersion: record.protocolVersion,
+        // A resumed HTTP backend session speaks the version its backend negotiated (G-1, H-PV-1).
+        protocolVersion: record.backendProtocolVersion ?? record.protocolVersion,
         initializeParams: record.initializeParams,
         ...(forwardedHeaders !== undefined ? { forwardedHeaders } : {}),
         ...(direct ? { listen: isOwner, getStreamLastEventId: record.backendGetEventId ?? null } : {}),
         // HTTP backends: any replica that takes the session over resumes this backend session.
+        // A new backend session (first initialize, or a re-initialise after a 404): the old GET
+        // stream position means nothing for it.
         onBackendSessionId: backendSessionId => {
-          this.#o.store.update(record.id, { backendSessionId }).catch(err => owned.log.warn({ err }, 'backend session id not stored'))
+          this.#o.store.update(record.id, { backendSessionId, backendGetEventId: null }).catch(err => owned.log.warn({ err }, 'backend session id not stored'))
+        },
+        onBackendProtocolVersion: backendProtocolVersion => {
+          this.#o.store.update(record.id, { backendProtocolVersion }).catch(err => owned.log.warn({ err }, 'backend protocol version not stored'))
         },
         // The replica that takes the GET lease over resumes the backend's stream from here, so
         // nothing the backend sent meanwhile is lost (it replays, if it keeps an event store).
@@ -593,8 +601,9 @@ export class Router {
   #onRequestTimeout (owned: OwnedSession, key: string, timeoutMs: number): void {
     const entry = this.#settle(owned, key)
     if (entry === undefined) return
-    // Stop waiting and tell the backend (SPEC.md L-7).
-    owned.backend?.send({ jsonrpc: '2.0', method: 'notifications/cancelled', params: { requestId: entry.backendId, reason: 'gateway timeout' } }).catch(() => {})
+    // Stop waiting and tell the backend (SPEC.md L-7), except for initialize, which is never
+    // cancelled (L-5), and HTTP backends, whose connection sends its own cancel on its deadline.
+    if (entry.method !== 'initialize' && this.#o.config.servers[owned.server]?.transport === 'stdio') owned.backend?.send({ jsonrpc: '2.0', method: 'notifications/cancelled', params: { requestId: entry.backendId, reason: 'gateway timeout' } }).catch(() => {})
     this.#reply(owned, entry.streamId, toJsonRpcError(new GW_ERR_BACKEND_TIMEOUT(owned.server, timeoutMs), entry.clientId))
   }
 
@@ -713,6 +722,9 @@ export class Router {
         }
         // A free lease (its holder died) is taken by a replica that still serves the session.
         if (!owned.isOwner) await this.#claimLease(owned)
+        // The holder keeps its backend GET stream wanted: this re-arms a stream that gave up
+        // (e.g. a stale stream of a dead holder answered 409 for a while). A no-op when connected.
+        else owned.backend?.setListening(true)
       } else if (!leased) {
         owned.log.warn('owner lease lost; stopping backend')
         await this.#endLocal(owned.sid, 'owner lease lost')

@@ -17,6 +17,8 @@ export interface SessionRecord {
   initializeParams: Record<string, unknown> | null
   /** The backend's session id (HTTP backends); never shown to the client. */
   backendSessionId: string | null
+  /** Protocol version the backend negotiated (HTTP backends): what resuming replicas send it. */
+  backendProtocolVersion?: string | null
   /** Last event id seen on the backend's GET stream (Streamable HTTP): where a new lease holder resumes. */
   backendGetEventId?: string | null
   createdAt: number

@@ -88,6 +88,16 @@ export interface SupervisedOpenOptions {
   getStreamLastEventId?: string | null
   /** Streamable HTTP backends: every event id seen on the backend's GET stream. */
   onGetStreamEventId?: (eventId: string) => void
+  /** HTTP backends: the protocol version the backend negotiated. */
+  onBackendProtocolVersion?: (version: string) => void
+}
+
+export interface StopOptions {
+  /**
+   * Leave HTTP backend sessions alive (no DELETE): on a graceful shutdown with shared sessions,
+   * other replicas go on serving them. stdio children are stopped either way.
+   */
+  detach?: boolean
 }
 
 /** One client session's supervised backend connection. */
@@ -99,7 +109,7 @@ export interface BackendSession {
   /** Writes to the backend; queued while restarting; rejects with GW_ERR_BACKEND_UNAVAILABLE when it cannot. */
   send (msg: JsonRpcMessage): Promise<void>
   /** Stops the connection; cheap and idempotent. Handlers are not called afterwards. */
-  stop (): Promise<void>
+  stop (options?: StopOptions): Promise<void>
   /** Streamable HTTP backends: start or stop the backend's GET stream (the lease says who). No-op otherwise. */
   setListening (listening: boolean, fromEventId?: string | null): void
 }
@@ -188,7 +198,8 @@ class Session implements BackendSession {
         onMessage: msg => { if (generation === this.#generation) this.#fromBackend(msg) },
         onExit: exit => { if (generation === this.#generation) this.#crashed(exit) },
         ...(this.#options.onBackendSessionId !== undefined ? { onBackendSessionId: this.#options.onBackendSessionId } : {}),
-        ...(this.#options.onGetStreamEventId !== undefined ? { onGetStreamEventId: this.#options.onGetStreamEventId } : {})
+        ...(this.#options.onGetStreamEventId !== undefined ? { onGetStreamEventId: this.#options.onGetStreamEventId } : {}),
+        ...(this.#options.onBackendProtocolVersion !== undefined ? { onBackendProtocolVersion: this.#options.onBackendProtocolVersion } : {})
       }
     })
     if (generation !== this.#generation || this.#state === 'stopping' || this.#state === 'gone') {
@@ -203,14 +214,13 @@ class Session implements BackendSession {
   #fromBackend (msg: JsonRpcMessage): void {
     if (isResponse(msg)) {
       const id = msg.id
-      if (typeof id === 'string' && id.startsWith('gw-')) {
-        const pending = this.#gwPending.get(id)
-        if (pending !== undefined) {
-          this.#gwPending.delete(id)
-          pending.resolve(msg)
-        } else if ('error' in msg) {
-          this.#log.warn({ id, error: msg.error }, 'backend rejected a replayed request')
-        }
+      // Only answers to the supervisor's own requests are kept back: a client may use a 'gw-' id
+      // too (direct HTTP sessions pass client ids through), and its answer must reach it.
+      const pending = typeof id === 'string' ? this.#gwPending.get(id) : undefined
+      if (typeof id === 'string' && pending !== undefined) {
+        this.#gwPending.delete(id)
+        if ('error' in msg && id.startsWith('gw-replay')) this.#log.warn({ id, error: msg.error }, 'backend rejected a replayed request')
+        pending.resolve(msg)
         return
       }
       if (id !== undefined && id !== null && id === this.#initId && 'result' in msg) {
@@ -434,7 +444,7 @@ class Session implements BackendSession {
     this.#call('onGone', () => this.#handlers.onGone(reason))
   }
 
-  async stop (): Promise<void> {
+  async stop (options: StopOptions = {}): Promise<void> {
     if (this.#stopping !== null) return await this.#stopping
     this.#state = 'stopping'
     this.#stopSignal.abort()
@@ -446,7 +456,9 @@ class Session implements BackendSession {
     const err = new GW_ERR_BACKEND_UNAVAILABLE(this.server, 'session stopped')
     this.#rejectQueue(err)
     this.#rejectGwPending(err)
-    this.#stopping = (conn?.close() ?? Promise.resolve()).catch(err => this.#log.warn({ err }, 'closing a backend failed'))
+    const detachable = conn as (BackendConnection & { detach?: () => Promise<void> }) | null
+    const closing = options.detach === true && detachable?.detach !== undefined ? detachable.detach() : conn?.close()
+    this.#stopping = (closing ?? Promise.resolve()).catch(err => this.#log.warn({ err }, 'closing a backend failed'))
     this.#onEnd(this, this.#stopping)
     return await this.#stopping
   }
@@ -519,9 +531,9 @@ export class Supervisor {
   }
 
   /** Graceful shutdown: refuses new sessions, stops every connection in parallel, waits for all. */
-  async stopAll (): Promise<void> {
+  async stopAll (options: StopOptions = {}): Promise<void> {
     this.#shuttingDown = true
-    await Promise.all([...this.#sessions.values()].map(async s => await s.stop()))
+    await Promise.all([...this.#sessions.values()].map(async s => await s.stop(options)))
     await Promise.all([...this.#closing])
   }
 

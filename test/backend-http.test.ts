@@ -290,20 +290,42 @@ t.test('the GET stream cannot be re-established -> in-flight requests answered, 
   await t.rejects(conn.send(call(3, 'x')), { code: 'GW_ERR_BACKEND_UNAVAILABLE' })
 })
 
-for (const status of [405, 409]) {
-  t.test(`a GET answered ${status} stops listening without retries or an exit`, async t => {
-    const up = await scriptedGetUpstream(t, (_n, res) => { res.writeHead(status).end() })
-    const { conn, inbox } = await open(t, { config: httpConfig(up.url, { reconnect: { maxAttempts: 2, baseDelayMs: 1, maxDelayMs: 1 } }) })
-    await handshake(conn, inbox)
-    await inbox.until(() => up.seen.find(r => r.method === 'GET'), 'the GET')
-    // A request sent after the GET was answered: once its POST arrived, a retry would have too.
-    await conn.send(call(2, 'never'))
-    await inbox.until(() => posts(up.seen, 'tools/call')[0], 'the call upstream')
-    await new Promise(resolve => setTimeout(resolve, 50))
-    t.equal(up.seen.filter(r => r.method === 'GET').length, 1, 'no retries')
-    t.equal(inbox.exits.length, 0)
+t.test('a GET answered 405 stops listening without retries or an exit; startListening does not probe again', async t => {
+  const up = await scriptedGetUpstream(t, (_n, res) => { res.writeHead(405).end() })
+  const { conn, inbox } = await open(t, { config: httpConfig(up.url, { reconnect: { maxAttempts: 2, baseDelayMs: 1, maxDelayMs: 1 } }) })
+  await handshake(conn, inbox)
+  await inbox.until(() => up.seen.find(r => r.method === 'GET'), 'the GET')
+  // A request sent after the GET was answered: once its POST arrived, a retry would have too.
+  await conn.send(call(2, 'never'))
+  await inbox.until(() => posts(up.seen, 'tools/call')[0], 'the call upstream')
+  conn.startListening()
+  await new Promise(resolve => setTimeout(resolve, 50))
+  t.equal(up.seen.filter(r => r.method === 'GET').length, 1, 'no retries')
+  t.equal(inbox.exits.length, 0)
+})
+
+t.test('a GET answered 409 (a stale stream of a dead holder) is retried with backoff, then frees up', async t => {
+  // The first two GETs find the stream taken; the third gets it.
+  const up = await scriptedGetUpstream(t, (n, res) => {
+    if (n < 2) { res.writeHead(409).end(); return }
+    res.writeHead(200, { 'content-type': 'text/event-stream' })
+    res.write(': open\n\n')
   })
-}
+  const { conn, inbox } = await open(t, { config: httpConfig(up.url, { reconnect: { maxAttempts: 5, baseDelayMs: 1, maxDelayMs: 5 } }) })
+  await handshake(conn, inbox)
+  await inbox.until(() => up.seen.filter(r => r.method === 'GET').length >= 3 ? true : undefined, 'the third GET')
+  t.equal(inbox.exits.length, 0, 'a taken stream is not a dead backend')
+})
+
+t.test('a GET that stays 409 stops listening without ending the connection', async t => {
+  const up = await scriptedGetUpstream(t, (_n, res) => { res.writeHead(409).end() })
+  const { conn, inbox } = await open(t, { config: httpConfig(up.url, { reconnect: { maxAttempts: 2, baseDelayMs: 1, maxDelayMs: 1 } }) })
+  await handshake(conn, inbox)
+  await inbox.until(() => up.seen.filter(r => r.method === 'GET').length >= 3 ? true : undefined, 'one GET and two retries')
+  await new Promise(resolve => setTimeout(resolve, 50))
+  t.equal(up.seen.filter(r => r.method === 'GET').length, 3, 'then it stops')
+  t.equal(inbox.exits.length, 0, 'no exit: requests still work')
+})
 
 t.test('the GET stream finds the session gone (404) -> re-initialised and listening on the new one', async t => {
   const up = await startStreamableUpstream()

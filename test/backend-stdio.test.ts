@@ -9,6 +9,7 @@ import {
   createStdioBackendFactory,
   liveChildPids,
   LineSplitter,
+  MAX_WAITING_WRITERS,
   openStdioBackend,
   stopAllChildren
 } from '../src/backend-stdio.js'
@@ -263,4 +264,22 @@ t.test('no child outlives a gateway that dies of an uncaught exception', async t
   t.teardown(() => { if (pid > 0 && !isGone(pid)) process.kill(pid, 'SIGKILL') }) // even when the test fails
   await waitUntil(() => isGone(pid), 'the orphan is reaped')
   t.ok(isGone(pid), 'the child was killed by the exit hook')
+})
+
+// Regressions from the review of the stdio backend.
+t.test('a child that stops reading stdin: senders beyond the cap are refused at once, memory stays bounded', async t => {
+  const o = await open(t, { ...stdioConfig('hostile-silent'), command: 'sleep', args: ['600'] })
+  const big = 'x'.repeat(100_000)
+  const refused: GatewayError[] = []
+  for (let i = 0; i < MAX_WAITING_WRITERS + 200; i++) o.conn.send(request(i, 'tools/call', { big })).catch((err: GatewayError) => { refused.push(err) })
+  await waitUntil(() => refused.length >= 150, 'the senders beyond the cap to be refused')
+  t.ok(refused.every(e => e.code === 'GW_ERR_BACKEND_UNAVAILABLE' && /not reading its stdin/.test(e.message)), 'refused with a clear reason')
+})
+
+t.test('a backend that cannot be spawned: the log names the command, never its (secret) arguments', async t => {
+  const { log, lines } = collectingLogger()
+  const config = { ...stdioConfig('hostile-silent'), command: '/nonexistent/mcp-server', args: ['--api-key', 'sk-SECRET-123'] }
+  await t.rejects(openStdioBackend({ server: 'fx', config, sid: 'sid-1', log, handlers: { onMessage: () => {}, onExit: () => {} } }), { code: 'GW_ERR_BACKEND_UNAVAILABLE' })
+  t.ok(lines.some(l => JSON.stringify(l).includes('/nonexistent/mcp-server')), 'the failure is logged')
+  t.notOk(lines.some(l => JSON.stringify(l).includes('sk-SECRET-123')), 'the arguments are not')
 })

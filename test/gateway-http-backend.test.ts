@@ -177,3 +177,52 @@ t.test('with Redis: any replica serves the session; the GET-stream lease fails o
   })
   t.pass('a GET-stream notification after the failover reached the client')
 })
+
+// Regressions from the review: replicas resuming a backend session must speak the version the
+// backend negotiated (not the client's), and a graceful stop of a replica must not DELETE backend
+// sessions that other replicas still serve.
+t.test('with Redis: resuming replicas send the backend\'s version; a graceful stop leaves the backend session alive', async t => {
+  const seen: Array<{ method: string, version: string | undefined, rpc: string | undefined }> = []
+  const upstream = await listen((req, res) => {
+    let body = ''
+    req.on('data', chunk => { body += String(chunk) })
+    req.on('end', () => {
+      const msg = body === '' ? {} : JSON.parse(body) as { id?: number | string, method?: string, params?: { arguments?: { message?: string } } }
+      const version = req.headers['mcp-protocol-version'] as string | undefined
+      seen.push({ method: req.method ?? '', version, rpc: msg.method })
+      if (req.method === 'GET') { res.writeHead(405).end(); return }
+      if (req.method === 'DELETE') { res.writeHead(200).end(); return }
+      if (msg.method === 'initialize') {
+        // An older server: it negotiates 2025-06-18, whatever the client asked for.
+        res.writeHead(200, { 'content-type': 'application/json', 'mcp-session-id': 'old-1' })
+        res.end(JSON.stringify({ jsonrpc: '2.0', id: msg.id, result: { protocolVersion: '2025-06-18', capabilities: { tools: {} }, serverInfo: { name: 'old', version: '1' } } }))
+        return
+      }
+      if (version !== '2025-06-18') {
+        res.writeHead(400, { 'content-type': 'application/json' }).end(JSON.stringify({ jsonrpc: '2.0', id: null, error: { code: -32000, message: `Unsupported protocol version: ${String(version)}` } }))
+        return
+      }
+      if (msg.id === undefined) { res.writeHead(202).end(); return }
+      res.writeHead(200, { 'content-type': 'application/json' })
+      res.end(JSON.stringify({ jsonrpc: '2.0', id: msg.id, result: { content: [{ type: 'text', text: `old: ${msg.params?.arguments?.message ?? ''}` }] } }))
+    })
+  })
+  t.teardown(upstream.close)
+  const redis = await startRedis(t)
+  const config = {
+    redis: { url: redis.url, keyPrefix: randomPrefix(), leaseMs: 1000, connectTimeoutMs: 2000 },
+    servers: { old: { transport: 'streamable-http', url: `${upstream.url}/mcp` } }
+  }
+  const replicas = await Promise.all(['A', 'B'].map(async name => await startReplica(t, name, config)))
+  const proxy = await startRoundRobinProxy(t, replicas.map(r => r.url))
+  const client = await connect(t, `${proxy.url}/mcp/old`)
+  for (let i = 0; i < 4; i++) t.equal(textOf(await client.callTool({ name: 'echo', arguments: { message: `v${i}` } })), `old: v${i}`, `call ${i}: both replicas send 2025-06-18`)
+  t.ok(seen.filter(s => s.method === 'POST' && s.rpc !== 'initialize').every(s => s.version === '2025-06-18'), 'every request after initialize carried the backend\'s version')
+
+  const [a, b] = replicas
+  proxy.setTargets([b?.url ?? ''])
+  await a?.stop() // SIGTERM: graceful
+  t.equal(a?.child.exitCode, 0, 'replica A stopped cleanly')
+  t.equal(seen.filter(s => s.method === 'DELETE').length, 0, 'no DELETE: the backend session outlives the replica')
+  for (let i = 0; i < 2; i++) t.equal(textOf(await client.callTool({ name: 'echo', arguments: { message: `after${i}` } })), `old: after${i}`, 'the session goes on through B')
+})

@@ -224,3 +224,15 @@ t.test('stopAll stops every child, stubborn ones too, and refuses new sessions',
   t.notOk(pids.some(pid => liveChildPids().includes(pid)))
   t.equal((await errorOf(sup.open('s5', 'plain', recorder().handlers)))?.code, 'GW_ERR_SHUTTING_DOWN')
 })
+
+// Regression from the review: a client's own request id may start with 'gw-' (direct HTTP
+// sessions pass client ids through); only answers to the supervisor's requests are kept back.
+t.test("a client request whose id starts with 'gw-' gets its answer", async t => {
+  const { sup } = supervisor(t, { files: stdioConfig('hostile-garbage') })
+  const r = recorder()
+  const s = await sup.open('s-gw', 'files', r.handlers)
+  await initialize(s, r)
+  await s.send(callTool('gw-1', 'echo', { text: 'mine' }))
+  const answer = await r.inbox.response('gw-1')
+  t.equal(toolText(answer), 'mine')
+})
