@@ -122,13 +122,16 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
     exposeHeadRoutes: false,
     // Request lines are logged by the hook below, without query strings (legacy session ids).
     logController: new LogController({ disableRequestLogging: true }),
-    return503OnClosing: true
+    return503OnClosing: true,
+    // A request body must arrive within this time (slowloris); responses, SSE included, are not limited.
+    requestTimeout: 30_000
   })
   registerJsonParser(app)
   app.setErrorHandler((error: FastifyError, req, reply) => {
     const err = asGatewayError(error, config.http.bodyLimit)
     const status = err.statusCode ?? 500
-    if (status >= 500) req.log.error({ err: error }, 'request failed')
+    if (status >= 500 && status !== 503) req.log.error({ err: error }, 'request failed')
+    else if (status === 503) req.log.warn({ code: err.code, status }, 'request refused (unavailable)')
     else req.log.info({ code: err.code, status }, 'request rejected')
     if (err.retryAfter !== undefined) reply.header('retry-after', String(err.retryAfter))
     reply.code(status).type('application/json').send(toJsonRpcError(err, req.jsonRpcId ?? null))

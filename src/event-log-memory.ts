@@ -75,6 +75,11 @@ export class MemoryEventLog implements EventLog {
     return this.#live(sid, streamId) !== null
   }
 
+  async expire (sid: string, streamId: string, ttlMs: number): Promise<void> {
+    const stream = this.#live(sid, streamId)
+    if (stream !== null) stream.expiresAt = Date.now() + ttlMs
+  }
+
   async deleteSession (sid: string): Promise<void> {
     this.#streams.delete(sid)
   }

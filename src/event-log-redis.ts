@@ -48,6 +48,10 @@ export class RedisEventLog implements EventLog {
     return await storeCall(this.#redis.exists(sessionKeys(this.#prefix, sid).events(streamId))) === 1
   }
 
+  async expire (sid: string, streamId: string, ttlMs: number): Promise<void> {
+    await storeCall(this.#redis.pexpire(sessionKeys(this.#prefix, sid).events(streamId), ttlMs))
+  }
+
   async deleteSession (sid: string): Promise<void> {
     const keys = sessionKeys(this.#prefix, sid)
     await storeCall(this.#redis.deleteEvents(keys.streams, keys.base))

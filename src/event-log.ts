@@ -22,13 +22,16 @@ export interface EventLog {
   readAfter (sid: string, streamId: string, cursor: string | null, limit: number): Promise<LogEntry[]>
   /** Whether the stream has ever had an entry (and has not expired). */
   hasStream (sid: string, streamId: string): Promise<boolean>
+  /** Shortens (or extends) how long a stream's log is kept; no-op for a stream that is gone. */
+  expire (sid: string, streamId: string, ttlMs: number): Promise<void>
   /** Drops every stream of a session. */
   deleteSession (sid: string): Promise<void>
 }
 
 const STREAM_ID = /^[A-Za-z0-9_-]{1,64}$/
-// Memory twin: a decimal sequence; Redis twin: a stream entry id `<ms>-<seq>`.
-const ENTRY_ID = /^\d{1,20}(-\d{1,20})?$/
+// Memory twin: a decimal sequence; Redis twin: a stream entry id `<ms>-<seq>`. The bounds keep a
+// client-sent id inside what both twins can compare (Redis rejects parts above uint64).
+const ENTRY_ID = /^\d{1,16}(-\d{1,19})?$/
 
 export function isStreamId (value: string): boolean {
   return STREAM_ID.test(value)

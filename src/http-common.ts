@@ -1,6 +1,6 @@
 // Pieces both client-facing transports share: header reading, Accept checks, body decoding
 // into classified JSON-RPC messages, and the request decoration the error handler reads.
-import type { FastifyInstance, FastifyRequest } from 'fastify'
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
 import type { Config } from './config-schema.js'
 import { GW_ERR_INVALID_REQUEST, GW_ERR_NOT_ACCEPTABLE, GW_ERR_PARSE, GW_ERR_SERVER_NOT_FOUND } from './errors.js'
 import { classify, type JsonRpcMessage, type RequestId } from './jsonrpc.js'
@@ -10,6 +10,23 @@ declare module 'fastify' {
     /** The JSON-RPC id of the request being handled, once decoded: errors echo it (J-4). */
     jsonRpcId: RequestId | null
   }
+}
+
+/** Deepest JSON nesting accepted in a request body. */
+export const MAX_JSON_DEPTH = 256
+
+/** Whether a parsed JSON value nests deeper than `limit` (iterative: no recursion to overflow). */
+export function depthExceeds (value: unknown, limit: number): boolean {
+  const stack: Array<[unknown, number]> = [[value, 1]]
+  while (stack.length > 0) {
+    const [current, depth] = stack.pop() as [unknown, number]
+    if (typeof current !== 'object' || current === null) continue
+    if (depth > limit) return true
+    for (const child of Array.isArray(current) ? current : Object.values(current)) {
+      if (typeof child === 'object' && child !== null) stack.push([child, depth + 1])
+    }
+  }
+  return false
 }
 
 /** Who is calling. Auth is not configured in this build: everyone is one principal. */
@@ -45,11 +62,19 @@ export function registerJsonParser (app: FastifyInstance): void {
       done(new GW_ERR_PARSE('body is not valid UTF-8'), undefined)
       return
     }
+    let value: unknown
     try {
-      done(null, JSON.parse(text))
+      value = JSON.parse(text)
     } catch (err) {
       done(new GW_ERR_PARSE(err instanceof Error ? err.message : 'invalid JSON'), undefined)
+      return
     }
+    // Deep nesting would overflow the stack wherever the message is later copied or serialised.
+    if (depthExceeds(value, MAX_JSON_DEPTH)) {
+      done(new GW_ERR_INVALID_REQUEST(`JSON nested deeper than ${MAX_JSON_DEPTH} levels`), undefined)
+      return
+    }
+    done(null, value)
   })
 }
 
@@ -95,4 +120,18 @@ export function serverOf (config: Readonly<Config>, req: FastifyRequest<{ Params
   const server = req.params.server
   if (!Object.hasOwn(config.servers, server)) throw new GW_ERR_SERVER_NOT_FOUND(server.slice(0, 64))
   return server
+}
+
+/**
+ * Headers already set on a reply (CORS, by @fastify/cors), for a response written after
+ * reply.hijack(), which bypasses Fastify's own header handling.
+ */
+export function replyHeaders (reply: FastifyReply, extra: Record<string, string> = {}): Record<string, string> {
+  const headers: Record<string, string> = {}
+  for (const [name, value] of Object.entries(reply.getHeaders())) {
+    if (typeof value === 'string') headers[name] = value
+    else if (typeof value === 'number') headers[name] = String(value)
+    else if (Array.isArray(value)) headers[name] = value.join(', ')
+  }
+  return { ...headers, ...extra }
 }

@@ -2,6 +2,7 @@
 // Origin must be allowed (403 otherwise); the Host header must be allowed too when the gateway
 // listens on loopback (the SDK's localhost host validation). CORS and the Origin check use the
 // same allow-list so they can never disagree.
+import { isIP } from 'node:net'
 import cors from '@fastify/cors'
 import type { FastifyInstance, FastifyRequest } from 'fastify'
 import fp from 'fastify-plugin'
@@ -20,8 +21,9 @@ function hostName (hostHeader: string): string {
   return (hostHeader.split(':')[0] ?? '').toLowerCase()
 }
 
+/** A loopback name or address literal. A hostname merely starting with "127." is not one. */
 export function isLoopbackAddress (host: string): boolean {
-  return LOOPBACK_HOSTS.has(host.toLowerCase()) || /^127\./.test(host)
+  return LOOPBACK_HOSTS.has(host.toLowerCase()) || (isIP(host) === 4 && host.startsWith('127.'))
 }
 
 export function makeOriginCheck (config: Readonly<Config>): (origin: string) => boolean {

@@ -3,9 +3,9 @@
 // `endpoint` event; POSTs there answer 202 and their answers flow into that stream.
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
 import type { Config } from './config-schema.js'
-import { GW_ERR_BAD_REQUEST, GW_ERR_SESSION_NOT_FOUND } from './errors.js'
+import { GW_ERR_BAD_REQUEST, GW_ERR_INVALID_REQUEST, GW_ERR_SESSION_NOT_FOUND } from './errors.js'
 import { LEGACY_STREAM } from './event-log.js'
-import { ANONYMOUS, clientHeaders, decodeBody, serverOf } from './http-common.js'
+import { ANONYMOUS, clientHeaders, decodeBody, replyHeaders, serverOf } from './http-common.js'
 import { isRequest } from './jsonrpc.js'
 import { LEGACY_SSE_VERSION, negotiateVersion } from './protocol-version.js'
 import type { Router } from './router.js'
@@ -39,7 +39,7 @@ export default async function httpLegacySse (app: FastifyInstance, opts: HttpLeg
       streamId: LEGACY_STREAM,
       mode: 'legacy',
       cursor: null,
-      headers: {},
+      headers: replyHeaders(reply),
       preamble: `event: endpoint\ndata: ${endpoint}\n\n`,
       log: req.log
     })
@@ -57,6 +57,7 @@ export default async function httpLegacySse (app: FastifyInstance, opts: HttpLeg
     const message = messages[0]
     if (message === undefined) throw new GW_ERR_BAD_REQUEST('empty body')
     if (isRequest(message) && message.method === 'initialize') {
+      if (record.initializeParams !== null) throw new GW_ERR_INVALID_REQUEST('Server already initialized')
       const params = (typeof message.params === 'object' && message.params !== null && !Array.isArray(message.params)) ? message.params : {}
       await router.updateSession(record.id, { protocolVersion: negotiateVersion(params.protocolVersion), initializeParams: params })
     }

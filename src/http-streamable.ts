@@ -7,7 +7,7 @@ import {
   GW_ERR_SESSION_NOT_FOUND, GW_ERR_SESSION_REQUIRED, isGatewayError, toJsonRpcError, GW_ERR_INTERNAL
 } from './errors.js'
 import { formatEventId, GET_STREAM, parseEventId } from './event-log.js'
-import { ANONYMOUS, checkAccept, clientHeaders, decodeBody, header, serverOf } from './http-common.js'
+import { ANONYMOUS, checkAccept, clientHeaders, decodeBody, header, replyHeaders, serverOf } from './http-common.js'
 import { isRequest, type JsonRpcMessage, type JsonRpcRequest } from './jsonrpc.js'
 import { allowsBatches, allowsPriming, checkVersionHeader, negotiateVersion } from './protocol-version.js'
 import { newRequestStreamId, type Router } from './router.js'
@@ -50,7 +50,7 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
       cursor: primingId,
       fresh: true,
       batch,
-      headers: { 'mcp-session-id': record.id },
+      headers: replyHeaders(reply, { 'mcp-session-id': record.id }),
       ...(primingId !== null ? { preamble: `id: ${formatEventId(streamId, primingId)}\nretry: ${config.http.retryMs}\ndata: \n\n` } : {}),
       log: req.log
     })
@@ -93,6 +93,9 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
     if (batch && !allowsBatches(record.protocolVersion)) {
       throw new GW_ERR_INVALID_REQUEST(`JSON-RPC batches are not supported in protocol version ${record.protocolVersion}`)
     }
+    // Every answer of a batch must fit in its stream's bounded log, or a slow reader could lose some.
+    const maxBatch = Math.min(9999, config.sessions.eventLogMaxLen - 1)
+    if (batch && messages.length > maxBatch) throw new GW_ERR_INVALID_REQUEST(`a batch holds at most ${maxBatch} messages`)
     if (!messages.some(isRequest)) {
       // Only notifications and responses: accepted with 202 and no body (H-POST-3).
       for (const message of messages) await router.fromClient(record, message, null)
@@ -129,7 +132,7 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
       streamId,
       mode: 'sse',
       cursor,
-      headers: { 'mcp-session-id': record.id },
+      headers: replyHeaders(reply, { 'mcp-session-id': record.id }),
       exclusive: streamId === GET_STREAM && (lastEventId === undefined || lastEventId === ''),
       // 2025-11-25: a priming event first, so the client holds an id to resume from. Its id is the
       // stream's current cursor, so it needs no log entry (H-POST-7).

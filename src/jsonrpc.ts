@@ -65,8 +65,8 @@ export function classify (value: unknown): Classified {
   const hasId = 'id' in value
   if ('method' in value) {
     if (typeof value.method !== 'string' || value.method.length === 0) return { kind: 'invalid', id, reason: 'method must be a non-empty string' }
-    if ('params' in value && value.params !== undefined && typeof value.params !== 'object') return { kind: 'invalid', id, reason: 'params must be an object or array' }
-    if ('params' in value && value.params === null) return { kind: 'invalid', id, reason: 'params must be an object or array' }
+    // MCP narrows JSON-RPC here too: params, when present, is an object (never an array).
+    if ('params' in value && value.params !== undefined && !isObject(value.params)) return { kind: 'invalid', id, reason: 'params must be an object' }
     if (!hasId) return { kind: 'notification', message: value as unknown as JsonRpcNotification }
     if (!isValidId(value.id)) return { kind: 'invalid', id: null, reason: 'id must be a string or an integer (not null)' }
     return { kind: 'request', message: value as unknown as JsonRpcRequest }

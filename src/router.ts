@@ -96,6 +96,9 @@ const NEEDS_CAPABILITY: Record<string, string> = {
   'roots/list': 'roots'
 }
 
+/** How long a completed request stream's log stays for a late resume. */
+export const COMPLETED_STREAM_TTL_MS = 60_000
+
 /** Request stream ids say their kind and how many responses end them: `r1_xxxx`, `j3_xxxx`. */
 export function newRequestStreamId (mode: 'sse' | 'json', responses: number): string {
   return `${mode === 'sse' ? 'r' : 'j'}${responses}_${randomBytes(9).toString('base64url')}`
@@ -537,6 +540,11 @@ export class Router {
       response = { ...response, result: { ...response.result, protocolVersion: owned.protocolVersion } }
     }
     await this.append(owned.sid, entry.streamId, response)
+    if (entry.method === 'initialize' && 'error' in response) {
+      // A session whose initialize failed is of no use, and its child counts against maxSessions:
+      // end it once the client has had a moment to read the error.
+      setTimeout(() => { this.endSession(owned.sid, 'initialize failed').catch(() => {}) }, 1000).unref()
+    }
   }
 
   async #fromBackendNotification (owned: OwnedSession, notification: JsonRpcNotification): Promise<void> {
@@ -681,11 +689,18 @@ export class Router {
     if (this.#writers.get(key) === writer) this.#writers.delete(key)
     if (reason === 'released' || reason === 'session-ended') return
     const store = this.#o.store
-    if (writer.cursor !== null && (streamId === GET_STREAM || streamId === LEGACY_STREAM)) {
+    // Only a cursor the log gave: a client-sent Last-Event-ID never becomes the stored position.
+    if (writer.cursor !== null && writer.advanced && (streamId === GET_STREAM || streamId === LEGACY_STREAM)) {
       store.setCursor(sid, streamId, writer.cursor, this.#idleMs).catch(() => {})
     }
-    // A completed request stream gets no more entries: its holder lease just lapses (saves a round trip).
-    if (reason !== 'complete') store.releaseHolder(sid, streamId, this.replicaId).catch(() => {})
+    if (reason === 'complete') {
+      // A completed request stream gets no more entries: its holder lease just lapses, and its log
+      // is kept only briefly for a client whose socket died right after the answer (not the whole
+      // idle timeout: a busy session would hold every answer it ever sent).
+      this.#o.eventLog.expire(sid, streamId, COMPLETED_STREAM_TTL_MS).catch(() => {})
+    } else {
+      store.releaseHolder(sid, streamId, this.replicaId).catch(() => {})
+    }
     if (streamId === LEGACY_STREAM && reason !== 'shutdown') {
       // A legacy HTTP+SSE session lives as long as its stream (2024-11-05 has no resumption).
       this.endSession(sid, 'legacy stream closed').catch(err => this.#o.log.warn({ err }, 'legacy session end failed'))

@@ -59,6 +59,7 @@ export class StreamWriter {
   #again = false
   #ended = false
   #started = false
+  #advanced = false
   readonly #closed = new AbortController()
   readonly #collected: JsonRpcResponse[] = []
   #keepAlive: NodeJS.Timeout | undefined
@@ -72,6 +73,8 @@ export class StreamWriter {
   }
 
   get cursor (): string | null { return this.#cursor }
+  /** Whether this writer wrote an entry (its cursor is then one the log gave, not the client's). */
+  get advanced (): boolean { return this.#advanced }
   get ended (): boolean { return this.#ended }
 
   /** Sends headers (SSE), starts keep-alives, and writes what the log already holds. */
@@ -125,6 +128,7 @@ export class StreamWriter {
           if (this.#ended) return
           await this.#emit(entry)
           this.#cursor = entry.entryId
+          this.#advanced = true
           if (entry.message !== null && isResponse(entry.message) && --this.#remaining <= 0) {
             this.#complete()
             return

@@ -150,6 +150,16 @@ export function eventLogContract (t: Test, make: MakeEventLog): void {
     t.same((await log.readAfter('s', 'get', before, 10)).map(e => e.entryId), [after], 'a reader holding the old cursor gets the new entry')
   })
 
+  t.test('expire shortens how long a stream is kept', async t => {
+    const { log } = await make(t)
+    await log.append('s', 'r1_done', null, 60_000)
+    await log.expire('s', 'r1_done', 50)
+    await new Promise(resolve => setTimeout(resolve, 120))
+    t.notOk(await log.hasStream('s', 'r1_done'), 'gone after the shorter TTL')
+    await log.expire('s', 'nothing-here', 50)
+    t.pass('expiring a missing stream is a no-op')
+  })
+
   t.test('hasStream is true once a stream has an entry', async t => {
     const { log } = await make(t)
     const sid = randomUUID()

@@ -6,6 +6,7 @@ import { fileURLToPath } from 'node:url'
 import t from 'tap'
 import { startGateway, type RunningGateway } from './helpers/gateway.js'
 import { SseReader } from './helpers/sse-client.js'
+import { eventually } from './helpers/wait.js'
 
 const everything = {
   transport: 'stdio',
@@ -309,4 +310,85 @@ t.test('/healthz and /readyz', async t => {
   const ready = await fetch(gw.url + '/readyz')
   t.equal(ready.status, 200)
   t.match(await ready.json(), { status: 'ready' })
+})
+
+// Regressions from adversarial testing.
+t.test('hostile input found by adversarial testing gets a clear 4xx', async t => {
+  const gw = await startGateway(t, { servers: { everything }, sessions: { eventLogMaxLen: 20 } })
+  const rawHost = async (host: string): Promise<number> => await new Promise<number>((resolve, reject) => {
+    const body = JSON.stringify(init())
+    const r = request(gw.url + '/mcp/everything', { method: 'POST', headers: { host, 'content-type': 'application/json', accept: ACCEPT_BOTH, 'content-length': Buffer.byteLength(body) } }, res => { res.resume(); resolve(res.statusCode ?? 0) })
+    r.on('error', reject)
+    r.end(body)
+  })
+  t.equal(await rawHost('127.0.0.1.attacker.example:8080'), 403, 'a hostname that only starts with 127. is not loopback')
+  t.equal(await rawHost('127.evil.example'), 403)
+  let res = await post(gw, init(), { origin: 'http://127.0.0.1.nip.io' })
+  t.equal(res.status, 403, 'nor is such an Origin')
+
+  const { sid } = await session(gw)
+  res = await post(gw, { jsonrpc: '2.0', id: 3, method: 'tools/list', params: [] }, { 'mcp-session-id': sid })
+  t.equal(res.status, 400, 'params as an array')
+  t.equal((await errorOf(res)).code, -32600)
+
+  let deep = '{"a":1}'
+  for (let i = 0; i < 10_000; i++) deep = `{"x":${deep}}`
+  res = await post(gw, `{"jsonrpc":"2.0","id":4,"method":"tools/list","params":${deep}}`, { 'mcp-session-id': sid })
+  t.equal(res.status, 400, 'JSON nested 10 000 levels deep')
+  t.equal((await errorOf(res)).code, -32600)
+
+  const bogus = await fetch(gw.url + '/mcp/everything', { headers: { accept: 'text/event-stream', 'mcp-session-id': sid, 'last-event-id': 'get.99999999999999999999' } })
+  t.equal(bogus.status, 400, 'an entry id beyond what the logs can hold')
+
+  const old = await session(gw, '2025-03-26')
+  const batch = Array.from({ length: 20 }, (_, i) => ({ jsonrpc: '2.0', id: i, method: 'ping' }))
+  res = await post(gw, batch, { 'mcp-session-id': old.sid })
+  t.equal(res.status, 400, 'a batch larger than a stream log can hold')
+  res = await post(gw, batch.slice(0, 19), { 'mcp-session-id': old.sid })
+  t.equal(res.status, 200, 'one that fits is answered')
+  const reader = new SseReader(res)
+  await reader.finished
+  t.equal(reader.messages().length, 19)
+})
+
+t.test('streamed and JSON answers carry the CORS headers for an allowed origin', async t => {
+  for (const responseMode of ['sse', 'json']) {
+    const gw = await startGateway(t, { servers: { everything }, http: { responseMode } })
+    const res = await post(gw, init(), { origin: 'http://localhost:3000' })
+    t.equal(res.status, 200)
+    t.equal(res.headers.get('access-control-allow-origin'), 'http://localhost:3000', `${responseMode}: allow-origin`)
+    t.match(res.headers.get('access-control-expose-headers') ?? '', /Mcp-Session-Id/i, `${responseMode}: the session id is readable`)
+    await res.body?.cancel()
+  }
+})
+
+t.test('an initialize the backend rejects leaves no session behind', async t => {
+  const gw = await startGateway(t, { servers: { everything } })
+  const res = await post(gw, { jsonrpc: '2.0', id: 1, method: 'initialize' })
+  const sid = res.headers.get('mcp-session-id') ?? ''
+  const reader = new SseReader(res)
+  await reader.finished
+  const answer = reader.messages().find(m => m.id === 1) as { error?: { code: number } } | undefined
+  t.ok(answer?.error !== undefined, 'the client gets the backend\'s error')
+  const gone = await eventually('the session to end', async () => {
+    const r = await post(gw, { jsonrpc: '2.0', id: 2, method: 'tools/list' }, { 'mcp-session-id': sid })
+    await r.body?.cancel()
+    return r.status === 404 ? true : undefined
+  }, 5000)
+  t.ok(gone, 'the failed session answers 404')
+})
+
+t.test('legacy HTTP+SSE: a second initialize on a session is refused', async t => {
+  const gw = await startGateway(t, { servers: { everything } })
+  const ac = new AbortController()
+  t.teardown(() => { ac.abort() })
+  const stream = new SseReader(await fetch(gw.url + '/sse/everything', { signal: ac.signal }))
+  const [endpoint] = await stream.until(ev => ev.some(e => e.event === 'endpoint'))
+  const url = gw.url + (endpoint?.data ?? '')
+  const postLegacy = async (body: unknown): Promise<Response> => await fetch(url, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) })
+  t.equal((await postLegacy(init('2024-11-05', 'A'))).status, 202)
+  await stream.until(ev => ev.some(e => e.data.includes('"id":"A"')))
+  const second = await postLegacy(init('2025-06-18', 'B'))
+  t.equal(second.status, 400)
+  t.match(await second.json(), { id: 'B', error: { code: -32600 } })
 })
