@@ -46,6 +46,17 @@ async function connect (t: Test, url: string, legacy = false): Promise<Client> {
 
 
 
+const HEADERS = { 'content-type': 'application/json', accept: 'application/json, text/event-stream' }
+
+/** initialize on one replica (it owns the child), notifications/initialized on another; the session id. */
+async function rawSession (initOn: ReplicaProcess, initializedOn: ReplicaProcess): Promise<string> {
+  const init = await fetch(`${initOn.url}/mcp/full`, { method: 'POST', headers: HEADERS, body: JSON.stringify({ jsonrpc: '2.0', id: 0, method: 'initialize', params: { protocolVersion: '2025-11-25', capabilities: {}, clientInfo: { name: 'raw', version: '1' } } }) })
+  const sid = init.headers.get('mcp-session-id') ?? ''
+  await new SseReader(init).finished
+  await fetch(`${initializedOn.url}/mcp/full`, { method: 'POST', headers: { ...HEADERS, 'mcp-session-id': sid }, body: JSON.stringify({ jsonrpc: '2.0', method: 'notifications/initialized' }) })
+  return sid
+}
+
 t.test('the SDK client works through a non-sticky round-robin over 3 replicas', async t => {
   const { proxy } = await cluster(t)
   const client = await connect(t, proxy.url)
@@ -120,11 +131,8 @@ t.test('legacy HTTP+SSE: the stream on one replica, the POSTs on others', async 
 t.test('a stream dropped on one replica resumes on another with Last-Event-ID, nothing lost', async t => {
   const { replicas } = await cluster(t)
   const [a, b, c] = replicas as [ReplicaProcess, ReplicaProcess, ReplicaProcess]
-  const headers = { 'content-type': 'application/json', accept: 'application/json, text/event-stream' }
-  const init = await fetch(`${a.url}/mcp/full`, { method: 'POST', headers, body: JSON.stringify({ jsonrpc: '2.0', id: 0, method: 'initialize', params: { protocolVersion: '2025-11-25', capabilities: {}, clientInfo: { name: 'raw', version: '1' } } }) })
-  const sid = init.headers.get('mcp-session-id') ?? ''
-  await new SseReader(init).finished
-  await fetch(`${b.url}/mcp/full`, { method: 'POST', headers: { ...headers, 'mcp-session-id': sid }, body: JSON.stringify({ jsonrpc: '2.0', method: 'notifications/initialized' }) })
+  const headers = HEADERS
+  const sid = await rawSession(a, b)
   const ac = new AbortController()
   const call = await fetch(`${b.url}/mcp/full`, {
     method: 'POST',
@@ -207,11 +215,8 @@ t.test('leases and TTLs: every key has a TTL after real traffic; an owner that l
 t.test('a holder replica killed mid-stream: the client resumes on another replica, nothing lost', async t => {
   const { replicas } = await cluster(t)
   const [a, b, c] = replicas as [ReplicaProcess, ReplicaProcess, ReplicaProcess]
-  const headers = { 'content-type': 'application/json', accept: 'application/json, text/event-stream' }
-  const init = await fetch(`${a.url}/mcp/full`, { method: 'POST', headers, body: JSON.stringify({ jsonrpc: '2.0', id: 0, method: 'initialize', params: { protocolVersion: '2025-11-25', capabilities: {}, clientInfo: { name: 'raw', version: '1' } } }) })
-  const sid = init.headers.get('mcp-session-id') ?? ''
-  await new SseReader(init).finished
-  await fetch(`${a.url}/mcp/full`, { method: 'POST', headers: { ...headers, 'mcp-session-id': sid }, body: JSON.stringify({ jsonrpc: '2.0', method: 'notifications/initialized' }) })
+  const headers = HEADERS
+  const sid = await rawSession(a, a)
   // A owns the child; B holds the POST stream of this call. Kill B while the call runs.
   const call = await fetch(`${b.url}/mcp/full`, {
     method: 'POST',
