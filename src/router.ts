@@ -3,8 +3,10 @@
 // the stream's holder is woken. Local first: when owner or holder is this replica, no bus hop.
 //
 // Owner side: backend request ids are gateway-minted integers (SPEC.md J-3) mapped back to the
-// client's ids; server-to-client requests get opaque ids `s.<replica>.<seq>` so any replica can
-// route the client's answer back here (flow 3). Holder side: StreamWriters pull from the log.
+// client's ids, except for Streamable HTTP backends ("direct" sessions, see OwnedSession.direct),
+// whose ids pass through; server-to-client requests get opaque ids `s.<replica>.<seq>` so any
+// replica can route the client's answer back here (flow 3). Holder side: StreamWriters pull from
+// the log.
 import { randomBytes } from 'node:crypto'
 import type { Logger } from 'pino'
 import type { Bus, Envelope } from './bus.js'
@@ -160,7 +162,6 @@ export class Router {
   }
 
   get stopping (): boolean { return this.#stopping }
-  get localSessionCount (): number { return this.#owned.size }
 
   // ---- sessions ----------------------------------------------------------------------------
 
@@ -414,7 +415,7 @@ export class Router {
         ...(forwardedHeaders !== undefined ? { forwardedHeaders } : {}),
         ...(direct ? { listen: isOwner, getStreamLastEventId: record.backendGetEventId ?? null } : {}),
         // HTTP backends: any replica that takes the session over resumes this backend session.
-        // A new backend session (first initialize, or a re-initialise after a 404): the old GET
+        // On a new backend session (first initialize, or a re-initialise after a 404) the old GET
         // stream position means nothing for it.
         onBackendSessionId: backendSessionId => {
           this.#o.store.update(record.id, { backendSessionId, backendGetEventId: null }).catch(err => owned.log.warn({ err }, 'backend session id not stored'))
