@@ -308,6 +308,13 @@ export class Router {
       if (this.#writers.get(key) === writer) this.#writers.delete(key)
       throw err
     }
+    if (options.exclusive === true && previous !== null && previous !== this.replicaId && await this.#isAlive(previous)) {
+      // Another replica opened this session's GET stream at the same moment and is alive: hand the
+      // stream back to it and refuse this one, as a local second GET is refused.
+      await this.#o.store.claimHolder(sid, streamId, previous, this.#leaseMs).catch(() => {})
+      if (this.#writers.get(key) === writer) this.#writers.delete(key)
+      throw new GW_ERR_CONFLICT('Only one GET stream is allowed per session')
+    }
     if (previous !== null && previous !== this.replicaId) {
       await this.#o.bus.send(previous, { kind: 'release', sid, streamId }).catch(() => {})
     }
@@ -751,11 +758,14 @@ export class Router {
       // Holder leases are renewed here, every third of a lease. An open stream keeps its session
       // alive: the tick runs at least every quarter idle timeout, and touch() also says whether
       // the session still exists (a stream whose session is gone ends).
-      const [alive] = await Promise.all([
+      const [alive, held] = await Promise.all([
         store.touch(writer.sid, this.#idleMs),
         store.renewHolder(writer.sid, writer.streamId, this.replicaId, this.#leaseMs)
       ])
       if (!alive) writer.end('session-ended')
+      // Another replica holds the stream now (it resumed it, or won a race for it): wakes go there,
+      // so this writer would starve; end it and let the client reconnect.
+      else if (!held && !writer.ended) writer.end('released', this.#o.config.http.retryMs)
       else if (!this.#owned.has(writer.sid)) remoteOwned.add(writer.sid)
     }
     for (const sid of remoteOwned) {

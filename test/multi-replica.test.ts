@@ -237,3 +237,19 @@ t.test('a holder replica killed mid-stream: the client resumes on another replic
   t.same(progress, [1, 2, 3, 4], 'every progress notification exactly once, in order')
   t.ok(rest.messages().some(m => m.id === 9 && 'result' in m), 'the result came on the stream resumed on C')
 })
+
+t.test('concurrent GET streams for one session on different replicas: exactly one is served', async t => {
+  const { replicas } = await cluster(t, 2)
+  const [a, b] = replicas as [ReplicaProcess, ReplicaProcess]
+  const sid = await rawSession(a, b)
+  const acs: AbortController[] = []
+  t.teardown(() => { for (const ac of acs) ac.abort() })
+  const statuses = await Promise.all(Array.from({ length: 20 }, async (_, i) => {
+    const ac = new AbortController()
+    acs.push(ac)
+    const res = await fetch(`${(i % 2 === 0 ? a : b).url}/mcp/full`, { headers: { accept: 'text/event-stream', 'mcp-session-id': sid }, signal: ac.signal })
+    return res.status
+  }))
+  t.equal(statuses.filter(s => s === 200).length, 1, `one 200 (${statuses.join(',')})`)
+  t.equal(statuses.filter(s => s === 409).length, 19, 'every other one 409')
+})
