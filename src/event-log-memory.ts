@@ -67,7 +67,8 @@ export class MemoryEventLog implements EventLog {
     const start = Math.max(0, after - stream.first + 1)
     return stream.entries.slice(start, start + limit).map((json, i) => ({
       entryId: String(stream.first + start + i),
-      message: json === '' ? null : JSON.parse(json) as JsonRpcMessage
+      message: json === '' ? null : JSON.parse(json) as JsonRpcMessage,
+      json
     }))
   }
 

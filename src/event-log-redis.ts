@@ -40,7 +40,7 @@ export class RedisEventLog implements EventLog {
     return entries.map(([entryId, fields]) => {
       const at = fields.indexOf(FIELD)
       const json = at >= 0 && at % 2 === 0 ? fields[at + 1] ?? '' : ''
-      return { entryId, message: json === '' ? null : JSON.parse(json) as JsonRpcMessage }
+      return { entryId, message: json === '' ? null : JSON.parse(json) as JsonRpcMessage, json }
     })
   }
 

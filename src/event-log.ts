@@ -7,6 +7,8 @@ import type { JsonRpcMessage } from './jsonrpc.js'
 export interface LogEntry {
   entryId: string
   message: JsonRpcMessage | null
+  /** The message as the log stores it (JSON text; '' for priming), so writers need not re-serialise it. */
+  json: string
 }
 
 export interface AppendResult {

@@ -178,7 +178,7 @@ export class StreamWriter {
       const retry = this.#o.retryMs === undefined ? '' : `retry: ${this.#o.retryMs}\n`
       return `${id}${retry}data: \n\n`
     }
-    const data = `data: ${JSON.stringify(entry.message)}\n\n`
+    const data = `data: ${entry.json}\n\n`
     return this.#o.mode === 'legacy' ? `event: message\n${id}${data}` : `${id}${data}`
   }
 

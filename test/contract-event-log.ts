@@ -80,8 +80,8 @@ export function eventLogContract (t: Test, make: MakeEventLog): void {
     const priming = await log.append(sid, 'req-1', null, LONG_TTL)
     const answer = await log.append(sid, 'req-1', { jsonrpc: '2.0', id: 1, result: {} }, LONG_TTL)
     t.same(await log.readAfter(sid, 'req-1', null, 10), [
-      { entryId: priming.entryId, message: null },
-      { entryId: answer.entryId, message: { jsonrpc: '2.0', id: 1, result: {} } }
+      { entryId: priming.entryId, message: null, json: '' },
+      { entryId: answer.entryId, message: { jsonrpc: '2.0', id: 1, result: {} }, json: '{"jsonrpc":"2.0","id":1,"result":{}}' }
     ])
   })
 
