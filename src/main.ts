@@ -1,10 +1,10 @@
 // Process entry: load config, build the gateway, listen, stop gracefully on SIGTERM/SIGINT.
 import { buildGateway } from './app.js'
-import { closeHttpDispatchers } from './backend-http.js'
-import { stopAllChildren } from './backend-stdio.js'
-import { loadConfig, parseArgs, USAGE } from './config.js'
-import { createLogger } from './logger.js'
-import { newReplicaId } from './replica.js'
+import { closeHttpDispatchers } from './backends/http.js'
+import { stopAllChildren } from './backends/stdio.js'
+import { loadConfig, parseArgs, USAGE } from './config/load.js'
+import { createLogger } from './telemetry/logger.js'
+import { newReplicaId } from './core/replica.js'
 
 const SHUTDOWN_DEADLINE_MS = 15_000
 

@@ -2,9 +2,9 @@
 import { fileURLToPath } from 'node:url'
 import type { Test } from 'tap'
 import { buildGateway, type Gateway, type GatewayOptions } from '../../src/app.js'
-import { parseConfig } from '../../src/config.js'
-import type { Config } from '../../src/config-schema.js'
-import { createLogger } from '../../src/logger.js'
+import { parseConfig } from '../../src/config/load.js'
+import type { Config } from '../../src/config/schema.js'
+import { createLogger } from '../../src/telemetry/logger.js'
 
 /** Absolute path of a compiled fixture: dist/test/fixtures/<name>.js. */
 export function fixture (name: string): string {

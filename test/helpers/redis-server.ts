@@ -7,7 +7,7 @@ import { setTimeout as sleep } from 'node:timers/promises'
 import type { Test } from 'tap'
 import { reap } from './reaper.js'
 import { freePort } from './wait.js'
-import { createRedis, redisReady, type CreateRedisOptions, type Redis } from '../../src/redis-client.js'
+import { createRedis, redisReady, type CreateRedisOptions, type Redis } from '../../src/state/redis/client.js'
 
 export interface RedisServer {
   url: string

@@ -1,0 +1,315 @@
+// Reads the gateway's configuration once at boot: YAML or JSON, `${NAME}` placeholders expanded
+// from the environment, validated against config-schema.ts with every failing path listed in one
+// error, then deep-frozen (STYLE.md habit 2, ARCHITECTURE.md section 3).
+//
+// This is the only module that reads process.env, and only as a default parameter, so tests and
+// main.ts can pass their own environment.
+//
+// Paths in the config are used as written, never rewritten against the config file's folder:
+// - a relative stdio `command` (e.g. `./bin/server`) resolves against the server's `cwd` when one
+//   is set, else against the gateway's working directory (the child chdirs before exec);
+//   a bare name (`node`, `npx`) is looked up on the child's PATH;
+// - a relative `cwd` resolves against the gateway's working directory;
+// - `args` are handed to the child verbatim, so the child resolves them against its own cwd.
+// `npm start` runs from the repository root, so the shipped configs use repo-relative paths.
+import { readFile } from 'node:fs/promises'
+import { extname } from 'node:path'
+import { parseArgs as parseNodeArgs } from 'node:util'
+import { Ajv, type ErrorObject } from 'ajv'
+import { parseDocument } from 'yaml'
+import { configSchema, type Config } from './schema.js'
+import { GW_ERR_CONFIG_INVALID } from '../core/errors.js'
+
+export type { Config }
+
+export const DEFAULT_CONFIG_PATH = 'config/gateway.yaml'
+
+export const USAGE = `Usage: mcp-gateway [--config FILE]
+
+Options:
+  -c, --config FILE   configuration file, YAML or JSON (default: ${DEFAULT_CONFIG_PATH})
+  -h, --help          print this help and exit
+`
+
+export interface CliArgs {
+  configPath: string
+  /** --help was given: the caller prints USAGE and exits 0. */
+  help: boolean
+}
+
+/**
+ * Parses the gateway's command line (argv without the node binary and script, i.e.
+ * `process.argv.slice(2)`). Unknown options and stray positionals are GW_ERR_CONFIG_INVALID.
+ */
+export function parseArgs (argv: string[]): CliArgs {
+  let parsed
+  try {
+    parsed = parseNodeArgs({
+      args: argv,
+      options: {
+        config: { type: 'string', short: 'c' },
+        help: { type: 'boolean', short: 'h' }
+      },
+      strict: true,
+      allowPositionals: false
+    })
+  } catch (err) {
+    throw new GW_ERR_CONFIG_INVALID(`${(err as Error).message}\n${USAGE}`, { cause: err })
+  }
+  const configPath = parsed.values.config ?? DEFAULT_CONFIG_PATH
+  if (configPath === '') throw new GW_ERR_CONFIG_INVALID(`--config needs a file name\n${USAGE}`)
+  return { configPath, help: parsed.values.help === true }
+}
+
+/**
+ * Reads, expands, validates and freezes the configuration at `path`. `.json` files are parsed as
+ * JSON; anything else as YAML (which also accepts JSON). Every problem is reported at once in a
+ * single GW_ERR_CONFIG_INVALID whose message lists one `/json/pointer: reason` per line.
+ */
+export async function loadConfig (path: string, env: NodeJS.ProcessEnv = process.env): Promise<Readonly<Config>> {
+  let text: string
+  try {
+    text = await readFile(path, 'utf8')
+  } catch (err) {
+    throw new GW_ERR_CONFIG_INVALID(`cannot read ${path}: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`, { cause: err })
+  }
+  return parseConfig(extname(path).toLowerCase() === '.json' ? parseJson(path, text) : parseYaml(path, text), env)
+}
+
+/**
+ * Expands placeholders in `raw` (which is not modified), validates the result, applies the
+ * schema's defaults and returns it deep-frozen. No I/O.
+ */
+export function parseConfig (raw: unknown, env: NodeJS.ProcessEnv = process.env): Readonly<Config> {
+  const problems = new Problems()
+  const expanded = expand(raw, '', env, problems)
+  if (!validate(expanded)) {
+    for (const e of relevantErrors(validate.errors ?? [])) problems.add(...renderAjvError(e))
+  } else {
+    checkSemantics(expanded as Config, problems)
+  }
+  problems.throwIfAny()
+  return deepFreeze(expanded as Config)
+}
+
+// strict: true rejects unknown keywords, ignored defaults and type-less keywords in the schema
+// itself, so a schema typo fails at boot instead of silently loosening validation; the schema's
+// if/then/else passes it because each branch declares its type.
+// coerceTypes: placeholders always expand to strings (`port: ${PORT:-8080}`), and YAML reads
+// `args: [--port, 3000]` as a number; coercion turns each into the type the schema asks for.
+// Its one lax case, null -> 0 / '' / false, is closed by expand(), which rejects null values.
+const ajv = new Ajv({ allErrors: true, useDefaults: true, coerceTypes: true, strict: true })
+const validate = ajv.compile(configSchema)
+
+class Problems {
+  readonly #lines = new Set<string>()
+  // Paths already reported by expand(); ajv's errors at or below them are consequences.
+  readonly #reported: string[] = []
+
+  add (path: string, reason: string): void {
+    if (this.#reported.some(p => path === p || path.startsWith(`${p}/`))) return
+    this.#lines.add(`${path === '' ? '/' : path}: ${reason}`)
+  }
+
+  addRoot (path: string, reason: string): void {
+    this.add(path, reason)
+    this.#reported.push(path)
+  }
+
+  throwIfAny (): void {
+    if (this.#lines.size === 0) return
+    const n = this.#lines.size
+    // Sorted, so the problems of one server read together.
+    const lines = [...this.#lines].sort()
+    throw new GW_ERR_CONFIG_INVALID(`${n} problem${n === 1 ? '' : 's'}\n  ${lines.join('\n  ')}`)
+  }
+}
+
+const pointer = (base: string, key: string | number): string =>
+  `${base}/${String(key).replaceAll('~', '~0').replaceAll('/', '~1')}`
+
+// `$${` is a literal `${` (the leftmost match wins: `$$${X}` is `$` then a literal `${X}`);
+// `${NAME}` or `${NAME:-default}` is a placeholder; a `${` that matches neither is reported
+// rather than passed on, since it is almost always a typo. Other `$` characters are kept.
+const PLACEHOLDER = /\$\$\{|\$\{([^}]*)\}|\$\{/g
+const INNER = /^([A-Za-z_][A-Za-z0-9_]*)(?::-(.*))?$/s
+
+/** Copies `value` with every string expanded; records nulls, non-JSON values and bad placeholders. */
+function expand (value: unknown, path: string, env: NodeJS.ProcessEnv, problems: Problems): unknown {
+  if (typeof value === 'string') return expandString(value, path, env, problems)
+  if (typeof value === 'number' || typeof value === 'boolean') return value
+  if (value === null) {
+    // YAML reads `port:` with nothing after it as null; ajv would coerce that to 0 or ''.
+    problems.addRoot(path, 'must not be empty (give it a value or remove the key)')
+    return value
+  }
+  if (Array.isArray(value)) return value.map((item, i) => expand(item, pointer(path, i), env, problems))
+  if (isPlainObject(value)) {
+    const out: Record<string, unknown> = {}
+    for (const [key, item] of Object.entries(value)) {
+      // defineProperty: a key named __proto__ stays a key instead of replacing the prototype.
+      Object.defineProperty(out, key, { value: expand(item, pointer(path, key), env, problems), enumerable: true, writable: true, configurable: true })
+    }
+    return out
+  }
+  problems.addRoot(path, 'must be a string, number, boolean, array or mapping')
+  return value
+}
+
+function isPlainObject (value: unknown): value is Record<string, unknown> {
+  if (typeof value !== 'object' || value === null) return false
+  const proto: unknown = Object.getPrototypeOf(value)
+  return proto === Object.prototype || proto === null
+}
+
+function expandString (text: string, path: string, env: NodeJS.ProcessEnv, problems: Problems): string {
+  return text.replace(PLACEHOLDER, (match: string, inner: string | undefined) => {
+    if (match === '$${') return '${'
+    const m = inner === undefined ? null : INNER.exec(inner)
+    if (m === null) {
+      // The text is not echoed: it may sit next to a secret.
+      problems.addRoot(path, 'malformed placeholder: use ${NAME} or ${NAME:-default}, and $${ for a literal ${')
+      return match
+    }
+    const name = m[1] as string
+    const fallback = m[2]
+    const found = env[name]
+    // Shell semantics: `:-` also replaces a variable that is set but empty.
+    if (fallback !== undefined) return found === undefined || found === '' ? fallback : found
+    if (found === undefined) {
+      problems.addRoot(path, `environment variable ${name} is not set`)
+      return ''
+    }
+    return found
+  })
+}
+
+// An `if` error only says "must match then/else" next to the branch's real errors; a
+// `propertyNames` error only wraps the name's own error.
+const NOISE = new Set(['if', 'propertyNames'])
+const SERVER_TRANSPORT = /^#\/properties\/servers\/additionalProperties\/(?:properties\/transport|required)/
+
+function relevantErrors (errors: ErrorObject[]): ErrorObject[] {
+  // A server whose transport is missing or unknown gets that one error: the stdio-vs-http
+  // branch errors next to it would be guesses about a shape the author did not choose.
+  const badTransport = new Set(errors
+    .filter(e => SERVER_TRANSPORT.test(e.schemaPath) && (e.keyword !== 'required' || e.params.missingProperty === 'transport'))
+    .map(e => e.keyword === 'required' ? e.instancePath : e.instancePath.replace(/\/transport$/, '')))
+  return errors.filter(e => {
+    if (NOISE.has(e.keyword)) return false
+    if (/\/(?:then|else)\//.test(e.schemaPath)) {
+      const server = /^\/servers\/[^/]+/.exec(e.instancePath)?.[0]
+      if (server !== undefined && badTransport.has(server)) return false
+    }
+    return true
+  })
+}
+
+/** One ajv error as [path, reason]. Reasons never include the offending value (it may be a secret). */
+function renderAjvError (e: ErrorObject): [string, string] {
+  const params = e.params as Record<string, unknown>
+  if (e.propertyName !== undefined) return [pointer(e.instancePath, e.propertyName), `name ${e.message ?? 'is invalid'}`]
+  switch (e.keyword) {
+    case 'required': return [pointer(e.instancePath, String(params.missingProperty)), 'is required']
+    case 'additionalProperties': return [pointer(e.instancePath, String(params.additionalProperty)), 'is not a known option']
+    case 'enum': return [e.instancePath, `must be one of: ${(params.allowedValues as unknown[]).map(String).join(', ')}`]
+    case 'const': return [e.instancePath, `must be ${String(params.allowedValue)}`]
+    default: return [e.instancePath, e.message ?? `fails ${e.keyword}`]
+  }
+}
+
+// Header names a backend connection sets itself: hop-by-hop and framing headers, and the MCP
+// transport headers the gateway manages per session (a static or forwarded one would break it).
+const MANAGED_HEADERS = new Set([
+  'connection', 'keep-alive', 'proxy-connection', 'transfer-encoding', 'te', 'trailer', 'upgrade',
+  'content-length', 'host', 'mcp-session-id', 'mcp-protocol-version', 'last-event-id'
+])
+const TOKEN = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/
+
+/** Checks the schema cannot express. Each names the path only, never the value. */
+function checkSemantics (config: Config, problems: Problems): void {
+  if (config.redis !== undefined && !isUrl(config.redis.url)) problems.add('/redis/url', 'must be a valid URL')
+  for (const [name, server] of Object.entries(config.servers)) {
+    const base = pointer('/servers', name)
+    if (server.transport === 'stdio') {
+      checkDelays(`${base}/restart`, server.restart, problems)
+      // spawn() throws on these at the first session; better to say so at boot.
+      if (server.command.includes('\0')) problems.add(`${base}/command`, 'must not contain NUL')
+      if (server.cwd?.includes('\0') === true) problems.add(`${base}/cwd`, 'must not contain NUL')
+      server.args.forEach((arg, i) => { if (arg.includes('\0')) problems.add(`${base}/args/${i}`, 'must not contain NUL') })
+      for (const [key, value] of Object.entries(server.env)) {
+        if (key === '' || key.includes('=') || key.includes('\0')) problems.add(pointer(`${base}/env`, key), 'is not a valid variable name')
+        if (value.includes('\0')) problems.add(pointer(`${base}/env`, key), 'must not contain NUL')
+      }
+    } else {
+      checkDelays(`${base}/reconnect`, server.reconnect, problems)
+      if (!isUrl(server.url)) problems.add(`${base}/url`, 'must be a valid URL')
+      for (const [key, value] of Object.entries(server.headers)) {
+        const at = pointer(`${base}/headers`, key)
+        if (!TOKEN.test(key)) problems.add(at, 'is not a valid header name')
+        else if (MANAGED_HEADERS.has(key.toLowerCase())) problems.add(at, 'is set by the gateway and cannot be configured')
+        // CR/LF would split the request; a placeholder's value is the usual way one sneaks in.
+        if (/[\r\n\0]/.test(value)) problems.add(at, 'value must not contain CR, LF or NUL')
+      }
+      server.forwardHeaders.forEach((key, i) => {
+        const at = `${base}/forwardHeaders/${i}`
+        if (!TOKEN.test(key)) problems.add(at, 'is not a valid header name')
+        else if (MANAGED_HEADERS.has(key.toLowerCase())) problems.add(at, 'is set by the gateway and cannot be forwarded')
+      })
+    }
+  }
+}
+
+function checkDelays (path: string, policy: { baseDelayMs: number, maxDelayMs: number }, problems: Problems): void {
+  if (policy.maxDelayMs < policy.baseDelayMs) problems.add(`${path}/maxDelayMs`, 'must be at least baseDelayMs')
+}
+
+function isUrl (text: string): boolean {
+  try {
+    return new URL(text).hostname !== ''
+  } catch {
+    return false
+  }
+}
+
+// Parse errors name file, line and column but never quote the source: a literal secret may sit on
+// that line. V8's JSON messages quote the text around the error, so that error is not attached.
+function parseJson (path: string, text: string): unknown {
+  try {
+    return JSON.parse(text)
+  } catch (err) {
+    const position = /position (\d+)/.exec((err as Error).message)?.[1]
+    const where = position === undefined ? '' : `:${lineCol(text, Number(position))}`
+    throw new GW_ERR_CONFIG_INVALID(`${path}${where}: not valid JSON`)
+  }
+}
+
+function parseYaml (path: string, text: string): unknown {
+  // prettyErrors: false keeps the source excerpt out of each error's message.
+  const doc = parseDocument(text, { prettyErrors: false, uniqueKeys: true })
+  if (doc.errors.length > 0) {
+    const lines = doc.errors.map(e => `${path}:${lineCol(text, e.pos[0])}: ${e.message}`)
+    throw new GW_ERR_CONFIG_INVALID(`not valid YAML\n  ${lines.join('\n  ')}`, { cause: doc.errors[0] })
+  }
+  try {
+    // maxAliasCount bounds alias expansion ("billion laughs"); 100 is yaml's own default, stated.
+    return doc.toJS({ maxAliasCount: 100 })
+  } catch (err) {
+    throw new GW_ERR_CONFIG_INVALID(`${path}: ${(err as Error).message}`, { cause: err })
+  }
+}
+
+function lineCol (text: string, offset: number): string {
+  const before = text.slice(0, offset)
+  const line = before.split('\n').length
+  return `${line}:${offset - before.lastIndexOf('\n')}`
+}
+
+/** Freezes `value` and everything reachable from it, as Fastify does with its initial config. */
+export function deepFreeze<T> (value: T): Readonly<T> {
+  if (typeof value === 'object' && value !== null && !Object.isFrozen(value)) {
+    Object.freeze(value)
+    for (const item of Object.values(value)) deepFreeze(item)
+  }
+  return value
+}

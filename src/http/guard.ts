@@ -1,0 +1,71 @@
+// DNS-rebinding protection and CORS for every MCP endpoint (SPEC.md H-EP-2..4, S-4): a present
+// Origin must be allowed (403 otherwise); the Host header must be allowed too when the gateway
+// listens on loopback (the SDK's localhost host validation). CORS and the Origin check use the
+// same allow-list so they can never disagree.
+import { isIP } from 'node:net'
+import cors from '@fastify/cors'
+import type { FastifyInstance, FastifyRequest } from 'fastify'
+import fp from 'fastify-plugin'
+import type { Config } from '../config/schema.js'
+import { GW_ERR_FORBIDDEN } from '../core/errors.js'
+
+const LOOPBACK_HOSTS = new Set(['localhost', '127.0.0.1', '[::1]', '::1'])
+
+export interface HttpGuardOptions {
+  config: Readonly<Config>
+}
+
+function hostName (hostHeader: string): string {
+  // "[::1]:8080" -> "[::1]", "localhost:8080" -> "localhost"
+  if (hostHeader.startsWith('[')) return hostHeader.slice(0, hostHeader.indexOf(']') + 1).toLowerCase()
+  return (hostHeader.split(':')[0] ?? '').toLowerCase()
+}
+
+/** A loopback name or address literal. A hostname merely starting with "127." is not one. */
+export function isLoopbackAddress (host: string): boolean {
+  return LOOPBACK_HOSTS.has(host.toLowerCase()) || (isIP(host) === 4 && host.startsWith('127.'))
+}
+
+export function makeOriginCheck (config: Readonly<Config>): (origin: string) => boolean {
+  const allowed = new Set(config.http.allowedOrigins.map(o => o.toLowerCase().replace(/\/$/, '')))
+  return origin => {
+    const normalised = origin.toLowerCase().replace(/\/$/, '')
+    if (allowed.size > 0) return allowed.has(normalised) || allowed.has('*')
+    try {
+      const url = new URL(normalised)
+      return (url.protocol === 'http:' || url.protocol === 'https:') && isLoopbackAddress(url.hostname)
+    } catch {
+      return false
+    }
+  }
+}
+
+export function makeHostCheck (config: Readonly<Config>): (host: string | undefined) => boolean {
+  const allowed = new Set(config.http.allowedHosts.map(h => h.toLowerCase()))
+  const loopbackOnly = allowed.size === 0 && isLoopbackAddress(config.listen.host)
+  return host => {
+    if (allowed.size === 0 && !loopbackOnly) return true
+    if (host === undefined) return false
+    const name = hostName(host)
+    if (allowed.size > 0) return allowed.has(name) || allowed.has(host.toLowerCase())
+    return isLoopbackAddress(name)
+  }
+}
+
+export default fp<HttpGuardOptions>(async function httpGuard (app: FastifyInstance, opts) {
+  const originAllowed = makeOriginCheck(opts.config)
+  const hostAllowed = makeHostCheck(opts.config)
+  await app.register(cors, {
+    origin: (origin, cb) => { cb(null, origin === undefined ? false : originAllowed(origin)) },
+    methods: ['GET', 'POST', 'DELETE', 'OPTIONS'],
+    allowedHeaders: ['Content-Type', 'Accept', 'Authorization', 'Mcp-Session-Id', 'MCP-Protocol-Version', 'Last-Event-ID', 'Mcp-Method', 'Mcp-Name'],
+    exposedHeaders: ['Mcp-Session-Id', 'WWW-Authenticate'],
+    maxAge: 600
+  })
+  app.addHook('onRequest', async (req: FastifyRequest) => {
+    if (req.url.startsWith('/healthz') || req.url.startsWith('/readyz')) return
+    if (!hostAllowed(req.headers.host)) throw new GW_ERR_FORBIDDEN('Host header not allowed')
+    const origin = req.headers.origin
+    if (origin !== undefined && !originAllowed(origin)) throw new GW_ERR_FORBIDDEN('Origin not allowed')
+  })
+}, { name: 'gateway-http-guard', fastify: '5.x' })

@@ -1,0 +1,67 @@
+// Legacy HTTP+SSE (protocol 2024-11-05, SPEC.md section 6; ARCHITECTURE.md flow 6):
+// GET /sse/<server> opens the session's only stream and names the messages URL in an
+// `endpoint` event; POSTs there answer 202 and their answers flow into that stream.
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
+import type { Config } from '../config/schema.js'
+import { GW_ERR_BAD_REQUEST, GW_ERR_INVALID_REQUEST, GW_ERR_SESSION_NOT_FOUND } from '../core/errors.js'
+import { LEGACY_STREAM } from '../state/event-log.js'
+import { ANONYMOUS, clientHeaders, decodeBody, replyHeaders, serverOf } from './request.js'
+import { isRequest } from '../core/jsonrpc.js'
+import { LEGACY_SSE_VERSION, negotiateVersion } from '../core/protocol-version.js'
+import type { Router } from '../routing/router.js'
+
+export interface HttpLegacySseOptions {
+  config: Readonly<Config>
+  router: Router
+}
+
+interface ServerParams { server: string }
+interface MessagesQuery { sessionId?: string }
+
+export default async function httpLegacySse (app: FastifyInstance, opts: HttpLegacySseOptions): Promise<void> {
+  const { config, router } = opts
+
+  app.get('/sse/:server', async (req: FastifyRequest<{ Params: ServerParams }>, reply: FastifyReply) => {
+    const server = serverOf(config, req)
+    const record = await router.createSession({
+      server,
+      principal: ANONYMOUS,
+      transport: 'legacy',
+      protocolVersion: LEGACY_SSE_VERSION,
+      initializeParams: null
+    }, clientHeaders(req))
+    req.log.info({ server }, 'legacy SSE session created')
+    // A relative URL: the SDK client resolves it against the SSE URL and rejects other origins (S-2).
+    const endpoint = `/sse/${encodeURIComponent(server)}/messages?sessionId=${record.id}`
+    const writer = await router.openStream({
+      res: reply.raw,
+      sid: record.id,
+      streamId: LEGACY_STREAM,
+      mode: 'legacy',
+      cursor: null,
+      headers: replyHeaders(reply),
+      preamble: `event: endpoint\ndata: ${endpoint}\n\n`,
+      log: req.log
+    })
+    reply.hijack()
+    await writer.start()
+  })
+
+  app.post('/sse/:server/messages', async (req: FastifyRequest<{ Params: ServerParams, Querystring: MessagesQuery }>, reply: FastifyReply) => {
+    const server = serverOf(config, req)
+    const sid = req.query.sessionId
+    if (sid === undefined || sid === '') throw new GW_ERR_BAD_REQUEST('sessionId query parameter is required')
+    const record = await router.getSession(sid, ANONYMOUS)
+    if (record === null || record.server !== server || record.transport !== 'legacy') throw new GW_ERR_SESSION_NOT_FOUND()
+    const { messages } = decodeBody(req, false)
+    const message = messages[0]
+    if (message === undefined) throw new GW_ERR_BAD_REQUEST('empty body')
+    if (isRequest(message) && message.method === 'initialize') {
+      if (record.initializeParams !== null) throw new GW_ERR_INVALID_REQUEST('Server already initialized')
+      const params = (typeof message.params === 'object' && message.params !== null && !Array.isArray(message.params)) ? message.params : {}
+      await router.updateSession(record.id, { protocolVersion: negotiateVersion(params.protocolVersion), initializeParams: params })
+    }
+    await router.fromClient(record, message, isRequest(message) ? LEGACY_STREAM : null)
+    reply.code(202).type('text/plain').send('Accepted')
+  })
+}

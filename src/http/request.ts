@@ -1,0 +1,137 @@
+// Pieces both client-facing transports share: header reading, Accept checks, body decoding
+// into classified JSON-RPC messages, and the request decoration the error handler reads.
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
+import type { Config } from '../config/schema.js'
+import { GW_ERR_INVALID_REQUEST, GW_ERR_NOT_ACCEPTABLE, GW_ERR_PARSE, GW_ERR_SERVER_NOT_FOUND } from '../core/errors.js'
+import { classify, type JsonRpcMessage, type RequestId } from '../core/jsonrpc.js'
+
+declare module 'fastify' {
+  interface FastifyRequest {
+    /** The JSON-RPC id of the request being handled, once decoded: errors echo it (J-4). */
+    jsonRpcId: RequestId | null
+  }
+}
+
+/** Deepest JSON nesting accepted in a request body. */
+export const MAX_JSON_DEPTH = 256
+
+/** Whether a parsed JSON value nests deeper than `limit` (iterative: no recursion to overflow). */
+export function depthExceeds (value: unknown, limit: number): boolean {
+  const stack: Array<[unknown, number]> = [[value, 1]]
+  while (stack.length > 0) {
+    const [current, depth] = stack.pop() as [unknown, number]
+    if (typeof current !== 'object' || current === null) continue
+    if (depth > limit) return true
+    for (const child of Array.isArray(current) ? current : Object.values(current)) {
+      if (typeof child === 'object' && child !== null) stack.push([child, depth + 1])
+    }
+  }
+  return false
+}
+
+/** Who is calling. Auth is not configured in this build: everyone is one principal. */
+export const ANONYMOUS = 'anonymous'
+
+export function header (req: FastifyRequest, name: string): string | undefined {
+  const value = req.headers[name]
+  return Array.isArray(value) ? value[0] : value
+}
+
+/** Accept must list every given type; `*\/*` and `type/*` count (SPEC.md H-POST-1, H-GET-1). */
+export function checkAccept (req: FastifyRequest, types: string[]): void {
+  const accept = (header(req, 'accept') ?? '').toLowerCase()
+  const listed = accept.split(',').map(part => (part.split(';')[0] ?? '').trim())
+  const missing = types.filter(type => !listed.some(l => l === type || l === '*/*' || l === `${type.split('/')[0] ?? ''}/*`))
+  if (missing.length > 0) throw new GW_ERR_NOT_ACCEPTABLE(`Accept must include ${types.join(' and ')}`)
+}
+
+/**
+ * Registers the JSON body parser: strict UTF-8 (J-1), JSON.parse errors become -32700, and
+ * the body limit comes from config (413 is mapped by the error handler).
+ */
+export function registerJsonParser (app: FastifyInstance): void {
+  app.decorateRequest('jsonRpcId', null)
+  const decoder = new TextDecoder('utf-8', { fatal: true })
+  // Only JSON bodies: Fastify's built-in text/plain parser would let other types through (415).
+  app.removeAllContentTypeParsers()
+  app.addContentTypeParser('application/json', { parseAs: 'buffer' }, (_req, body, done) => {
+    let text: string
+    try {
+      text = decoder.decode(body as Buffer)
+    } catch {
+      done(new GW_ERR_PARSE('body is not valid UTF-8'), undefined)
+      return
+    }
+    let value: unknown
+    try {
+      value = JSON.parse(text)
+    } catch (err) {
+      done(new GW_ERR_PARSE(err instanceof Error ? err.message : 'invalid JSON'), undefined)
+      return
+    }
+    // Deep nesting would overflow the stack wherever the message is later copied or serialised.
+    if (depthExceeds(value, MAX_JSON_DEPTH)) {
+      done(new GW_ERR_INVALID_REQUEST(`JSON nested deeper than ${MAX_JSON_DEPTH} levels`), undefined)
+      return
+    }
+    done(null, value)
+  })
+}
+
+export interface DecodedBody {
+  messages: JsonRpcMessage[]
+  batch: boolean
+}
+
+/** Classifies a POST body; an invalid message is -32600 with its id when readable (J-2, J-4). */
+export function decodeBody (req: FastifyRequest, allowBatch: boolean): DecodedBody {
+  const body: unknown = req.body
+  const batch = Array.isArray(body)
+  if (batch && !allowBatch) throw new GW_ERR_INVALID_REQUEST('JSON-RPC batches are not supported here')
+  const items: unknown[] = batch ? body : [body]
+  if (items.length === 0) throw new GW_ERR_INVALID_REQUEST('empty batch')
+  const messages: JsonRpcMessage[] = []
+  for (const item of items) {
+    const c = classify(item)
+    if (c.kind === 'invalid') {
+      req.jsonRpcId = batch ? null : c.id
+      throw new GW_ERR_INVALID_REQUEST(c.reason)
+    }
+    messages.push(c.message)
+  }
+  if (!batch && messages[0] !== undefined && 'id' in messages[0] && messages[0].id !== null && messages[0].id !== undefined) {
+    req.jsonRpcId = messages[0].id
+  }
+  return { messages, batch }
+}
+
+/** The client's headers as strings; an HTTP backend forwards only the names its config lists. */
+export function clientHeaders (req: FastifyRequest): Record<string, string> {
+  const headers: Record<string, string> = {}
+  for (const [name, value] of Object.entries(req.headers)) {
+    if (typeof value === 'string') headers[name] = value
+    else if (Array.isArray(value)) headers[name] = value.join(', ')
+  }
+  return headers
+}
+
+/** The configured server a route's `:server` names; 404 for any other name. */
+export function serverOf (config: Readonly<Config>, req: FastifyRequest<{ Params: { server: string } }>): string {
+  const server = req.params.server
+  if (!Object.hasOwn(config.servers, server)) throw new GW_ERR_SERVER_NOT_FOUND(server.slice(0, 64))
+  return server
+}
+
+/**
+ * Headers already set on a reply (CORS, by @fastify/cors), for a response written after
+ * reply.hijack(), which bypasses Fastify's own header handling.
+ */
+export function replyHeaders (reply: FastifyReply, extra: Record<string, string> = {}): Record<string, string> {
+  const headers: Record<string, string> = {}
+  for (const [name, value] of Object.entries(reply.getHeaders())) {
+    if (typeof value === 'string') headers[name] = value
+    else if (typeof value === 'number') headers[name] = String(value)
+    else if (Array.isArray(value)) headers[name] = value.join(', ')
+  }
+  return { ...headers, ...extra }
+}

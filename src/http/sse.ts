@@ -1,0 +1,218 @@
+// Client stream writers. Nothing writes to a client socket from a backend callback: writers pull
+// from the stream's event log after their cursor (STYLE.md habit 6), so a lost or duplicate wake,
+// a slow client and a resume with Last-Event-ID are one case. Frames follow the SSE format;
+// event ids are `<streamId>.<entryId>` (event-log.ts).
+import { once } from 'node:events'
+import type { ServerResponse } from 'node:http'
+import type { FastifyBaseLogger } from 'fastify'
+import { compareEntryIds, formatEventId, type EventLog, type LogEntry } from '../state/event-log.js'
+import { isResponse, type JsonRpcMessage, type JsonRpcResponse } from '../core/jsonrpc.js'
+
+const PAGE = 100
+
+export type WriterMode =
+  /** Streamable HTTP SSE (POST response stream or GET stream). */
+  | 'sse'
+  /** Legacy HTTP+SSE: `event: message` frames. */
+  | 'legacy'
+  /** One JSON body with the response(s), written when all have arrived. */
+  | 'json'
+
+export type WriterEndReason = 'complete' | 'client-closed' | 'released' | 'shutdown' | 'session-ended' | 'error'
+
+export interface StreamWriterOptions {
+  res: ServerResponse
+  sid: string
+  streamId: string
+  eventLog: EventLog
+  mode: WriterMode
+  /** Entries strictly after this one are written; null: from the oldest retained entry. */
+  cursor: string | null
+  /** Responses after which the stream ends; Infinity for GET and legacy streams. */
+  expectedResponses: number
+  /** JSON mode: answer with an array (the POST was a batch). */
+  batch?: boolean
+  /**
+   * A new POST stream: nothing can be in its log before start() (messages are delivered after),
+   * so the first read is skipped; the first wake pulls.
+   */
+  fresh?: boolean
+  /** Extra response headers (Mcp-Session-Id). */
+  headers: Record<string, string>
+  keepAliveMs: number
+  /** `retry` sent with priming events (2025-11-25 sessions), in ms. */
+  retryMs?: number
+  /** Written right after the headers, before any log entry (the legacy `endpoint` event). */
+  preamble?: string
+  /** Called exactly once when the writer stops, with its last written entry id. */
+  onEnd: (writer: StreamWriter, reason: WriterEndReason) => void
+  log: FastifyBaseLogger
+}
+
+export class StreamWriter {
+  readonly sid: string
+  readonly streamId: string
+  readonly #o: StreamWriterOptions
+  #cursor: string | null
+  #remaining: number
+  #pumping = false
+  #again = false
+  #ended = false
+  #started = false
+  #advanced = false
+  readonly #closed = new AbortController()
+  readonly #collected: JsonRpcResponse[] = []
+  #keepAlive: NodeJS.Timeout | undefined
+
+  constructor (options: StreamWriterOptions) {
+    this.#o = options
+    this.sid = options.sid
+    this.streamId = options.streamId
+    this.#cursor = options.cursor
+    this.#remaining = options.expectedResponses
+  }
+
+  get cursor (): string | null { return this.#cursor }
+  /** Whether this writer wrote an entry (its cursor is then one the log gave, not the client's). */
+  get advanced (): boolean { return this.#advanced }
+  get ended (): boolean { return this.#ended }
+
+  /** Sends headers (SSE), starts keep-alives, and writes what the log already holds. */
+  async start (): Promise<void> {
+    if (this.#started) return
+    this.#started = true
+    const { res } = this.#o
+    res.on('close', () => { if (!res.writableFinished) this.#finish('client-closed') })
+    if (this.#o.mode !== 'json') {
+      res.writeHead(200, {
+        'content-type': 'text/event-stream',
+        'cache-control': 'no-cache, no-transform',
+        connection: 'keep-alive',
+        'x-accel-buffering': 'no',
+        ...this.#o.headers
+      })
+      if (this.#o.preamble !== undefined) res.write(this.#o.preamble)
+      else res.flushHeaders()
+      this.#keepAlive = setInterval(() => {
+        if (this.#ended) return
+        res.write(': keepalive\n\n')
+      }, this.#o.keepAliveMs)
+      this.#keepAlive.unref()
+    }
+    if (this.#cursor !== null && Number.isFinite(this.#remaining) && this.#o.fresh !== true) {
+      // A resumed POST stream: responses at or before the cursor were already delivered.
+      try {
+        this.#remaining -= await this.#countResponsesThrough(this.#cursor)
+      } catch (err) {
+        this.#o.log.error({ err, stream: this.streamId }, 'stream resume failed')
+        this.#finish('error')
+        return
+      }
+      if (this.#remaining <= 0) { this.#finish('complete'); return }
+    }
+    if (this.#o.fresh === true && !this.#again) return
+    await this.wake()
+  }
+
+  /** Something was appended to this stream's log: pull it. Safe to call any number of times. */
+  async wake (): Promise<void> {
+    if (this.#ended) return
+    if (!this.#started || this.#pumping) { this.#again = true; return }
+    this.#pumping = true
+    try {
+      let page: LogEntry[]
+      do {
+        this.#again = false
+        page = await this.#o.eventLog.readAfter(this.sid, this.streamId, this.#cursor, PAGE)
+        for (const entry of page) {
+          if (this.#ended) return
+          await this.#emit(entry)
+          this.#cursor = entry.entryId
+          this.#advanced = true
+          if (entry.message !== null && isResponse(entry.message) && --this.#remaining <= 0) {
+            this.#complete()
+            return
+          }
+        }
+      } while (!this.#ended && (this.#again || page.length === PAGE))
+    } catch (err) {
+      this.#o.log.error({ err, stream: this.streamId }, 'stream writer failed')
+      this.#finish('error')
+    } finally {
+      this.#pumping = false
+    }
+  }
+
+  /** Ends the stream from the gateway's side; SSE clients get a `retry` hint to reconnect. */
+  end (reason: WriterEndReason, retryMs?: number): void {
+    if (this.#ended) return
+    const { res } = this.#o
+    if (this.#o.mode !== 'json' && res.headersSent && !res.writableEnded && retryMs !== undefined) {
+      res.write(`retry: ${retryMs}\n\n`)
+    }
+    if (this.#o.mode === 'json' && !res.headersSent && reason !== 'released') {
+      // No answer will come on this JSON response: say why with the transport's status codes.
+      const [status, code, message] = reason === 'session-ended' ? [404, -32001, 'Session not found'] : [503, -32000, 'The gateway is shutting down']
+      res.writeHead(status, { 'content-type': 'application/json', ...(status === 503 ? { 'retry-after': '1' } : {}), ...this.#o.headers })
+      res.end(JSON.stringify({ jsonrpc: '2.0', id: null, error: { code, message, data: { source: 'gateway' } } }))
+    }
+    this.#finish(reason)
+  }
+
+  async #emit (entry: LogEntry): Promise<void> {
+    const { mode, res } = this.#o
+    if (mode === 'json') {
+      if (entry.message !== null && isResponse(entry.message)) this.#collected.push(entry.message)
+      return
+    }
+    const frame = this.#frame(entry)
+    if (!res.write(frame)) {
+      await once(res, 'drain', { signal: this.#closed.signal }).catch(() => {})
+    }
+  }
+
+  #frame (entry: LogEntry): string {
+    const id = `id: ${formatEventId(this.streamId, entry.entryId)}\n`
+    if (entry.message === null) {
+      // Priming event: an id and empty data, with the reconnect hint (H-POST-7).
+      const retry = this.#o.retryMs === undefined ? '' : `retry: ${this.#o.retryMs}\n`
+      return `${id}${retry}data: \n\n`
+    }
+    const data = `data: ${entry.json}\n\n`
+    return this.#o.mode === 'legacy' ? `event: message\n${id}${data}` : `${id}${data}`
+  }
+
+  #complete (): void {
+    const { res, mode } = this.#o
+    if (mode === 'json' && !res.headersSent) {
+      const body = this.#o.batch === true ? this.#collected : this.#collected[0]
+      res.writeHead(200, { 'content-type': 'application/json', ...this.#o.headers })
+      res.end(JSON.stringify(body))
+    }
+    this.#finish('complete')
+  }
+
+  #finish (reason: WriterEndReason): void {
+    if (this.#ended) return
+    this.#ended = true
+    clearInterval(this.#keepAlive)
+    this.#closed.abort()
+    const { res } = this.#o
+    if (!res.writableEnded) res.end()
+    this.#o.onEnd(this, reason)
+  }
+
+  async #countResponsesThrough (cursor: string): Promise<number> {
+    let count = 0
+    let from: string | null = null
+    for (;;) {
+      const page: LogEntry[] = await this.#o.eventLog.readAfter(this.sid, this.streamId, from, PAGE)
+      for (const entry of page) {
+        if (compareEntryIds(entry.entryId, cursor) > 0) return count
+        if (entry.message !== null && isResponse(entry.message as JsonRpcMessage)) count++
+      }
+      if (page.length < PAGE) return count
+      from = page[page.length - 1]?.entryId ?? null
+    }
+  }
+}

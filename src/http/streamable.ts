@@ -1,0 +1,167 @@
+// Streamable HTTP (2025-03-26 … 2025-11-25) on /mcp/<server>: POST, GET, DELETE
+// (SPEC.md section 5; ARCHITECTURE.md flows 1, 4, 5).
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
+import type { Config } from '../config/schema.js'
+import {
+  GW_ERR_BAD_REQUEST, GW_ERR_CONFLICT, GW_ERR_INVALID_REQUEST, GW_ERR_METHOD_NOT_ALLOWED,
+  GW_ERR_SESSION_NOT_FOUND, GW_ERR_SESSION_REQUIRED, isGatewayError, toJsonRpcError, GW_ERR_INTERNAL
+} from '../core/errors.js'
+import { formatEventId, GET_STREAM, parseEventId } from '../state/event-log.js'
+import { ANONYMOUS, checkAccept, clientHeaders, decodeBody, header, replyHeaders, serverOf } from './request.js'
+import { isRequest, type JsonRpcMessage, type JsonRpcRequest } from '../core/jsonrpc.js'
+import { allowsBatches, allowsPriming, checkVersionHeader, negotiateVersion } from '../core/protocol-version.js'
+import { newRequestStreamId, type Router } from '../routing/router.js'
+import type { SessionRecord } from '../state/session-store.js'
+
+export interface HttpStreamableOptions {
+  config: Readonly<Config>
+  router: Router
+}
+
+interface ServerParams { server: string }
+
+export default async function httpStreamable (app: FastifyInstance, opts: HttpStreamableOptions): Promise<void> {
+  const { config, router } = opts
+
+  async function sessionOf (req: FastifyRequest, server: string): Promise<SessionRecord> {
+    const sid = header(req, 'mcp-session-id')
+    if (sid === undefined || sid === '') throw new GW_ERR_SESSION_REQUIRED()
+    const record = await router.getSession(sid, ANONYMOUS)
+    // Unknown, expired, another principal's, another server's: all the same 404 (H-SES-3, G-5).
+    if (record === null || record.server !== server || record.transport !== 'streamable') throw new GW_ERR_SESSION_NOT_FOUND()
+    return record
+  }
+
+  /** Opens the response stream for the requests of one POST, then hands every message to the owner. */
+  async function answer (reply: FastifyReply, record: SessionRecord, messages: JsonRpcMessage[], batch: boolean, req: FastifyRequest): Promise<void> {
+    const requests = messages.filter(isRequest)
+    const mode = config.http.responseMode
+    const streamId = newRequestStreamId(mode, requests.length)
+    const priming = mode === 'sse' && allowsPriming(record.protocolVersion)
+    // Store calls come before hijack: if the store is down the error handler still answers 503.
+    // The priming entry is appended before the stream has a holder, so nobody is woken to read
+    // it back: its frame is written directly with the id the log gave it (H-POST-7).
+    const primingId = priming ? await router.append(record.id, streamId, null) : null
+    const writer = await router.openStream({
+      res: reply.raw,
+      sid: record.id,
+      streamId,
+      mode,
+      cursor: primingId,
+      fresh: true,
+      batch,
+      headers: replyHeaders(reply, { 'mcp-session-id': record.id }),
+      ...(primingId !== null ? { preamble: `id: ${formatEventId(streamId, primingId)}\nretry: ${config.http.retryMs}\ndata: \n\n` } : {}),
+      log: req.log
+    })
+    reply.hijack()
+    try {
+      await writer.start()
+      for (const message of messages) await router.fromClient(record, message, isRequest(message) ? streamId : null)
+    } catch (err) {
+      // The stream is open: answer each request on it rather than leave the client waiting.
+      const gwErr = isGatewayError(err) ? err : new GW_ERR_INTERNAL('message not delivered', { cause: err })
+      req.log.warn({ err }, 'message not delivered')
+      for (const request of requests) {
+        await router.append(record.id, streamId, toJsonRpcError(gwErr, request.id)).catch(() => writer.end('error'))
+      }
+    }
+  }
+
+  async function post (req: FastifyRequest<{ Params: ServerParams }>, reply: FastifyReply): Promise<void> {
+    const server = serverOf(config, req)
+    checkAccept(req, ['application/json', 'text/event-stream'])
+    const { messages, batch } = decodeBody(req, true)
+    const initialize = messages.find((m): m is JsonRpcRequest => isRequest(m) && m.method === 'initialize')
+    if (initialize !== undefined) {
+      if (batch) throw new GW_ERR_INVALID_REQUEST('initialize must not be part of a JSON-RPC batch')
+      if (header(req, 'mcp-session-id') !== undefined) throw new GW_ERR_INVALID_REQUEST('Server already initialized: initialize starts a new session and carries no Mcp-Session-Id')
+      const params = (typeof initialize.params === 'object' && initialize.params !== null && !Array.isArray(initialize.params)) ? initialize.params : {}
+      const record = await router.createSession({
+        server,
+        principal: ANONYMOUS,
+        transport: 'streamable',
+        protocolVersion: negotiateVersion(params.protocolVersion),
+        initializeParams: params
+      }, clientHeaders(req))
+      req.log.info({ server, protocolVersion: record.protocolVersion }, 'session created')
+      await answer(reply, record, messages, false, req)
+      return
+    }
+    const record = await sessionOf(req, server)
+    checkVersionHeader(req.headers['mcp-protocol-version'], record.protocolVersion)
+    if (batch && !allowsBatches(record.protocolVersion)) {
+      throw new GW_ERR_INVALID_REQUEST(`JSON-RPC batches are not supported in protocol version ${record.protocolVersion}`)
+    }
+    // Every answer of a batch must fit in its stream's bounded log, or a slow reader could lose some.
+    const maxBatch = Math.min(9999, config.sessions.eventLogMaxLen - 1)
+    if (batch && messages.length > maxBatch) throw new GW_ERR_INVALID_REQUEST(`a batch holds at most ${maxBatch} messages`)
+    if (!messages.some(isRequest)) {
+      // Only notifications and responses: accepted with 202 and no body (H-POST-3).
+      for (const message of messages) await router.fromClient(record, message, null)
+      reply.code(202).send()
+      return
+    }
+    await answer(reply, record, messages, batch, req)
+  }
+
+  async function get (req: FastifyRequest<{ Params: ServerParams }>, reply: FastifyReply): Promise<void> {
+    const server = serverOf(config, req)
+    checkAccept(req, ['text/event-stream'])
+    const record = await sessionOf(req, server)
+    checkVersionHeader(req.headers['mcp-protocol-version'], record.protocolVersion)
+    const lastEventId = header(req, 'last-event-id')
+    let streamId = GET_STREAM
+    let cursor: string | null
+    if (lastEventId !== undefined && lastEventId !== '') {
+      // Resume (flow 4): the id names its stream; replay only that stream (H-RES-2).
+      const parsed = parseEventId(lastEventId)
+      if (parsed === null || (parsed.streamId !== GET_STREAM && !(await router.streamExists(record.id, parsed.streamId)))) {
+        throw new GW_ERR_BAD_REQUEST('Last-Event-ID does not name an event of this session')
+      }
+      streamId = parsed.streamId
+      cursor = parsed.entryId
+    } else {
+      if (await router.hasLiveStream(record.id, GET_STREAM)) throw new GW_ERR_CONFLICT('Only one GET stream is allowed per session')
+      cursor = await router.streamCursor(record.id, GET_STREAM)
+    }
+    const priming = allowsPriming(record.protocolVersion)
+    const writer = await router.openStream({
+      res: reply.raw,
+      sid: record.id,
+      streamId,
+      mode: 'sse',
+      cursor,
+      headers: replyHeaders(reply, { 'mcp-session-id': record.id }),
+      exclusive: streamId === GET_STREAM && (lastEventId === undefined || lastEventId === ''),
+      // 2025-11-25: a priming event first, so the client holds an id to resume from. Its id is the
+      // stream's current cursor, so it needs no log entry (H-POST-7).
+      // A resumed stream gets only the retry hint: the client already holds an id of it.
+      ...(priming ? { preamble: streamId === GET_STREAM && lastEventId === undefined ? `id: ${formatEventId(streamId, cursor ?? '0')}\nretry: ${config.http.retryMs}\ndata: \n\n` : `retry: ${config.http.retryMs}\n\n` } : {}),
+      log: req.log
+    })
+    reply.hijack()
+    await writer.start()
+  }
+
+  async function del (req: FastifyRequest<{ Params: ServerParams }>, reply: FastifyReply): Promise<void> {
+    const server = serverOf(config, req)
+    const record = await sessionOf(req, server)
+    checkVersionHeader(req.headers['mcp-protocol-version'], record.protocolVersion)
+    await router.endSession(record.id, 'client DELETE')
+    req.log.info({ server }, 'session deleted by client')
+    reply.code(200).send()
+  }
+
+  app.post('/mcp/:server', post)
+  app.get('/mcp/:server', get)
+  app.delete('/mcp/:server', del)
+  app.route({
+    method: ['PUT', 'PATCH', 'HEAD'],
+    url: '/mcp/:server',
+    handler: async (_req, reply) => {
+      reply.header('allow', 'GET, POST, DELETE')
+      throw new GW_ERR_METHOD_NOT_ALLOWED()
+    }
+  })
+}

@@ -1,0 +1,127 @@
+// Redis twin of the bus: each replica reads its own inbox stream `<prefix>:inbox:<id>` with
+// XREAD BLOCK on a connection of its own. Envelopes are JSON. The loop outlives Redis restarts
+// (it retries with capped backoff and resumes after the last entry it saw) and close() ends it
+// at once by disconnecting the blocking connection.
+import { setTimeout as sleep } from 'node:timers/promises'
+import type { Bus, Envelope, EnvelopeHandler } from './bus.js'
+import type { Logger } from '../telemetry/logger.js'
+import { reconnectDelay, redisReady, storeCall, type Redis } from './redis/client.js'
+import { inboxKey } from './redis/keys.js'
+import { defineScripts } from './redis/scripts.js'
+
+export interface RedisBusOptions {
+  /** TTL of an inbox, refreshed by every send: the inbox of a replica that died expires. */
+  inboxTtlMs: number
+  /** Approximate bound of an inbox (XADD MAXLEN ~). */
+  inboxMaxLen?: number
+  /** How long one XREAD blocks before it is issued again. */
+  blockMs?: number
+  /** Upper bound of the read loop's retry backoff while Redis is away. */
+  maxRetryDelayMs?: number
+  /** How long start() waits for the reader connection. */
+  readyTimeoutMs?: number
+  log?: Logger
+  /** Called when the handler throws (else it is logged, else rethrown); the loop goes on. */
+  onHandlerError?: (err: unknown, envelope: Envelope) => void
+}
+
+/** The field holding the envelope JSON. */
+const FIELD = 'e'
+const BATCH = 100
+
+function parseEnvelope (fields: string[]): Envelope | null {
+  const at = fields.indexOf(FIELD)
+  const json = at >= 0 && at % 2 === 0 ? fields[at + 1] : undefined
+  if (json === undefined) return null
+  try {
+    const value: unknown = JSON.parse(json)
+    return typeof value === 'object' && value !== null && typeof (value as { kind?: unknown }).kind === 'string' ? value as Envelope : null
+  } catch {
+    return null
+  }
+}
+
+export class RedisBus implements Bus {
+  readonly #redis: Redis
+  readonly #newReader: () => Redis
+  readonly #prefix: string
+  readonly #opts: Required<Pick<RedisBusOptions, 'inboxTtlMs' | 'inboxMaxLen' | 'blockMs' | 'maxRetryDelayMs' | 'readyTimeoutMs'>> & RedisBusOptions
+  #reader: Redis | null = null
+  #loop: Promise<void> | null = null
+  readonly #stop = new AbortController()
+
+  /**
+   * @param redis the replica's command connection (shared; not closed here)
+   * @param newReader makes the dedicated blocking connection, e.g.
+   *   `() => createRedis(url, { blocking: true })`; the bus owns and closes it
+   */
+  constructor (redis: Redis, newReader: () => Redis, prefix: string, opts: RedisBusOptions) {
+    this.#redis = redis
+    this.#newReader = newReader
+    this.#prefix = prefix
+    this.#opts = { inboxMaxLen: 10_000, blockMs: 5_000, maxRetryDelayMs: 1_000, readyTimeoutMs: 10_000, ...opts }
+    defineScripts(redis)
+  }
+
+  async start (replicaId: string, handler: EnvelopeHandler): Promise<void> {
+    if (this.#reader !== null) throw new Error('bus already started')
+    if (this.#stop.signal.aborted) throw new Error('bus closed')
+    const key = inboxKey(this.#prefix, replicaId)
+    const reader = this.#newReader()
+    this.#reader = reader
+    await redisReady(reader, this.#opts.readyTimeoutMs)
+    // Only what arrives from now on: envelopes left in the inbox by an earlier life of this
+    // replica id are stale. Reading the last id here, rather than XREAD from `$`, also delivers
+    // anything sent between start() resolving and the first XREAD reaching Redis.
+    const last = await storeCall(this.#redis.xrevrange(key, '+', '-', 'COUNT', 1))
+    this.#loop = this.#read(reader, key, last[0]?.[0] ?? '0-0', handler)
+  }
+
+  async send (replicaId: string, envelope: Envelope): Promise<void> {
+    await storeCall(this.#redis.sendEnvelope(inboxKey(this.#prefix, replicaId), this.#opts.inboxMaxLen, this.#opts.inboxTtlMs, JSON.stringify(envelope)))
+  }
+
+  async close (): Promise<void> {
+    if (!this.#stop.signal.aborted) this.#stop.abort()
+    // Disconnecting rejects the pending XREAD BLOCK, so the loop ends now, not after blockMs.
+    this.#reader?.disconnect(false)
+    await this.#loop
+  }
+
+  async #read (reader: Redis, key: string, lastId: string, handler: EnvelopeHandler): Promise<void> {
+    const { signal } = this.#stop
+    let failures = 0
+    while (!signal.aborted) {
+      let reply: Array<[string, Array<[string, string[]]>]> | null
+      try {
+        reply = await reader.xread('COUNT', BATCH, 'BLOCK', this.#opts.blockMs, 'STREAMS', key, lastId)
+        failures = 0
+      } catch (err) {
+        if (signal.aborted) break
+        // Redis is away (the client reconnects by itself) or the read failed: wait and resume
+        // after the last entry handled, so nothing that reached the inbox is skipped.
+        if (failures++ === 0) this.#opts.log?.warn({ err }, 'bus inbox read failed; retrying')
+        await sleep(reconnectDelay(failures, this.#opts.maxRetryDelayMs), undefined, { signal }).catch(() => {})
+        continue
+      }
+      for (const [, entries] of reply ?? []) {
+        for (const [id, fields] of entries) {
+          lastId = id
+          if (signal.aborted) return
+          const envelope = parseEnvelope(fields)
+          if (envelope === null) {
+            this.#opts.log?.warn({ id }, 'bus envelope is not valid JSON; dropped')
+            continue
+          }
+          try {
+            handler(envelope)
+          } catch (err) {
+            if (this.#opts.onHandlerError !== undefined) this.#opts.onHandlerError(err, envelope)
+            else if (this.#opts.log !== undefined) this.#opts.log.error({ err, kind: envelope.kind }, 'bus handler threw')
+            else setImmediate(() => { throw err })
+          }
+        }
+      }
+    }
+  }
+}

@@ -1,0 +1,23 @@
+// The bus between replicas: each replica reads one inbox. It only rings doorbells and carries
+// client messages to the owner; the event log stays the truth (ARCHITECTURE.md principle 3).
+import type { JsonRpcMessage } from '../core/jsonrpc.js'
+
+export type Envelope =
+  /** A client message for the backend, sent to the session's owner. */
+  | { kind: 'deliver', sid: string, streamId: string | null, message: JsonRpcMessage }
+  /** New entries in a stream's log: the holder pulls after its cursor. */
+  | { kind: 'wake', sid: string, streamId: string }
+  /** Another replica took the stream (resume elsewhere): stop writing it. */
+  | { kind: 'release', sid: string, streamId: string }
+  /** The session was deleted or expired: stop its backend and end its streams. */
+  | { kind: 'end-session', sid: string, reason: string }
+
+export type EnvelopeHandler = (envelope: Envelope) => void
+
+export interface Bus {
+  /** Starts reading this replica's inbox. */
+  start (replicaId: string, handler: EnvelopeHandler): Promise<void>
+  /** Puts an envelope in another replica's inbox. */
+  send (replicaId: string, envelope: Envelope): Promise<void>
+  close (): Promise<void>
+}

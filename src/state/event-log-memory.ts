@@ -1,0 +1,99 @@
+// Memory twin of the event log: bounded per-stream logs kept next to the memory session store,
+// which reports the stream's holder on append and drops the logs with the session.
+// Entry ids are decimal sequence numbers per stream (event-log.ts ENTRY_ID). Like Redis stream ids
+// they never go backwards, even when a silent stream expires and is created again while a writer
+// still holds a cursor into it: a new stream starts at Date.now() * 1000, above any id an earlier
+// stream of that name can have reached (it would need 1000 appends per millisecond).
+import { GW_ERR_BAD_REQUEST } from '../core/errors.js'
+import { isEntryId, type AppendResult, type EventLog, type LogEntry } from './event-log.js'
+import type { JsonRpcMessage } from '../core/jsonrpc.js'
+import type { MemorySessionStore } from './session-store-memory.js'
+
+interface Stream {
+  /** Sequence number of entries[0]; entries are contiguous from there. */
+  first: number
+  /** Messages as JSON ('' for a priming entry), so a reader never shares objects with a writer. */
+  entries: string[]
+  expiresAt: number
+}
+
+export class MemoryEventLog implements EventLog {
+  readonly #streams = new Map<string, Map<string, Stream>>()
+  readonly #store: MemorySessionStore
+  readonly #maxLen: number
+
+  constructor (store: MemorySessionStore, maxLen: number) {
+    if (!Number.isInteger(maxLen) || maxLen < 1) throw new RangeError(`maxLen must be a positive integer, got ${maxLen}`)
+    this.#store = store
+    this.#maxLen = maxLen
+    store.attach({
+      deleteSession: sid => { this.#streams.delete(sid) },
+      sweep: now => this.#sweep(now)
+    })
+  }
+
+  async append (sid: string, streamId: string, message: JsonRpcMessage | null, ttlMs: number): Promise<AppendResult> {
+    const now = Date.now()
+    let streams = this.#streams.get(sid)
+    if (streams === undefined) {
+      streams = new Map()
+      this.#streams.set(sid, streams)
+    }
+    let stream = streams.get(streamId)
+    if (stream === undefined || stream.expiresAt <= now) {
+      const after = stream === undefined ? 0 : stream.first + stream.entries.length
+      stream = { first: Math.max(now * 1000, after), entries: [], expiresAt: 0 }
+      streams.set(streamId, stream)
+    }
+    stream.entries.push(message === null ? '' : JSON.stringify(message))
+    if (stream.entries.length > this.#maxLen) {
+      stream.entries.shift()
+      stream.first++
+    }
+    stream.expiresAt = now + ttlMs
+    const entryId = String(stream.first + stream.entries.length - 1)
+    return { entryId, holder: this.#store.holderOf(sid, streamId) }
+  }
+
+  async readAfter (sid: string, streamId: string, cursor: string | null, limit: number): Promise<LogEntry[]> {
+    let after = 0
+    if (cursor !== null) {
+      if (!isEntryId(cursor)) throw new GW_ERR_BAD_REQUEST(`invalid event log cursor '${cursor}'`)
+      // `<n>-<m>` (a Redis-style id) sorts after n-0, and all our ids are n-0: after it means after n.
+      after = Number(cursor.split('-')[0])
+    }
+    const stream = this.#live(sid, streamId)
+    if (stream === null || limit < 1) return []
+    const start = Math.max(0, after - stream.first + 1)
+    return stream.entries.slice(start, start + limit).map((json, i) => ({
+      entryId: String(stream.first + start + i),
+      message: json === '' ? null : JSON.parse(json) as JsonRpcMessage,
+      json
+    }))
+  }
+
+  async hasStream (sid: string, streamId: string): Promise<boolean> {
+    return this.#live(sid, streamId) !== null
+  }
+
+  async expire (sid: string, streamId: string, ttlMs: number): Promise<void> {
+    const stream = this.#live(sid, streamId)
+    if (stream !== null) stream.expiresAt = Date.now() + ttlMs
+  }
+
+  async deleteSession (sid: string): Promise<void> {
+    this.#streams.delete(sid)
+  }
+
+  #live (sid: string, streamId: string): Stream | null {
+    const stream = this.#streams.get(sid)?.get(streamId)
+    return stream !== undefined && stream.expiresAt > Date.now() ? stream : null
+  }
+
+  #sweep (now: number): void {
+    for (const [sid, streams] of this.#streams) {
+      for (const [streamId, stream] of streams) if (stream.expiresAt <= now) streams.delete(streamId)
+      if (streams.size === 0) this.#streams.delete(sid)
+    }
+  }
+}

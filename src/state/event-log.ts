@@ -1,0 +1,74 @@
+// Per-client-stream event logs: every message for a client is appended here first and the
+// stream's holder pulls after its cursor (ARCHITECTURE.md principle 3). Event ids shown to
+// clients are `<streamId>.<entryId>`; they name their stream and are parsed strictly (SPEC.md H-RES-1/2).
+import type { JsonRpcMessage } from '../core/jsonrpc.js'
+
+/** One entry; a null message is a priming event (an id and empty data, SPEC.md H-POST-7). */
+export interface LogEntry {
+  entryId: string
+  message: JsonRpcMessage | null
+  /** The message as the log stores it (JSON text; '' for priming), so writers need not re-serialise it. */
+  json: string
+}
+
+export interface AppendResult {
+  entryId: string
+  /** The replica holding the stream at append time, or null: the entry waits in the log. */
+  holder: string | null
+}
+
+export interface EventLog {
+  /** Appends one entry (bounded log, TTL refreshed) and reports the stream's holder. */
+  append (sid: string, streamId: string, message: JsonRpcMessage | null, ttlMs: number): Promise<AppendResult>
+  /** Entries strictly after `cursor` (null: from the start), oldest first, at most `limit`. */
+  readAfter (sid: string, streamId: string, cursor: string | null, limit: number): Promise<LogEntry[]>
+  /** Whether the stream has ever had an entry (and has not expired). */
+  hasStream (sid: string, streamId: string): Promise<boolean>
+  /** Shortens (or extends) how long a stream's log is kept; no-op for a stream that is gone. */
+  expire (sid: string, streamId: string, ttlMs: number): Promise<void>
+  /** Drops every stream of a session. */
+  deleteSession (sid: string): Promise<void>
+}
+
+const STREAM_ID = /^[A-Za-z0-9_-]{1,64}$/
+// Memory twin: a decimal sequence; Redis twin: a stream entry id `<ms>-<seq>`. The bounds keep a
+// client-sent id inside what both twins can compare (Redis rejects parts above uint64).
+const ENTRY_ID = /^\d{1,16}(-\d{1,19})?$/
+
+export function isStreamId (value: string): boolean {
+  return STREAM_ID.test(value)
+}
+
+/** Whether a string has the shape of an entry id either twin mints (a log cursor). */
+export function isEntryId (value: string): boolean {
+  return ENTRY_ID.test(value)
+}
+
+export function formatEventId (streamId: string, entryId: string): string {
+  return `${streamId}.${entryId}`
+}
+
+/** Strict parse of a client-sent Last-Event-ID; null when it is not one the gateway minted. */
+export function parseEventId (value: string): { streamId: string, entryId: string } | null {
+  if (value.length > 128) return null
+  const dot = value.indexOf('.')
+  if (dot < 1) return null
+  const streamId = value.slice(0, dot)
+  const entryId = value.slice(dot + 1)
+  if (!STREAM_ID.test(streamId) || !ENTRY_ID.test(entryId)) return null
+  return { streamId, entryId }
+}
+
+/** The standalone GET stream's id, and the legacy HTTP+SSE stream's id. */
+export const GET_STREAM = 'get'
+export const LEGACY_STREAM = 'legacy'
+
+/** Orders entry ids of either twin (`7` or `1700000000000-3`); only ids of one stream are compared. */
+export function compareEntryIds (a: string, b: string): number {
+  const [a1 = '0', a2 = '0'] = a.split('-')
+  const [b1 = '0', b2 = '0'] = b.split('-')
+  const major = BigInt(a1) - BigInt(b1)
+  if (major !== 0n) return major < 0n ? -1 : 1
+  const minor = BigInt(a2) - BigInt(b2)
+  return minor === 0n ? 0 : minor < 0n ? -1 : 1
+}

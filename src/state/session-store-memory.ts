@@ -1,0 +1,197 @@
+// Memory twin of the session store (ARCHITECTURE.md principle 5): single-process mode, the
+// default when no Redis is configured. It keeps the Redis twin's semantics, TTLs included, so the
+// shared contract suite (test/contract-session-store.ts) holds for both.
+import { GW_ERR_CONFLICT } from '../core/errors.js'
+import type { SessionRecord, SessionStore } from './session-store.js'
+
+interface Expiring<T> {
+  value: T
+  expiresAt: number
+}
+
+/** Per-session state other than the record; dropped with the session. */
+interface SessionSide {
+  owner: Expiring<string> | null
+  holders: Map<string, Expiring<string>>
+  cursors: Map<string, Expiring<string>>
+}
+
+/**
+ * Something that keeps per-session data next to the store (the memory event log) and must
+ * forget it when the store deletes or sweeps; the Redis twin gets this from one delete script.
+ */
+export interface MemorySessionPart {
+  deleteSession (sid: string): void
+  sweep (now: number): void
+}
+
+export interface MemorySessionStoreOptions {
+  /** How often expired entries are swept; reads check expiry lazily either way. */
+  sweepIntervalMs?: number
+}
+
+const live = <T>(entry: Expiring<T> | null | undefined, now: number): entry is Expiring<T> =>
+  entry != null && entry.expiresAt > now
+
+export class MemorySessionStore implements SessionStore {
+  readonly #records = new Map<string, Expiring<SessionRecord>>()
+  readonly #sides = new Map<string, SessionSide>()
+  readonly #replicas = new Map<string, number>()
+  readonly #parts: MemorySessionPart[] = []
+  #sweeper: NodeJS.Timeout | null
+
+  constructor (opts: MemorySessionStoreOptions = {}) {
+    // unref'd: the sweeper alone must never keep the process alive (STYLE.md habit 8).
+    this.#sweeper = setInterval(() => this.sweep(), opts.sweepIntervalMs ?? 30_000)
+    this.#sweeper.unref()
+  }
+
+  /** Registers a part (the memory event log) that lives and dies with the sessions. */
+  attach (part: MemorySessionPart): void {
+    this.#parts.push(part)
+  }
+
+  async create (record: SessionRecord, ttlMs: number): Promise<void> {
+    const now = Date.now()
+    if (live(this.#records.get(record.id), now)) throw new GW_ERR_CONFLICT(`session id ${record.id} already exists`)
+    this.#records.set(record.id, { value: structuredClone(record), expiresAt: now + ttlMs })
+  }
+
+  async get (sid: string): Promise<SessionRecord | null> {
+    const entry = this.#records.get(sid)
+    return live(entry, Date.now()) ? structuredClone(entry.value) : null
+  }
+
+  async update (sid: string, patch: Partial<Omit<SessionRecord, 'id'>>): Promise<boolean> {
+    const entry = this.#records.get(sid)
+    // Never resurrect: an expired record stays gone, as the Redis twin's script guarantees.
+    if (!live(entry, Date.now())) return false
+    for (const [field, value] of Object.entries(patch)) {
+      if (value === undefined || field === 'id') continue
+      ;(entry.value as unknown as Record<string, unknown>)[field] = structuredClone(value)
+    }
+    return true
+  }
+
+  async touch (sid: string, ttlMs: number): Promise<boolean> {
+    const now = Date.now()
+    const entry = this.#records.get(sid)
+    if (!live(entry, now)) return false
+    entry.expiresAt = now + ttlMs
+    return true
+  }
+
+  async delete (sid: string): Promise<boolean> {
+    const existed = live(this.#records.get(sid), Date.now())
+    this.#records.delete(sid)
+    this.#sides.delete(sid)
+    for (const part of this.#parts) part.deleteSession(sid)
+    return existed
+  }
+
+  async claimOwner (sid: string, replicaId: string, ttlMs: number): Promise<string> {
+    const now = Date.now()
+    const side = this.#side(sid)
+    if (live(side.owner, now)) {
+      // Claiming a lease one already holds extends it, as the Redis script does.
+      if (side.owner.value === replicaId) side.owner.expiresAt = now + ttlMs
+      return side.owner.value
+    }
+    side.owner = { value: replicaId, expiresAt: now + ttlMs }
+    return replicaId
+  }
+
+  async renewOwner (sid: string, replicaId: string, ttlMs: number): Promise<boolean> {
+    const now = Date.now()
+    const owner = this.#sides.get(sid)?.owner
+    if (!live(owner, now) || owner.value !== replicaId) return false
+    owner.expiresAt = now + ttlMs
+    return true
+  }
+
+  async releaseOwner (sid: string, replicaId: string): Promise<void> {
+    const side = this.#sides.get(sid)
+    if (side !== undefined && live(side.owner, Date.now()) && side.owner.value === replicaId) side.owner = null
+  }
+
+  async getOwner (sid: string): Promise<string | null> {
+    const owner = this.#sides.get(sid)?.owner
+    return live(owner, Date.now()) ? owner.value : null
+  }
+
+  async claimHolder (sid: string, streamId: string, replicaId: string, ttlMs: number): Promise<string | null> {
+    const previous = this.holderOf(sid, streamId)
+    this.#side(sid).holders.set(streamId, { value: replicaId, expiresAt: Date.now() + ttlMs })
+    return previous === replicaId ? null : previous
+  }
+
+  async renewHolder (sid: string, streamId: string, replicaId: string, ttlMs: number): Promise<boolean> {
+    const now = Date.now()
+    const holder = this.#sides.get(sid)?.holders.get(streamId)
+    if (!live(holder, now) || holder.value !== replicaId) return false
+    holder.expiresAt = now + ttlMs
+    return true
+  }
+
+  async releaseHolder (sid: string, streamId: string, replicaId: string): Promise<void> {
+    if (this.holderOf(sid, streamId) === replicaId) this.#sides.get(sid)?.holders.delete(streamId)
+  }
+
+  async getHolder (sid: string, streamId: string): Promise<string | null> {
+    return this.holderOf(sid, streamId)
+  }
+
+  /** Synchronous holder read, for the memory event log's append(). */
+  holderOf (sid: string, streamId: string): string | null {
+    const holder = this.#sides.get(sid)?.holders.get(streamId)
+    return live(holder, Date.now()) ? holder.value : null
+  }
+
+  async setCursor (sid: string, streamId: string, entryId: string, ttlMs: number): Promise<void> {
+    this.#side(sid).cursors.set(streamId, { value: entryId, expiresAt: Date.now() + ttlMs })
+  }
+
+  async getCursor (sid: string, streamId: string): Promise<string | null> {
+    const cursor = this.#sides.get(sid)?.cursors.get(streamId)
+    return live(cursor, Date.now()) ? cursor.value : null
+  }
+
+  async heartbeat (replicaId: string, ttlMs: number): Promise<void> {
+    this.#replicas.set(replicaId, Date.now() + ttlMs)
+  }
+
+  async isAlive (replicaId: string): Promise<boolean> {
+    return (this.#replicas.get(replicaId) ?? 0) > Date.now()
+  }
+
+  isReady (): boolean {
+    return true
+  }
+
+  async close (): Promise<void> {
+    if (this.#sweeper !== null) clearInterval(this.#sweeper)
+    this.#sweeper = null
+  }
+
+  /** Drops everything expired; reads never depend on it having run. */
+  sweep (now = Date.now()): void {
+    for (const [sid, entry] of this.#records) if (!live(entry, now)) this.#records.delete(sid)
+    for (const [sid, side] of this.#sides) {
+      if (side.owner !== null && !live(side.owner, now)) side.owner = null
+      for (const [streamId, holder] of side.holders) if (!live(holder, now)) side.holders.delete(streamId)
+      for (const [streamId, cursor] of side.cursors) if (!live(cursor, now)) side.cursors.delete(streamId)
+      if (side.owner === null && side.holders.size === 0 && side.cursors.size === 0) this.#sides.delete(sid)
+    }
+    for (const [id, expiresAt] of this.#replicas) if (expiresAt <= now) this.#replicas.delete(id)
+    for (const part of this.#parts) part.sweep(now)
+  }
+
+  #side (sid: string): SessionSide {
+    let side = this.#sides.get(sid)
+    if (side === undefined) {
+      side = { owner: null, holders: new Map(), cursors: new Map() }
+      this.#sides.set(sid, side)
+    }
+    return side
+  }
+}

@@ -1,0 +1,124 @@
+// Redis twin of the session store (ARCHITECTURE.md section 4). Every change that checks then
+// writes runs as one Lua script (redis-scripts.ts); every key gets a TTL passed in by the caller.
+import { GW_ERR_CONFLICT } from '../core/errors.js'
+import { replicaKey, sessionKeys } from './redis/keys.js'
+import { isRedisReady, storeCall, type Redis } from './redis/client.js'
+import { defineScripts } from './redis/scripts.js'
+import type { SessionRecord, SessionStore } from './session-store.js'
+
+/** Hash fields hold JSON, so null, numbers and objects come back as they went in. */
+function encode (fields: Partial<SessionRecord>): string[] {
+  const out: string[] = []
+  for (const [field, value] of Object.entries(fields)) {
+    if (value !== undefined) out.push(field, JSON.stringify(value))
+  }
+  return out
+}
+
+function decode (hash: Record<string, string>): SessionRecord | null {
+  if (hash.id === undefined) return null
+  const record: Record<string, unknown> = {}
+  for (const [field, json] of Object.entries(hash)) record[field] = JSON.parse(json)
+  return record as unknown as SessionRecord
+}
+
+export class RedisSessionStore implements SessionStore {
+  readonly #redis: Redis
+  readonly #prefix: string
+
+  /** The client is shared: close() leaves it to whoever made it (app.ts closes it last). */
+  constructor (redis: Redis, prefix: string) {
+    this.#redis = redis
+    this.#prefix = prefix
+    defineScripts(redis)
+  }
+
+  async create (record: SessionRecord, ttlMs: number): Promise<void> {
+    const created = await storeCall(this.#redis.createSession(this.#keys(record.id).meta, ttlMs, ...encode(record)))
+    if (created === 0) throw new GW_ERR_CONFLICT(`session id ${record.id} already exists`)
+  }
+
+  async get (sid: string): Promise<SessionRecord | null> {
+    return decode(await storeCall(this.#redis.hgetall(this.#keys(sid).meta)))
+  }
+
+  async update (sid: string, patch: Partial<Omit<SessionRecord, 'id'>>): Promise<boolean> {
+    const { id: _id, ...rest } = patch as Partial<SessionRecord>
+    const fields = encode(rest)
+    const meta = this.#keys(sid).meta
+    if (fields.length === 0) return await storeCall(this.#redis.exists(meta)) === 1
+    return await storeCall(this.#redis.updateSession(meta, ...fields)) === 1
+  }
+
+  async touch (sid: string, ttlMs: number): Promise<boolean> {
+    return await storeCall(this.#redis.pexpire(this.#keys(sid).meta, ttlMs)) === 1
+  }
+
+  async delete (sid: string): Promise<boolean> {
+    const keys = this.#keys(sid)
+    return await storeCall(this.#redis.deleteSession(keys.meta, keys.owner, keys.streams, keys.base)) === 1
+  }
+
+  async claimOwner (sid: string, replicaId: string, ttlMs: number): Promise<string> {
+    return await storeCall(this.#redis.claimOwner(this.#keys(sid).owner, replicaId, ttlMs))
+  }
+
+  async renewOwner (sid: string, replicaId: string, ttlMs: number): Promise<boolean> {
+    return await storeCall(this.#redis.renewLease(this.#keys(sid).owner, replicaId, ttlMs)) === 1
+  }
+
+  async releaseOwner (sid: string, replicaId: string): Promise<void> {
+    await storeCall(this.#redis.releaseLease(this.#keys(sid).owner, replicaId))
+  }
+
+  async getOwner (sid: string): Promise<string | null> {
+    return await storeCall(this.#redis.get(this.#keys(sid).owner))
+  }
+
+  async claimHolder (sid: string, streamId: string, replicaId: string, ttlMs: number): Promise<string | null> {
+    const keys = this.#keys(sid)
+    return await storeCall(this.#redis.claimHolder(keys.holder(streamId), keys.streams, replicaId, ttlMs, streamId))
+  }
+
+  async renewHolder (sid: string, streamId: string, replicaId: string, ttlMs: number): Promise<boolean> {
+    const keys = this.#keys(sid)
+    return await storeCall(this.#redis.renewHolder(keys.holder(streamId), keys.streams, replicaId, ttlMs)) === 1
+  }
+
+  async releaseHolder (sid: string, streamId: string, replicaId: string): Promise<void> {
+    await storeCall(this.#redis.releaseLease(this.#keys(sid).holder(streamId), replicaId))
+  }
+
+  async getHolder (sid: string, streamId: string): Promise<string | null> {
+    return await storeCall(this.#redis.get(this.#keys(sid).holder(streamId)))
+  }
+
+  async setCursor (sid: string, streamId: string, entryId: string, ttlMs: number): Promise<void> {
+    const keys = this.#keys(sid)
+    await storeCall(this.#redis.setCursor(keys.cursor(streamId), keys.streams, entryId, ttlMs, streamId))
+  }
+
+  async getCursor (sid: string, streamId: string): Promise<string | null> {
+    return await storeCall(this.#redis.get(this.#keys(sid).cursor(streamId)))
+  }
+
+  async heartbeat (replicaId: string, ttlMs: number): Promise<void> {
+    await storeCall(this.#redis.set(replicaKey(this.#prefix, replicaId), String(Date.now()), 'PX', ttlMs))
+  }
+
+  async isAlive (replicaId: string): Promise<boolean> {
+    return await storeCall(this.#redis.exists(replicaKey(this.#prefix, replicaId))) === 1
+  }
+
+  isReady (): boolean {
+    return isRedisReady(this.#redis)
+  }
+
+  async close (): Promise<void> {
+    // Nothing of its own to stop; the shared client is closed by its maker.
+  }
+
+  #keys (sid: string): ReturnType<typeof sessionKeys> {
+    return sessionKeys(this.#prefix, sid)
+  }
+}

@@ -1,0 +1,206 @@
+// The event log contract (STYLE.md habit 3), run against the memory twin and the Redis twin.
+// A log comes with the session store it belongs to: append() reports the stream's holder from it,
+// and deleting the session drops the logs.
+import { randomUUID } from 'node:crypto'
+import { setTimeout as sleep } from 'node:timers/promises'
+import type { Test } from 'tap'
+import { compareEntryIds, type EventLog, type LogEntry } from '../../src/state/event-log.js'
+import type { JsonRpcMessage } from '../../src/core/jsonrpc.js'
+import type { SessionStore } from '../../src/state/session-store.js'
+import { sampleRecord } from './contract-session-store.js'
+
+export interface EventLogUnderTest {
+  log: EventLog
+  store: SessionStore
+  /** The bound the log was made with. */
+  maxLen: number
+}
+
+/** Makes a fresh log (with maxLen 5) and its store for one subtest; closed in t.teardown. */
+export type MakeEventLog = (t: Test) => Promise<EventLogUnderTest>
+
+export const CONTRACT_MAX_LEN = 5
+const SHORT_TTL = 100
+const PAST_SHORT_TTL = 300
+const LONG_TTL = 60_000
+
+const note = (n: number): JsonRpcMessage => ({ jsonrpc: '2.0', method: 'notifications/progress', params: { progressToken: 't', progress: n } })
+
+async function readAll (log: EventLog, sid: string, streamId: string, cursor: string | null = null): Promise<LogEntry[]> {
+  const all: LogEntry[] = []
+  for (;;) {
+    const batch = await log.readAfter(sid, streamId, cursor, 2)
+    all.push(...batch)
+    if (batch.length < 2) return all
+    cursor = batch[batch.length - 1]!.entryId
+  }
+}
+
+export function eventLogContract (t: Test, make: MakeEventLog): void {
+  t.test('append then readAfter(null) returns every entry, oldest first', async t => {
+    const { log } = await make(t)
+    const sid = randomUUID()
+    const messages: JsonRpcMessage[] = [
+      { jsonrpc: '2.0', id: 1, result: { content: [{ type: 'text', text: 'héllo ✓ "quoted"\n' }] } },
+      { jsonrpc: '2.0', method: 'notifications/message', params: { level: 'info', data: [1, null, { a: true }] } },
+      { jsonrpc: '2.0', id: 's.r1.1', method: 'sampling/createMessage', params: { messages: [] } },
+      { jsonrpc: '2.0', id: 'x', error: { code: -32603, message: 'boom', data: { source: 'gateway' } } }
+    ]
+    const ids: string[] = []
+    for (const m of messages) ids.push((await log.append(sid, 'req-1', m, LONG_TTL)).entryId)
+    t.equal(new Set(ids).size, ids.length, 'entry ids are unique')
+    const entries = await log.readAfter(sid, 'req-1', null, 100)
+    t.same(entries.map(e => e.entryId), ids, 'in append order')
+    t.same(entries.map(e => e.message), messages, 'messages round-trip')
+  })
+
+  t.test('readAfter is exclusive of the cursor and honours the limit', async t => {
+    const { log } = await make(t)
+    const sid = randomUUID()
+    const ids: string[] = []
+    for (let i = 0; i < 4; i++) ids.push((await log.append(sid, 'get', note(i), LONG_TTL)).entryId)
+    t.same((await log.readAfter(sid, 'get', ids[0]!, 100)).map(e => e.entryId), ids.slice(1))
+    t.same((await log.readAfter(sid, 'get', ids[1]!, 1)).map(e => e.entryId), [ids[2]])
+    t.same(await log.readAfter(sid, 'get', ids[3]!, 100), [], 'nothing after the last entry')
+    t.same((await log.readAfter(sid, 'get', null, 2)).map(e => e.entryId), ids.slice(0, 2))
+    t.same((await readAll(log, sid, 'get')).map(e => e.message), [0, 1, 2, 3].map(note), 'paging reads everything once')
+    const later = await log.append(sid, 'get', note(4), LONG_TTL)
+    t.same((await log.readAfter(sid, 'get', ids[3]!, 100)).map(e => e.entryId), [later.entryId], 'a reader at the end sees the next entry')
+  })
+
+  t.test('entry ids have the shape event ids are parsed with', async t => {
+    const { log } = await make(t)
+    const { entryId } = await log.append(randomUUID(), 'get', note(0), LONG_TTL)
+    t.match(entryId, /^\d{1,20}(-\d{1,20})?$/)
+  })
+
+  t.test('a priming (null) entry round-trips', async t => {
+    const { log } = await make(t)
+    const sid = randomUUID()
+    const priming = await log.append(sid, 'req-1', null, LONG_TTL)
+    const answer = await log.append(sid, 'req-1', { jsonrpc: '2.0', id: 1, result: {} }, LONG_TTL)
+    t.same(await log.readAfter(sid, 'req-1', null, 10), [
+      { entryId: priming.entryId, message: null, json: '' },
+      { entryId: answer.entryId, message: { jsonrpc: '2.0', id: 1, result: {} }, json: '{"jsonrpc":"2.0","id":1,"result":{}}' }
+    ])
+  })
+
+  t.test('streams are separate per stream id and per session', async t => {
+    const { log } = await make(t)
+    const sid = randomUUID()
+    await log.append(sid, 'a', note(1), LONG_TTL)
+    await log.append(sid, 'b', note(2), LONG_TTL)
+    await log.append(randomUUID(), 'a', note(3), LONG_TTL)
+    t.same((await log.readAfter(sid, 'a', null, 10)).map(e => e.message), [note(1)])
+    t.same((await log.readAfter(sid, 'b', null, 10)).map(e => e.message), [note(2)])
+  })
+
+  t.test('append reports the holder of that stream at append time', async t => {
+    const { log, store } = await make(t)
+    const sid = randomUUID()
+    t.equal((await log.append(sid, 'get', note(0), LONG_TTL)).holder, null, 'no holder: the entry waits')
+    await store.claimHolder(sid, 'get', 'replica-a', LONG_TTL)
+    t.equal((await log.append(sid, 'get', note(1), LONG_TTL)).holder, 'replica-a')
+    t.equal((await log.append(sid, 'req-1', note(2), LONG_TTL)).holder, null, 'another stream has its own holder')
+    await store.claimHolder(sid, 'get', 'replica-b', LONG_TTL)
+    t.equal((await log.append(sid, 'get', note(3), LONG_TTL)).holder, 'replica-b')
+    await store.releaseHolder(sid, 'get', 'replica-b')
+    t.equal((await log.append(sid, 'get', note(4), LONG_TTL)).holder, null)
+  })
+
+  t.test('the log is bounded: the oldest entries go, the newest stay in order', async t => {
+    const { log, maxLen } = await make(t)
+    const sid = randomUUID()
+    // Enough entries that an approximate trim (Redis MAXLEN ~, 100-entry nodes) must act too.
+    const total = 250
+    const ids: string[] = []
+    for (let i = 0; i < total; i++) ids.push((await log.append(sid, 'get', note(i), LONG_TTL)).entryId)
+    const kept = await log.readAfter(sid, 'get', null, total)
+    t.ok(kept.length >= maxLen, `keeps at least maxLen (${kept.length})`)
+    t.ok(kept.length < total, `dropped some (${kept.length} of ${total})`)
+    t.same(kept.map(e => e.entryId), ids.slice(total - kept.length), 'what is kept is the newest, contiguous and in order')
+    t.same(kept.map(e => e.message), ids.slice(total - kept.length).map((_, i) => note(total - kept.length + i)))
+    t.same((await log.readAfter(sid, 'get', ids[0]!, total)).map(e => e.entryId), kept.map(e => e.entryId),
+      'a cursor older than the oldest kept entry reads from the oldest kept')
+  })
+
+  t.test('a stream expires with the TTL of its last append', async t => {
+    const { log } = await make(t)
+    const sid = randomUUID()
+    await log.append(sid, 'gone', note(0), SHORT_TTL)
+    await log.append(sid, 'kept', note(0), SHORT_TTL)
+    await log.append(sid, 'kept', note(1), LONG_TTL)
+    await sleep(PAST_SHORT_TTL)
+    t.equal(await log.hasStream(sid, 'gone'), false)
+    t.same(await log.readAfter(sid, 'gone', null, 10), [])
+    t.equal(await log.hasStream(sid, 'kept'), true, 'append refreshes the TTL')
+    t.same((await log.readAfter(sid, 'kept', null, 10)).map(e => e.message), [note(0), note(1)])
+  })
+
+  // Regression (found through the gateway): a stream silent for its TTL is created again by the
+  // next append; a writer's cursor from before must still be below the new ids, or those entries
+  // are never sent.
+  t.test('ids never go backwards, even when an expired stream is created again', async t => {
+    const { log } = await make(t)
+    const before = (await log.append('s', 'get', null, 50)).entryId
+    await new Promise(resolve => setTimeout(resolve, 120))
+    t.notOk(await log.hasStream('s', 'get'), 'the stream expired')
+    const after = (await log.append('s', 'get', null, 60_000)).entryId
+    t.ok(compareEntryIds(after, before) > 0, `${after} comes after ${before}`)
+    t.same((await log.readAfter('s', 'get', before, 10)).map(e => e.entryId), [after], 'a reader holding the old cursor gets the new entry')
+  })
+
+  t.test('expire shortens how long a stream is kept', async t => {
+    const { log } = await make(t)
+    await log.append('s', 'r1_done', null, 60_000)
+    await log.expire('s', 'r1_done', 50)
+    await new Promise(resolve => setTimeout(resolve, 120))
+    t.notOk(await log.hasStream('s', 'r1_done'), 'gone after the shorter TTL')
+    await log.expire('s', 'nothing-here', 50)
+    t.pass('expiring a missing stream is a no-op')
+  })
+
+  t.test('hasStream is true once a stream has an entry', async t => {
+    const { log } = await make(t)
+    const sid = randomUUID()
+    t.equal(await log.hasStream(sid, 'get'), false)
+    await log.append(sid, 'get', null, LONG_TTL)
+    t.equal(await log.hasStream(sid, 'get'), true)
+    t.equal(await log.hasStream(sid, 'req-1'), false)
+  })
+
+  t.test('deleteSession drops every stream of that session only', async t => {
+    const { log } = await make(t)
+    const sid = randomUUID()
+    const other = randomUUID()
+    await log.append(sid, 'get', note(0), LONG_TTL)
+    await log.append(sid, 'req-1', note(1), LONG_TTL)
+    await log.append(other, 'get', note(2), LONG_TTL)
+    await log.deleteSession(sid)
+    t.equal(await log.hasStream(sid, 'get'), false)
+    t.equal(await log.hasStream(sid, 'req-1'), false)
+    t.same(await log.readAfter(sid, 'get', null, 10), [])
+    t.equal(await log.hasStream(other, 'get'), true)
+    await log.deleteSession(randomUUID())
+    t.pass('deleting an unknown session is fine')
+  })
+
+  t.test('deleting the session in the store drops its logs too', async t => {
+    const { log, store } = await make(t)
+    const record = sampleRecord()
+    await store.create(record, LONG_TTL)
+    await log.append(record.id, 'get', note(0), LONG_TTL)
+    await log.append(record.id, 'req-1', note(1), LONG_TTL)
+    t.equal(await store.delete(record.id), true)
+    t.equal(await log.hasStream(record.id, 'get'), false)
+    t.equal(await log.hasStream(record.id, 'req-1'), false)
+  })
+
+  t.test('a cursor that is not an entry id is refused', async t => {
+    const { log } = await make(t)
+    const sid = randomUUID()
+    await log.append(sid, 'get', note(0), LONG_TTL)
+    await t.rejects(log.readAfter(sid, 'get', 'get.1', 10), { code: 'GW_ERR_BAD_REQUEST' })
+    await t.rejects(log.readAfter(sid, 'get', '', 10), { code: 'GW_ERR_BAD_REQUEST' })
+  })
+}

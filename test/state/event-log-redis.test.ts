@@ -1,0 +1,31 @@
+import { randomUUID } from 'node:crypto'
+import t from 'tap'
+import { RedisEventLog } from '../../src/state/event-log-redis.js'
+import { RedisSessionStore } from '../../src/state/session-store-redis.js'
+import { CONTRACT_MAX_LEN, eventLogContract } from './contract-event-log.js'
+import { randomPrefix, startRedis, testRedis } from '../helpers/redis-server.js'
+
+const server = await startRedis(t)
+
+eventLogContract(t, async t => {
+  const redis = await testRedis(t, server.url)
+  const prefix = randomPrefix()
+  const store = new RedisSessionStore(redis, prefix)
+  return { log: new RedisEventLog(redis, prefix, CONTRACT_MAX_LEN), store, maxLen: CONTRACT_MAX_LEN }
+})
+
+t.test('entries are Redis stream entries under the session hash tag, trimmed approximately', async t => {
+  const redis = await testRedis(t, server.url)
+  const prefix = randomPrefix()
+  const log = new RedisEventLog(redis, prefix, 5)
+  const sid = randomUUID()
+  const first = await log.append(sid, 'get', null, 60_000)
+  t.match(first.entryId, /^\d+-\d+$/)
+  const key = `${prefix}:{${sid}}:ev:get`
+  t.same(await redis.xrange(key, '-', '+'), [[first.entryId, ['m', '']]], 'a priming entry is an empty field')
+  for (let i = 0; i < 300; i++) await log.append(sid, 'get', { jsonrpc: '2.0', method: 'n', params: { i } }, 60_000)
+  const len = await redis.xlen(key)
+  // MAXLEN ~ trims whole radix-tree nodes (stream-node-max-entries, 100 by default).
+  t.ok(len >= 5 && len <= 5 + 100, `bounded near maxLen (${len})`)
+  t.same(await redis.smembers(`${prefix}:{${sid}}:streams`), ['get'], 'the stream is listed for delete')
+})

@@ -1,0 +1,119 @@
+// The reply shapes the Redis twins rely on, under the protocol redis-client.ts chooses (RESP2),
+// and the number of round trips each operation costs.
+import { randomUUID } from 'node:crypto'
+import t from 'tap'
+import type { Command } from 'ioredis'
+import { RedisBus } from '../../src/state/bus-redis.js'
+import { RedisEventLog } from '../../src/state/event-log-redis.js'
+import { createRedis, REDIS_PROTOCOL, type Redis } from '../../src/state/redis/client.js'
+import { defineScripts } from '../../src/state/redis/scripts.js'
+import { RedisSessionStore } from '../../src/state/session-store-redis.js'
+import { Inbox } from './contract-bus.js'
+import { sampleRecord } from './contract-session-store.js'
+import { randomPrefix, startRedis, testRedis } from '../helpers/redis-server.js'
+
+const server = await startRedis(t)
+
+t.test('the client speaks the protocol chosen in redis-client.ts', async t => {
+  const redis = await testRedis(t, server.url)
+  t.equal(REDIS_PROTOCOL, 2)
+  t.equal(redis.options.protocol, 2)
+  t.match(String(await redis.call('CLIENT', 'INFO')), /\bresp=2\b/, 'the server agrees')
+})
+
+t.test('reply shapes of the plain commands used', async t => {
+  const redis = await testRedis(t, server.url)
+  const p = randomPrefix()
+  t.same(await redis.hgetall(`${p}:missing`), {}, 'HGETALL of a missing key: empty object')
+  await redis.hset(`${p}:h`, 'a', '"x"', 'b', 'null')
+  t.same(await redis.hgetall(`${p}:h`), { a: '"x"', b: 'null' }, 'HGETALL: an object of strings')
+  t.equal(await redis.get(`${p}:missing`), null, 'GET of a missing key: null')
+  t.equal(await redis.exists(`${p}:h`), 1, 'EXISTS: a number')
+  t.equal(await redis.pexpire(`${p}:missing`, 1000), 0, 'PEXPIRE: a number')
+  t.equal(await redis.pttl(`${p}:h`), -1, 'PTTL without TTL: -1')
+  t.equal(await redis.pttl(`${p}:missing`), -2, 'PTTL of a missing key: -2')
+  const id = await redis.xadd(`${p}:s`, '*', 'm', '')
+  t.match(id, /^\d+-\d+$/)
+  t.same(await redis.xrange(`${p}:s`, '-', '+', 'COUNT', 10), [[id, ['m', '']]], 'XRANGE: [id, [field, value]] pairs')
+  t.same(await redis.xrange(`${p}:s`, `(${id!}`, '+', 'COUNT', 10), [], 'XRANGE with an exclusive start')
+  t.same(await redis.xrange(`${p}:missing`, '-', '+'), [], 'XRANGE of a missing key: []')
+  t.same(await redis.xrevrange(`${p}:missing`, '+', '-', 'COUNT', 1), [], 'XREVRANGE of a missing key: []')
+  t.same(await redis.xread('COUNT', 10, 'STREAMS', `${p}:s`, '0-0'), [[`${p}:s`, [[id, ['m', '']]]]], 'XREAD: [key, entries] pairs, not a map')
+  t.equal(await redis.xread('COUNT', 10, 'BLOCK', 10, 'STREAMS', `${p}:s`, id!), null, 'XREAD that times out: null')
+})
+
+t.test('reply shapes of the scripts', async t => {
+  const redis = await testRedis(t, server.url)
+  defineScripts(redis)
+  const p = randomPrefix()
+  const appended = await redis.appendEvent(`${p}:ev`, `${p}:holder`, `${p}:streams`, 10, 60_000, '', 'get')
+  t.same(appended, [(await redis.xrange(`${p}:ev`, '-', '+'))[0]![0], null], 'appendEvent without a holder: [id, null] (Lua false is nil)')
+  t.equal(await redis.claimHolder(`${p}:holder`, `${p}:streams`, 'r1', 60_000, 'get'), null, 'claimHolder with no previous holder: null')
+  t.equal(await redis.claimHolder(`${p}:holder`, `${p}:streams`, 'r2', 60_000, 'get'), 'r1', 'claimHolder: the previous holder')
+  t.same((await redis.appendEvent(`${p}:ev`, `${p}:holder`, `${p}:streams`, 10, 60_000, '{}', 'get'))[1], 'r2')
+  t.equal(await redis.claimOwner(`${p}:owner`, 'r1', 60_000), 'r1', 'claimOwner: a string')
+  t.equal(await redis.renewLease(`${p}:owner`, 'r2', 60_000), 0, 'renewLease: 0 or 1')
+  t.equal(await redis.renewLease(`${p}:owner`, 'r1', 60_000), 1)
+  t.equal(await redis.createSession(`${p}:meta`, 60_000, 'id', '"x"'), 1)
+  t.equal(await redis.createSession(`${p}:meta`, 60_000, 'id', '"x"'), 0)
+})
+
+/** Records the name of every command the client sends: with no pipelining, one per round trip. */
+function countCommands (redis: Redis): string[] {
+  const names: string[] = []
+  const send = redis.sendCommand.bind(redis)
+  redis.sendCommand = (command: Command, ...rest: unknown[]) => {
+    names.push(command.name)
+    return (send as (command: Command, ...rest: unknown[]) => unknown)(command, ...rest)
+  }
+  return names
+}
+
+t.test('round trips per operation', async t => {
+  const redis = await testRedis(t, server.url)
+  const prefix = randomPrefix()
+  const store = new RedisSessionStore(redis, prefix)
+  const log = new RedisEventLog(redis, prefix, 100)
+  const bus = new RedisBus(redis, () => createRedis(server.url, { blocking: true }), prefix, { inboxTtlMs: 60_000 })
+  t.teardown(() => bus.close())
+  const record = sampleRecord()
+  const sid = record.id
+  const ops: Array<[string, () => Promise<unknown>]> = [
+    ['create', () => store.create({ ...record, id: randomUUID() }, 60_000)],
+    ['get', () => store.get(sid)],
+    ['update', () => store.update(sid, { backendSessionId: 'b' })],
+    ['touch', () => store.touch(sid, 60_000)],
+    ['claimOwner', () => store.claimOwner(sid, 'r1', 60_000)],
+    ['renewOwner', () => store.renewOwner(sid, 'r1', 60_000)],
+    ['getOwner', () => store.getOwner(sid)],
+    ['releaseOwner', () => store.releaseOwner(sid, 'r1')],
+    ['claimHolder', () => store.claimHolder(sid, 'get', 'r1', 60_000)],
+    ['renewHolder', () => store.renewHolder(sid, 'get', 'r1', 60_000)],
+    ['getHolder', () => store.getHolder(sid, 'get')],
+    ['setCursor', () => store.setCursor(sid, 'get', '1-0', 60_000)],
+    ['getCursor', () => store.getCursor(sid, 'get')],
+    ['releaseHolder', () => store.releaseHolder(sid, 'get', 'r1')],
+    ['heartbeat', () => store.heartbeat('r1', 60_000)],
+    ['isAlive', () => store.isAlive('r1')],
+    ['append', () => log.append(sid, 'get', null, 60_000)],
+    ['readAfter', () => log.readAfter(sid, 'get', null, 10)],
+    ['hasStream', () => log.hasStream(sid, 'get')],
+    ['deleteSession (log)', () => log.deleteSession(sid)],
+    ['delete', () => store.delete(sid)],
+    ['send', () => bus.send('r9', { kind: 'wake', sid, streamId: 'get' })]
+  ]
+  await store.create(record, 60_000)
+  // Warm-up: the first run of each script may cost EVALSHA + EVAL (NOSCRIPT); later runs do not.
+  for (const [, op] of ops) await op()
+  await store.create(record, 60_000)
+  const names = countCommands(redis)
+  for (const [name, op] of ops) {
+    names.length = 0
+    await op()
+    t.equal(names.length, 1, `${name}: one round trip (${names.join(', ')})`)
+  }
+  const inbox = new Inbox()
+  names.length = 0
+  await bus.start('r9', inbox.handler)
+  t.equal(names.length, 1, 'bus start: one round trip on the command connection (the reader has its own)')
+})
