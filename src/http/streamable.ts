@@ -10,7 +10,8 @@ import { formatEventId, GET_STREAM, parseEventId } from '../state/event-log.js'
 import { ANONYMOUS, checkAccept, clientHeaders, decodeBody, header, replyHeaders, serverOf } from './request.js'
 import { isRequest, type JsonRpcMessage, type JsonRpcRequest } from '../core/jsonrpc.js'
 import { allowsBatches, allowsPriming, checkVersionHeader, negotiateVersion } from '../core/protocol-version.js'
-import { newRequestStreamId, type Router } from '../routing/router.js'
+import type { Router } from '../routing/router.js'
+import { newRequestStreamId } from '../routing/streams.js'
 import type { SessionRecord } from '../state/session-store.js'
 
 export interface HttpStreamableOptions {

@@ -1,0 +1,349 @@
+// The relay of one backend session on this replica (ARCHITECTURE.md section 2): it translates
+// between the client's hop and the backend's (SPEC.md G-1) and knows nothing of HTTP, Redis or
+// other replicas. What it sends toward the client goes through RelayHost.append (the stream's log).
+//
+// - Request ids: gateway-minted integers toward the backend (SPEC.md J-3), mapped back to the
+//   client's ids; "direct" sessions (Streamable HTTP backends shared by several replicas) pass
+//   the client's ids through, unique in the session, so replicas never collide.
+// - In flight: every request has a deadline; on expiry the client gets -32006 and a stdio backend
+//   gets `notifications/cancelled` (L-7), except for initialize (L-5).
+// - Progress goes to the stream of the request that carried the token (U-PROG-2); other messages go
+//   to the one request in flight, else to the GET stream (flow 2).
+// - Server-to-client requests get opaque ids `s.<replica>.<seq>` so the client's answer can reach
+//   this replica from any other (flow 3); a capability the client did not declare is refused to the
+//   backend with -32601 and never reaches the client (L-4, G-3).
+import type { Logger } from 'pino'
+import {
+  GW_ERR_BACKEND_TIMEOUT, GW_ERR_BACKEND_UNAVAILABLE, isGatewayError, toJsonRpcError, type GatewayError
+} from '../core/errors.js'
+import {
+  errorResponse, isNotification, isRequest, progressTokenOf, JSONRPC_METHOD_NOT_FOUND,
+  type JsonRpcMessage, type JsonRpcNotification, type JsonRpcRequest, type JsonRpcResponse, type RequestId
+} from '../core/jsonrpc.js'
+import { GET_STREAM, LEGACY_STREAM } from '../state/event-log.js'
+
+/** What a relay needs of its backend connection (the supervisor's BackendSession). */
+export interface BackendSessionHandle {
+  send (message: JsonRpcMessage): Promise<void>
+  /** Streamable HTTP: start or stop the backend's GET stream (only the lease holder listens). */
+  setListening (listening: boolean, fromEventId?: string | null): void
+}
+
+/** What a relay needs of the replica around it. */
+export interface RelayHost {
+  /** Appends a message to one of the session's client streams and wakes its holder. */
+  append (sid: string, streamId: string, message: JsonRpcMessage): Promise<unknown>
+  /** Ends the session everywhere (its initialize failed). */
+  endSession (sid: string, reason: string): Promise<void>
+  /** A fresh opaque id for a server-to-client request: `s.<replica>.<seq>`. */
+  nextServerRequestId (): string
+}
+
+export interface RelayOptions {
+  sid: string
+  server: string
+  /** A legacy HTTP+SSE session: everything goes to its one stream. */
+  legacy: boolean
+  /** Streamable HTTP backend shared by replicas: ids pass through (see the header). */
+  direct: boolean
+  /** Whether this replica holds the owner lease (always, for routed sessions). */
+  isOwner: boolean
+  protocolVersion: string
+  clientCapabilities: Record<string, unknown>
+  requestTimeoutMs: number
+  clientRequestTimeoutMs: number
+  /** Tell the backend when a request times out (stdio; an HTTP connection cancels on its own). */
+  cancelOnTimeout: boolean
+  host: RelayHost
+  log: Logger
+}
+
+interface InFlight {
+  backendId: RequestId
+  clientId: RequestId
+  streamId: string
+  method: string
+  progressToken: RequestId | undefined
+  timer: NodeJS.Timeout
+}
+
+interface PendingClientRequest {
+  backendId: RequestId
+  streamId: string
+  timer: NodeJS.Timeout
+}
+
+/** Session-level notifications always go to the GET stream, never a request's stream. */
+const SESSION_LEVEL = /\/list_changed$|^notifications\/resources\/updated$/
+/** Server-to-client requests and the client capability each needs (SPEC.md L-4). */
+const NEEDS_CAPABILITY: Record<string, string> = {
+  'sampling/createMessage': 'sampling',
+  'elicitation/create': 'elicitation',
+  'roots/list': 'roots'
+}
+
+const idKey = (id: RequestId): string => typeof id === 'number' ? `n${id}` : `s${id}`
+/** JSON-mode request streams (`j…`) carry only responses: notifications go to the GET stream. */
+export const isJsonStream = (streamId: string): boolean => streamId.startsWith('j')
+
+export class Relay {
+  readonly sid: string
+  readonly server: string
+  readonly legacy: boolean
+  readonly direct: boolean
+  readonly log: Logger
+  isOwner: boolean
+  backend: BackendSessionHandle | null = null
+  #protocolVersion: string
+  #clientCapabilities: Record<string, unknown>
+  readonly #o: RelayOptions
+  #nextId = 1
+  /** Keyed by idKey(backend id). */
+  readonly #inFlight = new Map<string, InFlight>()
+  /** idKey(client id) -> idKey(backend id). */
+  readonly #byClientId = new Map<string, string>()
+  /** idKey(progress token) -> stream id. */
+  readonly #byToken = new Map<string, string>()
+  /** Server-to-client requests waiting for the client, by opaque id. */
+  readonly #pending = new Map<string, PendingClientRequest>()
+
+  constructor (options: RelayOptions) {
+    this.#o = options
+    this.sid = options.sid
+    this.server = options.server
+    this.legacy = options.legacy
+    this.direct = options.direct
+    this.isOwner = options.isOwner
+    this.log = options.log
+    this.#protocolVersion = options.protocolVersion
+    this.#clientCapabilities = options.clientCapabilities
+  }
+
+  /** Requests of the client in flight to the backend. */
+  get inFlightCount (): number { return this.#inFlight.size }
+
+  /** What the client negotiated, once known (a legacy session learns it after the stream opened). */
+  setClient (protocolVersion: string | undefined, clientCapabilities: Record<string, unknown> | undefined): void {
+    if (protocolVersion !== undefined) this.#protocolVersion = protocolVersion
+    if (clientCapabilities !== undefined) this.#clientCapabilities = clientCapabilities
+  }
+
+  // ---- client -> backend -------------------------------------------------------------------
+
+  /** One message from the client; `streamId` is where a request's answer goes. */
+  deliver (message: JsonRpcMessage, streamId: string | null): void {
+    if (isRequest(message)) {
+      this.#forwardRequest(message, streamId ?? (this.legacy ? LEGACY_STREAM : GET_STREAM))
+    } else if (isNotification(message)) {
+      this.#forwardNotification(message)
+    } else {
+      this.#forwardClientResponse(message)
+    }
+  }
+
+  /** Answers a request on its stream with a gateway error, without involving the backend. */
+  refuse (request: JsonRpcRequest, streamId: string, err: unknown): void {
+    this.#reply(streamId, toJsonRpcError(asGatewayError(err, this.server), request.id))
+  }
+
+  #forwardRequest (request: JsonRpcRequest, streamId: string): void {
+    if (request.method === 'ping') {
+      // Answered here: a client's liveness check is about the gateway (SPEC.md L-8 REC).
+      this.#reply(streamId, { jsonrpc: '2.0', id: request.id, result: {} })
+      return
+    }
+    const backend = this.backend
+    if (backend === null) {
+      this.#reply(streamId, toJsonRpcError(new GW_ERR_BACKEND_UNAVAILABLE(this.server, 'not connected'), request.id))
+      return
+    }
+    const backendId: RequestId = this.direct ? request.id : this.#nextId++
+    const key = idKey(backendId)
+    const timeoutMs = this.#o.requestTimeoutMs
+    const entry: InFlight = {
+      backendId,
+      clientId: request.id,
+      streamId,
+      method: request.method,
+      progressToken: progressTokenOf(request),
+      timer: setTimeout(() => { this.#onRequestTimeout(key, timeoutMs) }, timeoutMs)
+    }
+    entry.timer.unref()
+    this.#inFlight.set(key, entry)
+    this.#byClientId.set(idKey(request.id), key)
+    if (entry.progressToken !== undefined) this.#byToken.set(idKey(entry.progressToken), streamId)
+    backend.send({ ...request, id: backendId }).catch(err => {
+      if (this.#settle(key) === undefined) return
+      this.#reply(streamId, toJsonRpcError(asGatewayError(err, this.server), request.id))
+    })
+  }
+
+  #forwardNotification (notification: JsonRpcNotification): void {
+    let outgoing: JsonRpcNotification = notification
+    if (notification.method === 'notifications/cancelled') {
+      const params = asRecord(notification.params)
+      const requestId = params.requestId
+      if (typeof requestId !== 'string' && typeof requestId !== 'number') return
+      const key = this.#byClientId.get(idKey(requestId))
+      const entry = key === undefined ? undefined : this.#inFlight.get(key)
+      if (key === undefined || entry === undefined) {
+        // Direct sessions: the request may be in flight from another replica; the id is the
+        // backend's id too, so the backend can still be told. Routed: unknown, MAY be ignored (U-CAN-1).
+        if (!this.direct) return
+      } else {
+        if (entry.method === 'initialize') return // initialize is never cancelled (L-5)
+        this.#settle(key)
+        outgoing = { ...notification, params: { ...params, requestId: entry.backendId } }
+      }
+    }
+    this.backend?.send(outgoing).catch(err => this.log.warn({ err, method: notification.method }, 'notification not delivered to backend'))
+  }
+
+  #forwardClientResponse (response: JsonRpcResponse): void {
+    const id = response.id
+    if (typeof id !== 'string') return
+    const pending = this.#pending.get(id)
+    if (pending === undefined) return // late or unknown answer: ignored
+    this.#pending.delete(id)
+    clearTimeout(pending.timer)
+    this.backend?.send({ ...response, id: pending.backendId } as JsonRpcResponse)
+      .catch(err => this.log.warn({ err }, 'client answer not delivered to backend'))
+  }
+
+  // ---- backend -> client -------------------------------------------------------------------
+
+  /** One message from the backend. */
+  async fromBackend (message: JsonRpcMessage): Promise<void> {
+    if (isRequest(message)) { await this.#fromBackendRequest(message); return }
+    if (isNotification(message)) { await this.#fromBackendNotification(message); return }
+    const id = message.id
+    if (id === undefined || id === null) return
+    const entry = this.#settle(idKey(id))
+    if (entry === undefined) return // cancelled or timed out: a late answer is dropped
+    let response: JsonRpcResponse = { ...message, id: entry.clientId }
+    if (entry.method === 'initialize' && 'result' in response && isRecord(response.result)) {
+      // The client's hop has its own negotiated version (SPEC.md G-1).
+      response = { ...response, result: { ...response.result, protocolVersion: this.#protocolVersion } }
+    }
+    await this.#o.host.append(this.sid, entry.streamId, response)
+    if (entry.method === 'initialize' && 'error' in response) {
+      // A session whose initialize failed is of no use, and its child counts against maxSessions:
+      // end it once the client has had a moment to read the error.
+      setTimeout(() => { this.#o.host.endSession(this.sid, 'initialize failed').catch(() => {}) }, 1000).unref()
+    }
+  }
+
+  async #fromBackendNotification (notification: JsonRpcNotification): Promise<void> {
+    const params = asRecord(notification.params)
+    if (notification.method === 'notifications/progress') {
+      const token = params.progressToken
+      const streamId = (typeof token === 'string' || typeof token === 'number') ? this.#byToken.get(idKey(token)) : undefined
+      if (streamId === undefined) return // progress for no active request (U-PROG-1)
+      await this.#o.host.append(this.sid, isJsonStream(streamId) ? GET_STREAM : streamId, notification)
+      return
+    }
+    if (notification.method === 'notifications/cancelled') {
+      // The backend withdrew one of its own requests to the client: use the client-facing id.
+      const requestId = params.requestId
+      for (const [opaque, pending] of this.#pending) {
+        if (pending.backendId === requestId) {
+          this.#pending.delete(opaque)
+          clearTimeout(pending.timer)
+          await this.#o.host.append(this.sid, pending.streamId, { ...notification, params: { ...params, requestId: opaque } })
+          return
+        }
+      }
+      return
+    }
+    await this.#o.host.append(this.sid, this.#pickStream(notification.method), notification)
+  }
+
+  async #fromBackendRequest (request: JsonRpcRequest): Promise<void> {
+    const backend = this.backend
+    if (request.method === 'ping') {
+      await backend?.send({ jsonrpc: '2.0', id: request.id, result: {} }).catch(() => {})
+      return
+    }
+    const capability = NEEDS_CAPABILITY[request.method]
+    if (capability !== undefined && this.#clientCapabilities[capability] === undefined) {
+      // Never forward what the client did not declare (SPEC.md L-4, G-3).
+      await backend?.send(errorResponse(request.id, JSONRPC_METHOD_NOT_FOUND, `Client does not support ${request.method} (no '${capability}' capability)`)).catch(() => {})
+      return
+    }
+    const opaque = this.#o.host.nextServerRequestId()
+    const streamId = this.#pickStream(request.method)
+    const timeoutMs = this.#o.clientRequestTimeoutMs
+    const timer = setTimeout(() => {
+      if (!this.#pending.delete(opaque)) return
+      backend?.send(errorResponse(request.id, -32006, `Client did not answer ${request.method} within ${timeoutMs} ms`)).catch(() => {})
+    }, timeoutMs)
+    timer.unref()
+    this.#pending.set(opaque, { backendId: request.id, streamId, timer })
+    await this.#o.host.append(this.sid, streamId, { ...request, id: opaque })
+  }
+
+  /** Flow 2: other messages to the one in-flight request's stream, else the GET stream. */
+  #pickStream (method: string): string {
+    if (this.legacy) return LEGACY_STREAM
+    if (!SESSION_LEVEL.test(method) && this.#inFlight.size === 1) {
+      const [only] = this.#inFlight.values()
+      if (only !== undefined && !isJsonStream(only.streamId) && only.method !== 'initialize') return only.streamId
+    }
+    return GET_STREAM
+  }
+
+  // ---- deadlines and failure ---------------------------------------------------------------
+
+  #onRequestTimeout (key: string, timeoutMs: number): void {
+    const entry = this.#settle(key)
+    if (entry === undefined) return
+    // Stop waiting and tell the backend (SPEC.md L-7), except for initialize, which is never
+    // cancelled (L-5), and HTTP backends, whose connection sends its own cancel on its deadline.
+    if (entry.method !== 'initialize' && this.#o.cancelOnTimeout) {
+      this.backend?.send({ jsonrpc: '2.0', method: 'notifications/cancelled', params: { requestId: entry.backendId, reason: 'gateway timeout' } }).catch(() => {})
+    }
+    this.#reply(entry.streamId, toJsonRpcError(new GW_ERR_BACKEND_TIMEOUT(this.server, timeoutMs), entry.clientId))
+  }
+
+  /** Removes an in-flight request; returns it if it was still in flight. */
+  #settle (key: string): InFlight | undefined {
+    const entry = this.#inFlight.get(key)
+    if (entry === undefined) return undefined
+    this.#inFlight.delete(key)
+    this.#byClientId.delete(idKey(entry.clientId))
+    if (entry.progressToken !== undefined) this.#byToken.delete(idKey(entry.progressToken))
+    clearTimeout(entry.timer)
+    return entry
+  }
+
+  /** Every request in flight gets a JSON-RPC error at once (backend died, shutdown, session end). */
+  failAll (err: GatewayError): void {
+    for (const key of [...this.#inFlight.keys()]) {
+      const entry = this.#settle(key)
+      if (entry !== undefined) this.#reply(entry.streamId, toJsonRpcError(err, entry.clientId))
+    }
+    for (const pending of this.#pending.values()) clearTimeout(pending.timer)
+    this.#pending.clear()
+  }
+
+  #reply (streamId: string, message: JsonRpcMessage): void {
+    this.#o.host.append(this.sid, streamId, message).catch(err => this.log.error({ err }, 'reply not appended'))
+  }
+}
+
+function asRecord (value: unknown): Record<string, unknown> {
+  return isRecord(value) ? value : {}
+}
+
+function isRecord (value: unknown): value is Record<string, unknown> {
+  return typeof value === 'object' && value !== null && !Array.isArray(value)
+}
+
+/** A client's declared capabilities, from its initialize params. */
+export function capabilitiesOf (initializeParams: Record<string, unknown> | null | undefined): Record<string, unknown> {
+  return asRecord(initializeParams?.capabilities)
+}
+
+export function asGatewayError (err: unknown, server: string): GatewayError {
+  return isGatewayError(err) ? err : new GW_ERR_BACKEND_UNAVAILABLE(server, err instanceof Error ? err.message : String(err), { cause: err })
+}

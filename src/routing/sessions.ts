@@ -1,0 +1,116 @@
+// Session lifecycle (ARCHITECTURE.md flows 1 and 5): create, look up (principal-checked), update,
+// touch (idle timeout) and end, on this replica and, through the bus, on the others.
+import { randomBytes } from 'node:crypto'
+import type { Logger } from 'pino'
+import type { Config } from '../config/schema.js'
+import { GW_ERR_BACKEND_UNAVAILABLE, GW_ERR_SHUTTING_DOWN } from '../core/errors.js'
+import type { Bus, Envelope } from '../state/bus.js'
+import { GET_STREAM, type EventLog } from '../state/event-log.js'
+import type { SessionRecord, SessionStore } from '../state/session-store.js'
+import type { Ownership } from './ownership.js'
+import { capabilitiesOf } from './relay.js'
+import type { ClientStreams } from './streams.js'
+
+const SESSION_ID = /^[A-Za-z0-9_-]{16,64}$/
+
+export function isValidSessionId (sid: string): boolean {
+  return SESSION_ID.test(sid)
+}
+
+export type NewSession = Omit<SessionRecord, 'id' | 'createdAt' | 'backendSessionId'>
+
+export interface SessionsOptions {
+  replicaId: string
+  config: Readonly<Config>
+  store: SessionStore
+  eventLog: EventLog
+  bus: Bus
+  log: Logger
+  ownership: Ownership
+  streams: ClientStreams
+  /** Whether the replica is stopping (no new sessions then). */
+  stopping: () => boolean
+}
+
+export class Sessions {
+  readonly #o: SessionsOptions
+  /** When each session's TTL was last refreshed from here. */
+  readonly #lastTouch = new Map<string, number>()
+
+  constructor (options: SessionsOptions) {
+    this.#o = options
+  }
+
+  get #idleMs (): number { return this.#o.config.sessions.idleTimeoutMs }
+
+  /** Creates a session owned by this replica and starts its backend connection. */
+  async create (input: NewSession, forwardedHeaders?: Record<string, string>): Promise<SessionRecord> {
+    if (this.#o.stopping()) throw new GW_ERR_SHUTTING_DOWN()
+    const record: SessionRecord = { ...input, id: randomBytes(24).toString('base64url'), backendSessionId: null, createdAt: Date.now() }
+    await this.#o.store.create(record, this.#idleMs)
+    await this.#o.ownership.claimNew(record.id)
+    try {
+      await this.#o.ownership.open(record, forwardedHeaders)
+    } catch (err) {
+      await this.#o.store.delete(record.id).catch(() => {})
+      throw err
+    }
+    return record
+  }
+
+  /** The session if it exists and belongs to this principal; another principal sees none (G-5). */
+  async get (sid: string, principal: string): Promise<SessionRecord | null> {
+    if (!isValidSessionId(sid)) return null
+    const record = await this.#o.store.get(sid)
+    if (record === null || record.principal !== principal) return null
+    this.touch(sid)
+    return record
+  }
+
+  async update (sid: string, patch: Partial<Omit<SessionRecord, 'id'>>): Promise<void> {
+    await this.#o.store.update(sid, patch)
+    this.#o.ownership.local(sid)?.setClient(
+      patch.protocolVersion,
+      patch.initializeParams != null ? capabilitiesOf(patch.initializeParams) : undefined
+    )
+  }
+
+  /** Ends a session everywhere (DELETE, legacy stream closed, backend gone, idle). */
+  async end (sid: string, reason: string): Promise<void> {
+    const { store, bus, replicaId } = this.#o
+    const owner = await store.getOwner(sid).catch(() => null)
+    const getHolder = await store.getHolder(sid, GET_STREAM).catch(() => null)
+    await store.delete(sid)
+    await this.#o.eventLog.deleteSession(sid)
+    const envelope: Envelope = { kind: 'end-session', sid, reason }
+    for (const replica of new Set([owner, getHolder])) {
+      if (replica !== null && replica !== replicaId) await bus.send(replica, envelope).catch(() => {})
+    }
+    await this.endLocal(sid, reason)
+  }
+
+  /** Ends what this replica holds of a session: its streams, and its backend if owned here. */
+  async endLocal (sid: string, reason: string): Promise<void> {
+    this.#o.streams.endSession(sid)
+    this.#lastTouch.delete(sid)
+    const relay = this.#o.ownership.local(sid)
+    if (await this.#o.ownership.drop(sid, new GW_ERR_BACKEND_UNAVAILABLE(relay?.server ?? '?', `session ended: ${reason}`))) {
+      relay?.log.info({ reason }, 'session ended')
+    }
+  }
+
+  /** Refreshes the session TTL, at most every tenth of the idle timeout (saves store round trips). */
+  touch (sid: string): void {
+    const now = Date.now()
+    const last = this.#lastTouch.get(sid) ?? 0
+    if (now - last < this.#idleMs / 10) return
+    this.#lastTouch.set(sid, now)
+    this.#o.store.touch(sid, this.#idleMs).catch(() => {})
+  }
+
+  /** Forgets touch times older than the idle timeout (their sessions refresh on the next use). */
+  sweep (): void {
+    const stale = Date.now() - this.#idleMs
+    for (const [sid, at] of this.#lastTouch) if (at < stale) this.#lastTouch.delete(sid)
+  }
+}

@@ -1,0 +1,211 @@
+// Client streams on this replica: the holder side of ARCHITECTURE.md flows 1, 2 and 4. Delivery
+// to a client is always "append to the stream's log, then wake the holder"; the holder's
+// StreamWriter pulls after its cursor, so a lost wake, a slow client and a resume are one case.
+// Local first: when this replica holds the stream, the wake is a method call, not a bus envelope.
+import { randomBytes } from 'node:crypto'
+import type { ServerResponse } from 'node:http'
+import type { FastifyBaseLogger } from 'fastify'
+import type { Logger } from 'pino'
+import type { Config } from '../config/schema.js'
+import { GW_ERR_CONFLICT } from '../core/errors.js'
+import type { JsonRpcMessage } from '../core/jsonrpc.js'
+import { StreamWriter, type WriterEndReason, type WriterMode } from '../http/sse.js'
+import type { Bus } from '../state/bus.js'
+import { GET_STREAM, LEGACY_STREAM, type EventLog } from '../state/event-log.js'
+import type { SessionStore } from '../state/session-store.js'
+import { shortHash } from '../telemetry/logger.js'
+
+/** How long a completed request stream's log stays for a late resume. */
+export const COMPLETED_STREAM_TTL_MS = 60_000
+
+/** Request stream ids say their kind and how many responses end them: `r1_xxxx`, `j3_xxxx`. */
+export function newRequestStreamId (mode: 'sse' | 'json', responses: number): string {
+  return `${mode === 'sse' ? 'r' : 'j'}${responses}_${randomBytes(9).toString('base64url')}`
+}
+
+export function expectedResponsesOf (streamId: string): number {
+  const match = /^[rj](\d{1,4})_/.exec(streamId)
+  return match === null ? Infinity : Number(match[1])
+}
+
+const writerKey = (sid: string, streamId: string): string => `${sid}\n${streamId}`
+
+export interface OpenStreamOptions {
+  res: ServerResponse
+  sid: string
+  streamId: string
+  mode: WriterMode
+  cursor: string | null
+  fresh?: boolean
+  batch?: boolean
+  headers: Record<string, string>
+  retryMs?: number
+  preamble?: string
+  /** A new standalone GET stream: 409 if this replica already writes one (checked atomically). */
+  exclusive?: boolean
+  log: FastifyBaseLogger
+}
+
+export interface ClientStreamsOptions {
+  replicaId: string
+  config: Readonly<Config>
+  store: SessionStore
+  eventLog: EventLog
+  bus: Bus
+  log: Logger
+  /** Replica liveness (cached by Ownership). */
+  isAlive: (replica: string) => Promise<boolean>
+  /** A legacy HTTP+SSE session lives as long as its one stream. */
+  endSession: (sid: string, reason: string) => Promise<void>
+}
+
+export class ClientStreams {
+  readonly #o: ClientStreamsOptions
+  readonly #writers = new Map<string, StreamWriter>()
+
+  constructor (options: ClientStreamsOptions) {
+    this.#o = options
+  }
+
+  get #leaseMs (): number { return this.#o.config.redis?.leaseMs ?? 10_000 }
+  get #idleMs (): number { return this.#o.config.sessions.idleTimeoutMs }
+
+  /** Appends to a client stream's log and wakes its holder (local call, or a bus wake). */
+  async append (sid: string, streamId: string, message: JsonRpcMessage | null): Promise<string> {
+    const { entryId, holder } = await this.#o.eventLog.append(sid, streamId, message, this.#idleMs)
+    if (holder === this.#o.replicaId) {
+      this.wake(sid, streamId)
+    } else if (holder !== null) {
+      await this.#o.bus.send(holder, { kind: 'wake', sid, streamId }).catch(err => {
+        this.#o.log.warn({ err, sid: shortHash(sid) }, 'wake not sent; the entry waits in the log')
+      })
+    }
+    return entryId
+  }
+
+  /** Opens a client stream on this replica: claims the holder lease, then tails the log. */
+  async open (options: OpenStreamOptions): Promise<StreamWriter> {
+    const { sid, streamId } = options
+    const replicaId = this.#o.replicaId
+    const key = writerKey(sid, streamId)
+    const current = this.#writers.get(key)
+    if (options.exclusive === true && current !== undefined && !current.ended) {
+      throw new GW_ERR_CONFLICT('Only one GET stream is allowed per session')
+    }
+    current?.end('released')
+    const writer = new StreamWriter({
+      ...options,
+      eventLog: this.#o.eventLog,
+      expectedResponses: expectedResponsesOf(streamId),
+      keepAliveMs: this.#o.config.http.keepAliveMs,
+      onEnd: (w, reason) => { this.#onWriterEnd(w, reason) }
+    })
+    this.#writers.set(key, writer)
+    let previous: string | null
+    try {
+      previous = await this.#o.store.claimHolder(sid, streamId, replicaId, this.#leaseMs)
+    } catch (err) {
+      // Not started, so nothing was written: forget it and let the error handler answer.
+      if (this.#writers.get(key) === writer) this.#writers.delete(key)
+      throw err
+    }
+    if (options.exclusive === true && previous !== null && previous !== replicaId && await this.#o.isAlive(previous)) {
+      // Another replica opened this session's GET stream at the same moment and is alive: hand the
+      // stream back to it and refuse this one, as a local second GET is refused.
+      await this.#o.store.claimHolder(sid, streamId, previous, this.#leaseMs).catch(() => {})
+      if (this.#writers.get(key) === writer) this.#writers.delete(key)
+      throw new GW_ERR_CONFLICT('Only one GET stream is allowed per session')
+    }
+    if (previous !== null && previous !== replicaId) {
+      await this.#o.bus.send(previous, { kind: 'release', sid, streamId }).catch(() => {})
+    }
+    return writer
+  }
+
+  /** New entries in a stream this replica holds: its writer pulls them. */
+  wake (sid: string, streamId: string): void {
+    void this.#writers.get(writerKey(sid, streamId))?.wake()
+  }
+
+  /** Another replica took the stream over: stop writing it. */
+  release (sid: string, streamId: string): void {
+    this.#writers.get(writerKey(sid, streamId))?.end('released')
+  }
+
+  /** Whether a live GET stream exists for the session (one standalone GET stream, H-GET-3). */
+  async hasLive (sid: string, streamId: string): Promise<boolean> {
+    const local = this.#writers.get(writerKey(sid, streamId))
+    if (local !== undefined && !local.ended) return true
+    const holder = await this.#o.store.getHolder(sid, streamId)
+    return holder !== null && holder !== this.#o.replicaId && await this.#o.store.isAlive(holder)
+  }
+
+  /** Whether a stream of this session has a log (a Last-Event-ID must name one, H-RES-2). */
+  async exists (sid: string, streamId: string): Promise<boolean> {
+    return await this.#o.eventLog.hasStream(sid, streamId)
+  }
+
+  /** Where a new GET stream without Last-Event-ID starts: after what was last written. */
+  async cursor (sid: string, streamId: string): Promise<string | null> {
+    return await this.#o.store.getCursor(sid, streamId)
+  }
+
+  /** The session ended: its streams here end too. */
+  endSession (sid: string): void {
+    for (const writer of [...this.#writers.values()]) {
+      if (writer.sid === sid) writer.end('session-ended')
+    }
+  }
+
+  /** Shutdown: every stream ends with a retry hint so its client reconnects elsewhere. */
+  endAll (retryMs: number): void {
+    for (const writer of [...this.#writers.values()]) writer.end('shutdown', retryMs)
+  }
+
+  /**
+   * Holder leases are renewed here, every third of a lease. An open stream keeps its session
+   * alive: the tick runs at least every quarter idle timeout, and touch() also says whether the
+   * session still exists (a stream whose session is gone ends). Returns the sessions that still
+   * have a stream held here.
+   */
+  async renew (): Promise<Set<string>> {
+    const store = this.#o.store
+    const held = new Set<string>()
+    for (const writer of [...this.#writers.values()]) {
+      const [alive, renewed] = await Promise.all([
+        store.touch(writer.sid, this.#idleMs),
+        store.renewHolder(writer.sid, writer.streamId, this.#o.replicaId, this.#leaseMs)
+      ])
+      if (!alive) writer.end('session-ended')
+      // Another replica holds the stream now (it resumed it, or won a race for it): wakes go there,
+      // so this writer would starve; end it and let the client reconnect.
+      else if (!renewed && !writer.ended) writer.end('released', this.#o.config.http.retryMs)
+      else held.add(writer.sid)
+    }
+    return held
+  }
+
+  #onWriterEnd (writer: StreamWriter, reason: WriterEndReason): void {
+    const { sid, streamId } = writer
+    const key = writerKey(sid, streamId)
+    if (this.#writers.get(key) === writer) this.#writers.delete(key)
+    if (reason === 'released' || reason === 'session-ended') return
+    const store = this.#o.store
+    // Only a cursor the log gave: a client-sent Last-Event-ID never becomes the stored position.
+    if (writer.cursor !== null && writer.advanced && (streamId === GET_STREAM || streamId === LEGACY_STREAM)) {
+      store.setCursor(sid, streamId, writer.cursor, this.#idleMs).catch(() => {})
+    }
+    if (reason === 'complete') {
+      // A completed request stream gets no more entries: its holder lease just lapses, and its log
+      // is kept only briefly for a client whose socket died right after the answer (not the whole
+      // idle timeout: a busy session would hold every answer it ever sent).
+      this.#o.eventLog.expire(sid, streamId, COMPLETED_STREAM_TTL_MS).catch(() => {})
+    } else {
+      store.releaseHolder(sid, streamId, this.#o.replicaId).catch(() => {})
+    }
+    if (streamId === LEGACY_STREAM && reason !== 'shutdown') {
+      // A legacy HTTP+SSE session lives as long as its stream (2024-11-05 has no resumption).
+      this.#o.endSession(sid, 'legacy stream closed').catch(err => this.#o.log.warn({ err }, 'legacy session end failed'))
+    }
+  }
+}
