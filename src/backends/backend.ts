@@ -1,5 +1,5 @@
 // A live connection to one backend MCP server for one client session: a stdio child
-// (backend-stdio.ts) or an HTTP upstream session (backend-http.ts). The router speaks
+// (stdio.ts) or an HTTP upstream session (streamable-http.ts, legacy-sse.ts). The router speaks
 // JSON-RPC messages to it; how they travel is the connection's business.
 import type { Logger } from 'pino'
 import type { JsonRpcMessage } from '../core/jsonrpc.js'

@@ -1,5 +1,5 @@
 // Reads the gateway's configuration once at boot: YAML or JSON, `${NAME}` placeholders expanded
-// from the environment, validated against config-schema.ts with every failing path listed in one
+// from the environment, validated against schema.ts with every failing path listed in one
 // error, then deep-frozen (STYLE.md habit 2, ARCHITECTURE.md section 3).
 //
 // This is the only module that reads process.env, and only as a default parameter, so tests and

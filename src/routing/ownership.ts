@@ -9,12 +9,12 @@
 //   which resumes the backend's GET stream from the event id recorded in the session record.
 // - Liveness: a replica's heartbeat key; a positive answer is cached for a quarter lease so a
 //   forwarded message rarely pays for the check, and a dead owner is still noticed within a lease.
-import type { Logger } from 'pino'
-import type { Config, ServerConfig } from '../config/schema.js'
+import type { ServerConfig } from '../config/schema.js'
 import { GW_ERR_BACKEND_UNAVAILABLE, type GatewayError } from '../core/errors.js'
-import type { SessionRecord, SessionStore } from '../state/session-store.js'
+import type { SessionRecord } from '../state/session-store.js'
 import { shortHash } from '../telemetry/logger.js'
 import type { SupervisedHandlers, SupervisedOpenOptions } from '../backends/supervisor.js'
+import type { ReplicaContext } from './context.js'
 import { capabilitiesOf, Relay, type BackendSessionHandle, type RelayHost } from './relay.js'
 
 /** What ownership needs of the supervisor (src/backends/supervisor.ts implements it). */
@@ -24,12 +24,8 @@ export interface BackendPool {
   stopAll (options?: { detach?: boolean }): Promise<void>
 }
 
-export interface OwnershipOptions {
-  replicaId: string
-  config: Readonly<Config>
-  store: SessionStore
+export interface OwnershipOptions extends Omit<ReplicaContext, 'eventLog' | 'bus'> {
   backends: BackendPool
-  log: Logger
   /** What relays append to and how they end a session. */
   host: RelayHost
 }

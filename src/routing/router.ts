@@ -7,14 +7,13 @@
 //   streams.ts    client streams held here (append/wake, writers, holder leases)
 //   ownership.ts  relays owned here, leases, liveness, takeover of direct sessions
 //   relay.ts      one backend session: id mapping, in flight, progress, server requests
-import type { Logger } from 'pino'
-import type { Config } from '../config/schema.js'
 import { GW_ERR_SESSION_NOT_FOUND, GW_ERR_SHUTTING_DOWN, toJsonRpcError } from '../core/errors.js'
 import { isRequest, isResponse, type JsonRpcMessage, type RequestId } from '../core/jsonrpc.js'
 import type { StreamWriter } from '../http/sse.js'
-import type { Bus, Envelope } from '../state/bus.js'
-import { LEGACY_STREAM, type EventLog } from '../state/event-log.js'
-import type { SessionRecord, SessionStore } from '../state/session-store.js'
+import type { Envelope } from '../state/bus.js'
+import { LEGACY_STREAM } from '../state/event-log.js'
+import type { SessionRecord } from '../state/session-store.js'
+import type { ReplicaContext } from './context.js'
 import { Ownership, type BackendPool } from './ownership.js'
 import { capabilitiesOf, type Relay } from './relay.js'
 import { Sessions, type NewSession } from './sessions.js'
@@ -23,14 +22,8 @@ import { ClientStreams, type OpenStreamOptions } from './streams.js'
 export type { BackendPool } from './ownership.js'
 export type { BackendSessionHandle } from './relay.js'
 
-export interface RouterOptions {
-  replicaId: string
-  config: Readonly<Config>
-  store: SessionStore
-  eventLog: EventLog
-  bus: Bus
+export interface RouterOptions extends ReplicaContext {
   backends: BackendPool
-  log: Logger
 }
 
 export class Router {

@@ -1,12 +1,11 @@
 // Session lifecycle (ARCHITECTURE.md flows 1 and 5): create, look up (principal-checked), update,
 // touch (idle timeout) and end, on this replica and, through the bus, on the others.
 import { randomBytes } from 'node:crypto'
-import type { Logger } from 'pino'
-import type { Config } from '../config/schema.js'
 import { GW_ERR_BACKEND_UNAVAILABLE, GW_ERR_SHUTTING_DOWN } from '../core/errors.js'
-import type { Bus, Envelope } from '../state/bus.js'
-import { GET_STREAM, type EventLog } from '../state/event-log.js'
-import type { SessionRecord, SessionStore } from '../state/session-store.js'
+import type { Envelope } from '../state/bus.js'
+import { GET_STREAM } from '../state/event-log.js'
+import type { SessionRecord } from '../state/session-store.js'
+import type { ReplicaContext } from './context.js'
 import type { Ownership } from './ownership.js'
 import { capabilitiesOf } from './relay.js'
 import type { ClientStreams } from './streams.js'
@@ -19,13 +18,7 @@ export function isValidSessionId (sid: string): boolean {
 
 export type NewSession = Omit<SessionRecord, 'id' | 'createdAt' | 'backendSessionId'>
 
-export interface SessionsOptions {
-  replicaId: string
-  config: Readonly<Config>
-  store: SessionStore
-  eventLog: EventLog
-  bus: Bus
-  log: Logger
+export interface SessionsOptions extends ReplicaContext {
   ownership: Ownership
   streams: ClientStreams
   /** Whether the replica is stopping (no new sessions then). */

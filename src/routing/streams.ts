@@ -5,15 +5,12 @@
 import { randomBytes } from 'node:crypto'
 import type { ServerResponse } from 'node:http'
 import type { FastifyBaseLogger } from 'fastify'
-import type { Logger } from 'pino'
-import type { Config } from '../config/schema.js'
 import { GW_ERR_CONFLICT } from '../core/errors.js'
 import type { JsonRpcMessage } from '../core/jsonrpc.js'
 import { StreamWriter, type WriterEndReason, type WriterMode } from '../http/sse.js'
-import type { Bus } from '../state/bus.js'
-import { GET_STREAM, LEGACY_STREAM, type EventLog } from '../state/event-log.js'
-import type { SessionStore } from '../state/session-store.js'
+import { GET_STREAM, LEGACY_STREAM } from '../state/event-log.js'
 import { shortHash } from '../telemetry/logger.js'
+import type { ReplicaContext } from './context.js'
 
 /** How long a completed request stream's log stays for a late resume. */
 export const COMPLETED_STREAM_TTL_MS = 60_000
@@ -46,13 +43,7 @@ export interface OpenStreamOptions {
   log: FastifyBaseLogger
 }
 
-export interface ClientStreamsOptions {
-  replicaId: string
-  config: Readonly<Config>
-  store: SessionStore
-  eventLog: EventLog
-  bus: Bus
-  log: Logger
+export interface ClientStreamsOptions extends ReplicaContext {
   /** Replica liveness (cached by Ownership). */
   isAlive: (replica: string) => Promise<boolean>
   /** A legacy HTTP+SSE session lives as long as its one stream. */

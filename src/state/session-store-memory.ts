@@ -1,6 +1,6 @@
 // Memory twin of the session store (ARCHITECTURE.md principle 5): single-process mode, the
 // default when no Redis is configured. It keeps the Redis twin's semantics, TTLs included, so the
-// shared contract suite (test/contract-session-store.ts) holds for both.
+// shared contract suite (test/state/contract-session-store.ts) holds for both.
 import { GW_ERR_CONFLICT } from '../core/errors.js'
 import type { SessionRecord, SessionStore } from './session-store.js'
 

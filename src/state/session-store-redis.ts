@@ -1,5 +1,5 @@
 // Redis twin of the session store (ARCHITECTURE.md section 4). Every change that checks then
-// writes runs as one Lua script (redis-scripts.ts); every key gets a TTL passed in by the caller.
+// writes runs as one Lua script (redis/scripts.ts); every key gets a TTL passed in by the caller.
 import { GW_ERR_CONFLICT } from '../core/errors.js'
 import { replicaKey, sessionKeys } from './redis/keys.js'
 import { isRedisReady, storeCall, type Redis } from './redis/client.js'

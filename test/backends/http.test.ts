@@ -1,4 +1,4 @@
-// HTTP backends (src/backend-http.ts) against real upstreams on 127.0.0.1: the SDK's
+// HTTP backends (src/backends/streamable-http.ts, legacy-sse.ts) against real upstreams on 127.0.0.1: the SDK's
 // StreamableHTTPServerTransport and SSEServerTransport, server-everything in its
 // streamableHttp mode, and raw node:http servers that misbehave on purpose.
 import { spawn } from 'node:child_process'

@@ -3,7 +3,7 @@
 // leave a key without a TTL. Headers follow BullMQ: KEYS, ARGV, returns.
 //
 // Scripts that must find a session's per-stream keys (delete) build their names from the
-// session's base key and the suffixes in redis-keys.ts. Every such key carries the session's
+// session's base key and the suffixes in keys.ts. Every such key carries the session's
 // `{sid}` hash tag, so it lives in the same cluster slot as the keys the script was given.
 import type { Redis, RedisKey, Result } from 'ioredis'
 import { SESSION_SUFFIX } from './keys.js'

@@ -1,0 +1,447 @@
+// Streamable HTTP backends (SPEC.md 5; the gateway is the client here): POST per message, JSON or
+// SSE replies resumed with Last-Event-ID, the backend's standalone GET stream (only the replica
+// holding the session's lease listens), and re-initialisation when the backend answers 404.
+import { randomUUID } from 'node:crypto'
+import type { Dispatcher } from 'undici'
+import type { HttpServerConfig } from '../config/schema.js'
+import { classify, isNotification, isRequest, type JsonRpcMessage, type JsonRpcRequest, type JsonRpcResponse } from '../core/jsonrpc.js'
+import { DELETE_TIMEOUT_MS, HttpBackend, type HttpBackendOpenOptions, type Pending, type SseCursor } from './http-base.js'
+import { describe, drain, errorDetail, headerValue, mediaType, MAX_BODY_BYTES, pumpSse, readText, type Body } from './http-io.js'
+
+export class StreamableHttpBackend extends HttpBackend {
+  #sessionId: string | null
+  #protocolVersion: string | undefined
+  /** While set, other POSTs wait: an initialize is getting the session id, or a re-init runs. */
+  #gate: Promise<void> | null = null
+  #reinit: Promise<boolean> | null = null
+  #listen: boolean
+  #get: AbortController | null = null
+  #getCursor: SseCursor = {}
+  /** The backend answered 405 to GET: it offers no stream, so listening again is pointless. */
+  #noGetStream = false
+
+  constructor (options: HttpBackendOpenOptions, config: HttpServerConfig) {
+    super(options, config)
+    this.#sessionId = options.backendSessionId ?? null
+    this.#protocolVersion = options.protocolVersion
+    this.#listen = options.listen ?? true
+    const onId = options.handlers.onGetStreamEventId
+    this.#getCursor = {
+      ...(options.getStreamLastEventId != null ? { lastId: options.getStreamLastEventId } : {}),
+      ...(onId !== undefined ? { onId: (id: string) => { onId(id) } } : {})
+    }
+    if (this.#sessionId !== null) {
+      // Failover: the session was initialised by another replica (H-SES-6: no initialize).
+      this.initialized = true
+      if (this.#listen) this.#openGet()
+    }
+  }
+
+  get listening (): boolean {
+    return this.#listen
+  }
+
+  get backendSessionId (): string | null {
+    return this.#sessionId
+  }
+
+  startListening (fromEventId?: string | null): void {
+    if (this.#noGetStream) return
+    // A replica taking the lease over resumes where the previous holder's stream got to.
+    if (fromEventId != null && this.#get === null) this.#getCursor.lastId = fromEventId
+    this.#listen = true
+    if (this.initialized && this.isOpen) this.#openGet()
+  }
+
+  stopListening (): void {
+    this.#listen = false
+    this.#get?.abort()
+    this.#get = null
+  }
+
+  async send (message: JsonRpcMessage): Promise<void> {
+    this.assertOpen()
+    if (isRequest(message)) {
+      this.rememberInitialize(message)
+      const p = this.track(message)
+      // Errors reach the router as the request's JSON-RPC error, never as a rejection.
+      this.#runRequest(message, p, false).catch((err: unknown) => {
+        this.fail(p, this.unavailable(describe(err), err))
+      })
+      return
+    }
+    if (isNotification(message) && message.method === 'notifications/cancelled') this.forgetCancelled(message)
+    await this.postNotification(message)
+    if (isNotification(message) && message.method === 'notifications/initialized') {
+      this.initialized = true
+      if (this.#listen) this.#openGet()
+    }
+  }
+
+  protected override onInitializeResult (result: unknown): void {
+    const version = (result as { protocolVersion?: unknown } | null)?.protocolVersion
+    if (typeof version === 'string') {
+      this.#protocolVersion = version
+      // Replicas that resume this backend session must send the backend's version (H-PV-1).
+      this.handlers.onBackendProtocolVersion?.(version)
+    }
+  }
+
+  // -- POST ------------------------------------------------------------------------------------
+
+  async #waitGate (): Promise<void> {
+    while (this.#gate !== null) await this.#gate
+  }
+
+  /** POSTs one message with the protocol headers; returns the reply and the session id it carried. */
+  async #post (message: JsonRpcMessage, signal: AbortSignal, timeout: number, bypassGate: boolean): Promise<{ res: Dispatcher.ResponseData, sid: string | null }> {
+    if (!bypassGate) await this.#waitGate()
+    const isInit = isRequest(message) && message.method === 'initialize'
+    const sid = isInit ? null : this.#sessionId
+    const headers = this.baseHeaders()
+    headers.accept = 'application/json, text/event-stream' // H-POST-1
+    headers['content-type'] = 'application/json'
+    if (sid !== null) headers['mcp-session-id'] = sid
+    if (!isInit && this.#protocolVersion !== undefined) headers['mcp-protocol-version'] = this.#protocolVersion // H-PV-1
+    // timeout 0: a request, whose deadline is its own timer (#onTimeout), so undici never races it.
+    const res = await this.request(this.requests, 'POST', this.url, headers, signal, { body: JSON.stringify(message), headersTimeout: timeout, bodyTimeout: timeout })
+    // The session id comes with the InitializeResult (H-SES-1); a late reply from an old
+    // session must not overwrite the current one.
+    const returned = headerValue(res.headers, 'mcp-session-id')
+    if (returned !== undefined && returned !== '' && (isInit || this.#sessionId === null) && returned !== this.#sessionId) {
+      this.#sessionId = returned
+      this.#reportSessionId(returned)
+    }
+    return { res, sid }
+  }
+
+  #reportSessionId (sid: string | null): void {
+    try {
+      this.handlers.onBackendSessionId?.(sid)
+    } catch (err) {
+      this.log.error({ err }, 'onBackendSessionId handler threw')
+    }
+  }
+
+  async #runRequest (request: JsonRpcRequest, p: Pending, retried: boolean, bypassGate = false): Promise<void> {
+    const signal = AbortSignal.any([p.abort.signal, this.lifetime.signal])
+    let open: (() => void) | undefined
+    if (request.method === 'initialize' && !bypassGate) {
+      // Until this initialize's reply brings the session id, other messages would go without it.
+      // Taken synchronously when free, so a message sent right after send() already waits.
+      while (this.#gate !== null) await this.#gate
+      this.#gate = new Promise<void>(resolve => { open = resolve })
+    }
+    let exchange: { res: Dispatcher.ResponseData, sid: string | null }
+    try {
+      exchange = await this.#post(request, signal, 0, bypassGate || open !== undefined)
+    } catch (err) {
+      if (this.isPending(p)) this.fail(p, this.unavailable(describe(err), err))
+      return
+    } finally {
+      if (open !== undefined) {
+        this.#gate = null
+        open()
+      }
+    }
+    const { res, sid } = exchange
+    if (!this.isPending(p)) {
+      res.body.destroy()
+      return
+    }
+    if (res.statusCode === 404 && sid !== null && !retried) {
+      // H-SES-3: the backend ended its session; start over, then retry this request once.
+      await drain(res.body)
+      if (await this.#reinitialise(sid)) {
+        await this.#runRequest(request, p, true, bypassGate)
+      } else {
+        this.fail(p, this.unavailable('the backend session expired and could not be re-initialised'), { status: 404 })
+        this.#giveUpWithoutParams()
+      }
+      return
+    }
+    try {
+      await this.#consumeReply(res, p)
+    } catch (err) {
+      if (this.isPending(p)) this.fail(p, this.unavailable(describe(err), err), { status: res.statusCode })
+    }
+  }
+
+  /** Reads a POST reply to request p: JSON (one message or an array), SSE, 202, or an error. */
+  async #consumeReply (res: Dispatcher.ResponseData, p: Pending): Promise<void> {
+    const status = res.statusCode
+    if (status === 202) {
+      // Accepted without a body: the answer can only come on the GET stream; the deadline bounds it.
+      await drain(res.body)
+      return
+    }
+    if (status < 200 || status >= 300) {
+      const detail = await errorDetail(res.body)
+      this.fail(p, this.unavailable(`the backend answered HTTP ${status}`), { status, ...detail })
+      return
+    }
+    const type = mediaType(res.headers)
+    if (type === 'text/event-stream') {
+      await this.#readPostStream(res.body, p)
+      return
+    }
+    if (type === 'application/json') {
+      const text = await readText(res.body, MAX_BODY_BYTES)
+      let value: unknown
+      try {
+        value = JSON.parse(text)
+      } catch {
+        this.fail(p, this.unavailable('the backend sent a body that is not JSON'), { status })
+        return
+      }
+      const list = Array.isArray(value) ? value as unknown[] : [value]
+      if (list.length === 0 || list.some(v => classify(v).kind === 'invalid')) {
+        this.fail(p, this.unavailable('the backend sent a body that is not JSON-RPC'), { status })
+        return
+      }
+      for (const v of list) this.deliver(v)
+      if (this.isPending(p)) this.fail(p, this.unavailable('the backend reply did not carry the response'), { status })
+      return
+    }
+    await drain(res.body)
+    this.fail(p, this.unavailable(`the backend sent an unexpected Content-Type '${type}'`), { status })
+  }
+
+  /**
+   * Reads the SSE stream a POST opened. If it drops before the response and an event id was
+   * seen, resumes with GET + Last-Event-ID, honouring the server's retry (H-BC-3, H-RES-2).
+   */
+  async #readPostStream (body: Body, p: Pending): Promise<void> {
+    const cursor: SseCursor = {}
+    let lastError: unknown = null
+    try {
+      await this.#pump(body, cursor, p)
+    } catch (err) {
+      lastError = err
+    }
+    let attempt = 0
+    while (this.isPending(p)) {
+      if (cursor.lastId === undefined) {
+        const reason = lastError === null ? 'the response stream ended before the response' : `the response stream failed: ${describe(lastError)}`
+        this.fail(p, this.unavailable(reason, lastError ?? undefined))
+        return
+      }
+      if (attempt >= this.config.reconnect.maxAttempts) {
+        this.fail(p, this.unavailable('the response stream was lost and could not be resumed'))
+        return
+      }
+      if (!await this.waitBeforeRetry(attempt++, cursor.retryMs, p.abort.signal)) return
+      if (!this.isPending(p)) return
+      try {
+        const res = await this.#openStream(cursor.lastId, AbortSignal.any([p.abort.signal, this.lifetime.signal]))
+        if (res.statusCode !== 200 || mediaType(res.headers) !== 'text/event-stream') {
+          await drain(res.body)
+          this.fail(p, this.unavailable(`resuming the response stream answered HTTP ${res.statusCode}`), { status: res.statusCode })
+          return
+        }
+        lastError = null
+        await this.#pump(res.body, cursor, p)
+      } catch (err) {
+        lastError = err
+      }
+    }
+  }
+
+  /** Feeds one SSE body; garbage data fails the request the stream carries (if any). */
+  async #pump (body: Body, cursor: SseCursor, p: Pending | null): Promise<void> {
+    await pumpSse(body, event => {
+      if (event.id !== undefined) {
+        cursor.lastId = event.id
+        cursor.onId?.(event.id)
+      }
+      if (event.event !== undefined && event.event !== 'message') return
+      if (!this.deliverData(event.data) && p !== null) {
+        this.fail(p, this.unavailable('the backend sent an event that is not JSON-RPC'), { status: 200 })
+      }
+    }, ms => { cursor.retryMs = ms })
+  }
+
+  /** GET on the endpoint (standalone stream, or a resumption when lastEventId is given). */
+  async #openStream (lastEventId: string | undefined, signal: AbortSignal): Promise<Dispatcher.ResponseData> {
+    const headers = this.baseHeaders()
+    headers.accept = 'text/event-stream' // H-GET-1
+    if (this.#sessionId !== null) headers['mcp-session-id'] = this.#sessionId
+    if (this.#protocolVersion !== undefined) headers['mcp-protocol-version'] = this.#protocolVersion
+    if (lastEventId !== undefined) headers['last-event-id'] = lastEventId
+    return await this.request(this.streams, 'GET', this.url, headers, signal)
+  }
+
+  /** POSTs a notification or response; 2xx expected; 404 on a session re-initialises once. */
+  protected async postNotification (message: JsonRpcMessage, retried = false, bypassGate = false): Promise<void> {
+    const signal = this.lifetime.signal
+    let exchange: { res: Dispatcher.ResponseData, sid: string | null }
+    try {
+      // A notification has no deadline of its own: bound the whole exchange by the request timeout.
+      exchange = await this.#post(message, signal, this.config.requestTimeoutMs, bypassGate)
+    } catch (err) {
+      throw this.unavailable(describe(err), err)
+    }
+    const { res, sid } = exchange
+    const status = res.statusCode
+    if (status >= 200 && status < 300) {
+      // 202 is the rule (H-POST-3); a body, if any, carries nothing we need.
+      await drain(res.body)
+      return
+    }
+    if (status === 404 && sid !== null && !retried) {
+      await drain(res.body)
+      if (await this.#reinitialise(sid)) return await this.postNotification(message, true, bypassGate)
+      this.#giveUpWithoutParams()
+      throw this.unavailable('the backend session expired and could not be re-initialised')
+    }
+    await drain(res.body)
+    throw this.unavailable(`the backend answered HTTP ${status}`)
+  }
+
+  // -- re-initialise (H-SES-3) ------------------------------------------------------------------
+
+  /**
+   * The backend answered 404 for session `expired`: initialise a new backend session with the
+   * client's remembered initialize params, as the gateway (id 'gw-init-…', never delivered).
+   * Concurrent callers share one attempt. Resolves true when a new session is ready.
+   */
+  async #reinitialise (expired: string): Promise<boolean> {
+    if (this.#reinit !== null) return await this.#reinit
+    if (this.#sessionId !== null && this.#sessionId !== expired) return true // someone already did
+    if (this.initParams === undefined || this.closed) return false
+    let open!: () => void
+    this.#gate = new Promise<void>(resolve => { open = resolve })
+    this.#reinit = this.#doReinitialise(expired)
+    try {
+      return await this.#reinit
+    } finally {
+      this.#reinit = null
+      this.#gate = null
+      open()
+    }
+  }
+
+  /** Without the client's initialize params no new session can ever be made: the session is over. */
+  #giveUpWithoutParams (): void {
+    if (this.initParams === undefined) this.unrecoverable('the backend session expired and there are no initialize params to start a new one')
+  }
+
+  async #doReinitialise (expired: string): Promise<boolean> {
+    this.log.info('backend session expired; re-initialising')
+    this.#sessionId = null
+    // Event ids of the old session mean nothing to the new one; the id reporting stays.
+    this.#getCursor = this.#getCursor.onId !== undefined ? { onId: this.#getCursor.onId } : {}
+    const request: JsonRpcRequest = { jsonrpc: '2.0', id: `gw-init-${randomUUID()}`, method: 'initialize', params: this.initParams }
+    try {
+      const reply = await new Promise<JsonRpcResponse>((resolve, reject) => {
+        const p = this.track(request, { resolve, reject })
+        this.#runRequest(request, p, true, true).catch(reject)
+      })
+      if ('error' in reply) throw this.unavailable(`re-initialise failed: ${reply.error.message}`)
+      await this.postNotification({ jsonrpc: '2.0', method: 'notifications/initialized' }, true, true)
+    } catch (err) {
+      this.log.warn({ err }, 'backend re-initialise failed')
+      // Keep answering with the dead id: its next 404 triggers the next attempt, where no id
+      // at all would only earn 400s.
+      if (this.#sessionId === null) this.#sessionId = expired
+      return false
+    }
+    this.log.info('backend session re-initialised')
+    if (this.#listen && this.isOpen) this.#openGet()
+    return true
+  }
+
+  // -- the standalone GET stream (H-GET-*) -------------------------------------------------------
+
+  #openGet (): void {
+    if (this.#get !== null || this.closed) return
+    const controller = new AbortController()
+    this.#get = controller
+    this.#runGet(controller).catch((err: unknown) => {
+      this.log.error({ err }, 'backend GET stream loop failed')
+    }).finally(() => {
+      if (this.#get === controller) this.#get = null
+    })
+  }
+
+  async #runGet (controller: AbortController): Promise<void> {
+    const signal = AbortSignal.any([controller.signal, this.lifetime.signal])
+    let attempt = 0
+    let justReinitialised = false
+    let conflict = false
+    while (!signal.aborted) {
+      let reason: string
+      const sid = this.#sessionId
+      conflict = false
+      try {
+        const res = await this.#openStream(this.#getCursor.lastId, signal)
+        if (res.statusCode === 405) {
+          await drain(res.body)
+          this.log.debug('backend offers no GET stream')
+          this.#noGetStream = true
+          return
+        }
+        if (res.statusCode === 409) {
+          // H-GET-3: the session already has a GET stream. After a failover that is usually the
+          // dead holder's stream, which the backend drops once it notices the closed socket:
+          // retry with backoff; if it never frees, stop listening without ending the session.
+          await drain(res.body)
+          conflict = true
+          reason = 'another GET stream is open for the backend session'
+        } else if (res.statusCode === 404 && sid !== null) {
+          await drain(res.body)
+          // A new session deserves one immediate GET; a 404 right after it counts as a failure.
+          if (!justReinitialised && await this.#reinitialise(sid)) {
+            justReinitialised = true
+            continue
+          }
+          reason = 'the backend session expired and could not be re-initialised'
+        } else if (res.statusCode === 200 && mediaType(res.headers) === 'text/event-stream') {
+          attempt = 0
+          justReinitialised = false
+          await this.#pump(res.body, this.#getCursor, null)
+          reason = 'the GET stream ended'
+        } else {
+          await drain(res.body)
+          reason = `the GET stream answered HTTP ${res.statusCode}`
+        }
+      } catch (err) {
+        if (signal.aborted) return
+        reason = `the GET stream failed: ${describe(err)}`
+      }
+      if (signal.aborted) return
+      if (attempt >= this.config.reconnect.maxAttempts) {
+        if (conflict) {
+          this.log.warn('backend GET stream stays taken; not listening')
+          return
+        }
+        this.unrecoverable(`${reason}; reconnect attempts exhausted`)
+        return
+      }
+      this.log.debug({ reason, attempt }, 'backend GET stream reconnecting')
+      if (!await this.waitBeforeRetry(attempt++, this.#getCursor.retryMs, signal)) return
+    }
+  }
+
+  // -- shutdown ----------------------------------------------------------------------------------
+
+  protected async shutdown (deleteSession: boolean): Promise<void> {
+    this.#get = null
+    const sid = this.#sessionId
+    if (!deleteSession || sid === null) return
+    // H-SES-4: end the backend session; 405 means the server does not allow it, which is fine.
+    const headers = this.baseHeaders()
+    headers['mcp-session-id'] = sid
+    if (this.#protocolVersion !== undefined) headers['mcp-protocol-version'] = this.#protocolVersion
+    const timeout = Math.min(this.config.requestTimeoutMs, DELETE_TIMEOUT_MS)
+    try {
+      const res = await this.request(this.requests, 'DELETE', this.url, headers, AbortSignal.timeout(timeout), { headersTimeout: timeout, bodyTimeout: timeout })
+      await drain(res.body)
+      if (res.statusCode >= 400 && res.statusCode !== 405 && res.statusCode !== 404) {
+        this.log.debug({ status: res.statusCode }, 'backend refused DELETE')
+      }
+    } catch (err) {
+      this.log.debug({ err }, 'backend DELETE failed')
+    }
+  }
+}

@@ -1,0 +1,392 @@
+// One client session's supervised backend connection: restarts a crashed child and re-initialises
+// it transparently (the supervisor, supervisor.ts, owns the set of them and the capacity limits).
+//
+// Restart policy (SPEC.md IO-6, ARCHITECTURE.md §6, STYLE.md habit 8):
+// - A stdio child that dies without stop() being called is a crash. onRestarting is called at
+//   once, so the router can answer every in-flight request of the session with a JSON-RPC error
+//   (in-flight requests are lost with the child; the client may retry them).
+// - The child is then restarted after a jittered exponential delay (restartDelay, with
+//   config.restart.baseDelayMs / maxDelayMs). At most config.restart.maxRestarts restarts are
+//   allowed within config.restart.windowMs; one more crash (or any crash with maxRestarts 0)
+//   calls onGone: the session ends, the client gets 404 and re-initialises, which is the spec's
+//   recovery path.
+// - A restart re-initialises the new child transparently with what the client had established:
+//   the client's own `initialize` params (request id 'gw-init-<n>'; the router only sends numeric
+//   ids, so these never collide), `notifications/initialized` if the client had sent it, then the
+//   last `logging/setLevel` and every `resources/subscribe` not later unsubscribed ('gw-replay-<n>'
+//   ids, answers swallowed). A failed or timed-out re-initialisation counts as another crash.
+//   If the new child negotiates another protocol version than the client had, the session is
+//   gone: the client would otherwise speak a version its backend does not.
+// - Responses to 'gw-' ids never reach onMessage. While restarting, messages from the client are
+//   queued (bounded) and flushed in order after re-initialisation; each further onRestarting
+//   (a failed attempt) empties the queue, because the router has just failed those requests.
+// - A restart never happens while stopping: stop() cancels a pending restart timer and any
+//   re-initialisation in progress.
+// HTTP backends reconnect inside their own connection (streamable-http.ts, legacy-sse.ts); when one
+// reports an exit, the session is gone.
+import { setTimeout as sleep } from 'node:timers/promises'
+import type { Logger } from 'pino'
+import type { BackendConnection, BackendExit, BackendFactory } from './backend.js'
+import type { ServerConfig } from '../config/schema.js'
+import { GW_ERR_BACKEND_UNAVAILABLE } from '../core/errors.js'
+import { isNotification, isRequest, isResponse, type JsonRpcMessage, type JsonRpcRequest, type RequestId } from '../core/jsonrpc.js'
+import type { BackendSession, StopOptions, SupervisedHandlers, SupervisedOpenOptions } from './supervisor.js'
+
+/** Jittered exponential backoff: between half and all of min(maxMs, baseMs * 2^attempt). */
+export const restartDelay = (attempt: number, baseMs = 250, maxMs = 30_000): number => {
+  const exp = Math.min(maxMs, baseMs * 2 ** attempt)
+  return exp / 2 + Math.random() * exp / 2
+}
+
+/** Messages held for a session while its child restarts. */
+export const RESTART_QUEUE_LIMIT = 1000
+
+type State = 'running' | 'restarting' | 'stopping' | 'gone'
+
+interface Queued {
+  msg: JsonRpcMessage
+  resolve: () => void
+  reject: (err: Error) => void
+}
+
+interface GwPending {
+  resolve: (msg: JsonRpcMessage) => void
+  reject: (err: Error) => void
+}
+
+export class SupervisedSession implements BackendSession {
+  readonly server: string
+  readonly sid: string
+  readonly #config: ServerConfig
+  readonly #factory: BackendFactory
+  readonly #handlers: SupervisedHandlers
+  readonly #options: SupervisedOpenOptions
+  readonly #log: Logger
+  readonly #onEnd: (session: SupervisedSession, closing: Promise<void>) => void
+  #state: State = 'running'
+  #conn: BackendConnection | null = null
+  /** Bumped for every connection, so callbacks of a dead one are ignored. */
+  #generation = 0
+  #restarts: number[] = []
+  #timer: NodeJS.Timeout | undefined
+  #queue: Queued[] = []
+  #flushing = false
+  #stopping: Promise<void> | null = null
+  /** Aborted by stop(): ends a restart in progress. */
+  readonly #stopSignal = new AbortController()
+  #gwSeq = 0
+  readonly #gwPending = new Map<string, GwPending>()
+
+  // What the client established, replayed into a restarted child.
+  #initParams: JsonRpcRequest['params'] | undefined
+  #initId: RequestId | undefined
+  #initialized = false
+  #negotiatedVersion: string | undefined
+  #logLevel: JsonRpcRequest['params'] | undefined
+  readonly #subscriptions = new Set<string>()
+
+  constructor (server: string, sid: string, config: ServerConfig, factory: BackendFactory, handlers: SupervisedHandlers,
+    options: SupervisedOpenOptions, log: Logger, onEnd: (session: SupervisedSession, closing: Promise<void>) => void) {
+    this.server = server
+    this.sid = sid
+    this.#config = config
+    this.#factory = factory
+    this.#handlers = handlers
+    this.#options = options
+    this.#log = log
+    this.#onEnd = onEnd
+  }
+
+  setListening (listening: boolean, fromEventId?: string | null): void {
+    const conn = this.#conn as (BackendConnection & { startListening?: (from?: string | null) => void, stopListening?: () => void }) | null
+    if (listening) conn?.startListening?.(fromEventId)
+    else conn?.stopListening?.()
+  }
+
+  get pid (): number | undefined {
+    return this.#conn?.pid
+  }
+
+  /** Opens a connection whose callbacks are bound to a new generation. */
+  async connect (): Promise<BackendConnection> {
+    const generation = ++this.#generation
+    const conn = await this.#factory({
+      server: this.server,
+      config: this.#config,
+      sid: this.sid,
+      log: this.#log,
+      backendSessionId: this.#options.backendSessionId ?? null,
+      ...(this.#options.protocolVersion !== undefined ? { protocolVersion: this.#options.protocolVersion } : {}),
+      ...(this.#options.forwardedHeaders !== undefined ? { forwardedHeaders: this.#options.forwardedHeaders } : {}),
+      ...(this.#options.initializeParams != null ? { initializeParams: this.#options.initializeParams } : {}),
+      ...(this.#options.listen !== undefined ? { listen: this.#options.listen } : {}),
+      ...(this.#options.getStreamLastEventId != null ? { getStreamLastEventId: this.#options.getStreamLastEventId } : {}),
+      handlers: {
+        onMessage: msg => { if (generation === this.#generation) this.#fromBackend(msg) },
+        onExit: exit => { if (generation === this.#generation) this.#crashed(exit) },
+        ...(this.#options.onBackendSessionId !== undefined ? { onBackendSessionId: this.#options.onBackendSessionId } : {}),
+        ...(this.#options.onGetStreamEventId !== undefined ? { onGetStreamEventId: this.#options.onGetStreamEventId } : {}),
+        ...(this.#options.onBackendProtocolVersion !== undefined ? { onBackendProtocolVersion: this.#options.onBackendProtocolVersion } : {})
+      }
+    })
+    if (generation !== this.#generation || this.#state === 'stopping' || this.#state === 'gone') {
+      // stop() (or a newer attempt) overtook this one while the factory ran.
+      await conn.close().catch(() => {})
+      throw new GW_ERR_BACKEND_UNAVAILABLE(this.server, 'session stopped while starting')
+    }
+    this.#conn = conn
+    return conn
+  }
+
+  #fromBackend (msg: JsonRpcMessage): void {
+    if (isResponse(msg)) {
+      const id = msg.id
+      // Only answers to the supervisor's own requests are kept back: a client may use a 'gw-' id
+      // too (direct HTTP sessions pass client ids through), and its answer must reach it.
+      const pending = typeof id === 'string' ? this.#gwPending.get(id) : undefined
+      if (typeof id === 'string' && pending !== undefined) {
+        this.#gwPending.delete(id)
+        if ('error' in msg && id.startsWith('gw-replay')) this.#log.warn({ id, error: msg.error }, 'backend rejected a replayed request')
+        pending.resolve(msg)
+        return
+      }
+      if (id !== undefined && id !== null && id === this.#initId && 'result' in msg) {
+        const version = (msg.result as { protocolVersion?: unknown } | null)?.protocolVersion
+        if (typeof version === 'string') this.#negotiatedVersion = version
+      }
+    }
+    this.#call('onMessage', () => this.#handlers.onMessage(msg))
+  }
+
+  #call (name: string, fn: () => void): void {
+    try {
+      fn()
+    } catch (err) {
+      this.#log.error({ err, handler: name }, 'supervised handler threw')
+    }
+  }
+
+  /** Remembers the session state the client sets, to replay it into a restarted child. */
+  #capture (msg: JsonRpcMessage): void {
+    if (isRequest(msg)) {
+      const params = msg.params
+      const uri = params !== undefined && !Array.isArray(params) && typeof params.uri === 'string' ? params.uri : undefined
+      switch (msg.method) {
+        case 'initialize':
+          this.#initParams = params
+          this.#initId = msg.id
+          break
+        case 'logging/setLevel':
+          this.#logLevel = params
+          break
+        case 'resources/subscribe':
+          if (uri !== undefined) this.#subscriptions.add(uri)
+          break
+        case 'resources/unsubscribe':
+          if (uri !== undefined) this.#subscriptions.delete(uri)
+          break
+      }
+    } else if (isNotification(msg) && msg.method === 'notifications/initialized') {
+      this.#initialized = true
+    }
+  }
+
+  async send (msg: JsonRpcMessage): Promise<void> {
+    switch (this.#state) {
+      case 'running': {
+        if (!this.#flushing) {
+          this.#capture(msg)
+          await this.#conn!.send(msg)
+          return
+        }
+        // Still flushing what waited during the restart: stay behind it, in order.
+        await new Promise<void>((resolve, reject) => this.#queue.push({ msg, resolve, reject }))
+        return
+      }
+      case 'restarting': {
+        // A response answers a request of the dead child: the new one never asked.
+        if (isResponse(msg)) {
+          this.#log.debug({ id: msg.id }, 'dropped a response addressed to a restarted child')
+          return
+        }
+        if (this.#queue.length >= RESTART_QUEUE_LIMIT) {
+          throw new GW_ERR_BACKEND_UNAVAILABLE(this.server, 'restarting, and too many messages are waiting')
+        }
+        // Captured when flushed, not now: a queued initialize must not also be replayed.
+        await new Promise<void>((resolve, reject) => this.#queue.push({ msg, resolve, reject }))
+        return
+      }
+      default:
+        throw new GW_ERR_BACKEND_UNAVAILABLE(this.server, 'session ended')
+    }
+  }
+
+  #rejectQueue (err: Error): void {
+    const queue = this.#queue
+    this.#queue = []
+    for (const q of queue) q.reject(err)
+  }
+
+  #rejectGwPending (err: Error): void {
+    for (const p of this.#gwPending.values()) p.reject(err)
+    this.#gwPending.clear()
+  }
+
+  #restartPolicy (): { maxRestarts: number, windowMs: number, baseDelayMs: number, maxDelayMs: number } | null {
+    return this.#config.transport === 'stdio' ? this.#config.restart : null
+  }
+
+  /** The connection died (or a restart attempt failed) while nobody asked it to stop. */
+  #crashed (exit: BackendExit): void {
+    if (this.#state === 'stopping' || this.#state === 'gone') return
+    this.#generation++ // late callbacks of the dead connection are ignored from here on
+    const dead = this.#conn
+    this.#conn = null
+    // A connection that failed re-initialisation may still be running: make sure it goes.
+    dead?.close().catch(() => {})
+    this.#rejectGwPending(new GW_ERR_BACKEND_UNAVAILABLE(this.server, exit.reason))
+
+    const policy = this.#restartPolicy()
+    if (policy === null) {
+      this.#gone(`backend connection ended: ${exit.reason}`)
+      return
+    }
+    const now = Date.now()
+    this.#restarts = this.#restarts.filter(t => now - t < policy.windowMs)
+    if (this.#restarts.length >= policy.maxRestarts) {
+      this.#gone(`backend crashed ${this.#restarts.length + 1} times within ${policy.windowMs} ms: ${exit.reason}`)
+      return
+    }
+    this.#restarts.push(now)
+    const attempt = this.#restarts.length
+    const delayMs = Math.round(restartDelay(attempt - 1, policy.baseDelayMs, policy.maxDelayMs))
+    this.#state = 'restarting'
+    // The router fails the in-flight requests, queued ones included: drop them here too.
+    this.#rejectQueue(new GW_ERR_BACKEND_UNAVAILABLE(this.server, exit.reason))
+    this.#log.warn({ ...exit, attempt, delayMs }, 'backend restarting')
+    this.#call('onRestarting', () => this.#handlers.onRestarting({ ...exit, attempt, delayMs }))
+    if (this.#state !== 'restarting') return // a handler stopped the session
+    // A ref'd timer: a pending restart is work in progress, and stop() clears it.
+    this.#timer = setTimeout(() => {
+      this.#timer = undefined
+      this.#restart().catch(err => this.#log.error({ err }, 'restart failed unexpectedly'))
+    }, delayMs)
+  }
+
+  async #restart (): Promise<void> {
+    if (this.#state !== 'restarting') return
+    let conn: BackendConnection
+    try {
+      conn = await this.connect()
+    } catch (err) {
+      if (this.#state !== 'restarting') return
+      this.#crashed({ reason: `restart failed: ${(err as Error).message}` })
+      return
+    }
+    const generation = this.#generation
+    try {
+      await this.#reinitialise(conn)
+    } catch (err) {
+      if (this.#state !== 'restarting' || generation !== this.#generation) return
+      this.#crashed({ reason: `re-initialisation failed: ${(err as Error).message}` })
+      return
+    }
+    if (this.#state !== 'restarting' || generation !== this.#generation) return
+    this.#state = 'running'
+    this.#log.info({ pid: conn.pid }, 'backend restarted and re-initialised')
+    await this.#flush(conn)
+  }
+
+  async #gwRequest (conn: BackendConnection, kind: 'init' | 'replay', method: string, params: JsonRpcRequest['params']): Promise<JsonRpcMessage> {
+    const id = `gw-${kind}-${++this.#gwSeq}`
+    const answered = new Promise<JsonRpcMessage>((resolve, reject) => this.#gwPending.set(id, { resolve, reject }))
+    answered.catch(() => {}) // replays are not awaited; a rejection must not go unhandled
+    const msg: JsonRpcRequest = params === undefined ? { jsonrpc: '2.0', id, method } : { jsonrpc: '2.0', id, method, params }
+    try {
+      await conn.send(msg)
+    } catch (err) {
+      this.#gwPending.delete(id)
+      throw err
+    }
+    return await answered
+  }
+
+  async #reinitialise (conn: BackendConnection): Promise<void> {
+    if (this.#initParams === undefined) return // the client never initialised: nothing to replay
+    const timeoutMs = this.#config.requestTimeoutMs
+    const done = new AbortController()
+    const signal = AbortSignal.any([done.signal, this.#stopSignal.signal])
+    const timeout = sleep(timeoutMs, 'timeout' as const, { ref: false, signal }).catch(() => 'stopped' as const)
+    let answer: JsonRpcMessage | 'timeout' | 'stopped'
+    try {
+      answer = await Promise.race([this.#gwRequest(conn, 'init', 'initialize', this.#initParams), timeout])
+    } finally {
+      done.abort()
+    }
+    if (answer === 'timeout') throw new Error(`no initialize response within ${timeoutMs} ms`)
+    if (answer === 'stopped') throw new Error('stopped')
+    if ('error' in answer) throw new Error(`initialize failed: ${answer.error.message}`)
+    const version = 'result' in answer ? (answer.result as { protocolVersion?: unknown } | null)?.protocolVersion : undefined
+    if (this.#negotiatedVersion !== undefined && version !== this.#negotiatedVersion) {
+      this.#gone(`restarted backend negotiated protocol version ${String(version)}, the client has ${this.#negotiatedVersion}`)
+      return
+    }
+    if (this.#initialized) await conn.send({ jsonrpc: '2.0', method: 'notifications/initialized' })
+    if (this.#logLevel !== undefined) void this.#gwRequest(conn, 'replay', 'logging/setLevel', this.#logLevel).catch(() => {})
+    for (const uri of this.#subscriptions) void this.#gwRequest(conn, 'replay', 'resources/subscribe', { uri }).catch(() => {})
+  }
+
+  async #flush (conn: BackendConnection): Promise<void> {
+    this.#flushing = true
+    try {
+      while (this.#queue.length > 0 && this.#state === 'running' && this.#conn === conn) {
+        const q = this.#queue.shift()!
+        try {
+          this.#capture(q.msg)
+          await conn.send(q.msg)
+          q.resolve()
+        } catch (err) {
+          q.reject(err as Error)
+        }
+      }
+    } finally {
+      this.#flushing = false
+    }
+  }
+
+  #gone (reason: string): void {
+    if (this.#state === 'stopping' || this.#state === 'gone') return
+    this.#state = 'gone'
+    clearTimeout(this.#timer)
+    this.#generation++
+    const conn = this.#conn
+    this.#conn = null
+    const err = new GW_ERR_BACKEND_UNAVAILABLE(this.server, reason)
+    this.#rejectQueue(err)
+    this.#rejectGwPending(err)
+    this.#log.warn({ reason }, 'backend session gone')
+    // Closed in the background; the supervisor tracks the promise so stopAll() still waits for it.
+    this.#stopping = (conn?.close() ?? Promise.resolve()).catch(err => this.#log.warn({ err }, 'closing a gone backend failed'))
+    this.#onEnd(this, this.#stopping)
+    this.#call('onGone', () => this.#handlers.onGone(reason))
+  }
+
+  async stop (options: StopOptions = {}): Promise<void> {
+    if (this.#stopping !== null) return await this.#stopping
+    this.#state = 'stopping'
+    this.#stopSignal.abort()
+    clearTimeout(this.#timer)
+    this.#timer = undefined
+    this.#generation++
+    const conn = this.#conn
+    this.#conn = null
+    const err = new GW_ERR_BACKEND_UNAVAILABLE(this.server, 'session stopped')
+    this.#rejectQueue(err)
+    this.#rejectGwPending(err)
+    const detachable = conn as (BackendConnection & { detach?: () => Promise<void> }) | null
+    const closing = options.detach === true && detachable?.detach !== undefined ? detachable.detach() : conn?.close()
+    this.#stopping = (closing ?? Promise.resolve()).catch(err => this.#log.warn({ err }, 'closing a backend failed'))
+    this.#onEnd(this, this.#stopping)
+    return await this.#stopping
+  }
+}
