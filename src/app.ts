@@ -41,6 +41,8 @@ export interface Gateway {
   app: FastifyInstance
   router: Router
   replicaId: string
+  /** Starts draining: /readyz answers 503 from now on; requests are still served. */
+  drain: () => void
   /** Graceful stop: streams ended with a retry hint, backends stopped, connections closed. */
   close: () => Promise<void>
 }
@@ -144,7 +146,8 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
   })
 
   await app.register(httpGuard, { config })
-  await app.register(httpOps, { router, store: services.store })
+  let draining = false
+  await app.register(httpOps, { router, store: services.store, draining: () => draining })
   await app.register(httpStreamable, { config, router })
   await app.register(httpLegacySse, { config, router })
 
@@ -154,5 +157,5 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
 
   await router.start()
   log.info({ servers: Object.keys(config.servers), store: config.redis === undefined ? 'memory' : 'redis' }, 'gateway built')
-  return { app, router, replicaId, close: async () => { await app.close() } }
+  return { app, router, replicaId, drain: () => { draining = true }, close: async () => { await app.close() } }
 }

@@ -1,4 +1,6 @@
-// Process entry: load config, build the gateway, listen, stop gracefully on SIGTERM/SIGINT.
+// Process entry: load config (or only check it), build the gateway, listen, stop gracefully.
+// SIGTERM drains first (/readyz 503 for shutdown.drainMs while requests are still served), then
+// stops; SIGINT (Ctrl-C) and a second signal skip the drain. shutdown.deadlineMs bounds the stop.
 import { buildGateway } from './app.js'
 import { closeHttpDispatchers } from './backends/http.js'
 import { stopAllChildren } from './backends/stdio.js'
@@ -6,14 +8,14 @@ import { loadConfig, parseArgs, USAGE } from './config/load.js'
 import { createLogger } from './telemetry/logger.js'
 import { newReplicaId } from './core/replica.js'
 
-const SHUTDOWN_DEADLINE_MS = 15_000
-
 async function main (): Promise<void> {
   let configPath: string
+  let checkOnly: boolean
   try {
     const args = parseArgs(process.argv.slice(2))
     if (args.help) { process.stdout.write(USAGE); return }
     configPath = args.configPath
+    checkOnly = args.checkOnly
   } catch (err) {
     process.stderr.write(`${err instanceof Error ? err.message : String(err)}\n${USAGE}`)
     process.exitCode = 2
@@ -25,6 +27,11 @@ async function main (): Promise<void> {
   } catch (err) {
     process.stderr.write(`mcp-gateway: ${err instanceof Error ? err.message : String(err)}\n`)
     process.exitCode = 1
+    return
+  }
+  if (checkOnly) {
+    const servers = Object.keys(config.servers)
+    process.stdout.write(`mcp-gateway: ${configPath} is valid (${servers.length} server${servers.length === 1 ? '' : 's'}: ${servers.join(', ')})\n`)
     return
   }
   const replicaId = newReplicaId()
@@ -39,21 +46,31 @@ async function main (): Promise<void> {
   })
 
   const gateway = await buildGateway(config, { log, replicaId })
+  const { drainMs, deadlineMs } = config.shutdown
   let stopping = false
+  let skipDrain: (() => void) | undefined
   const stop = (signal: string): void => {
-    if (stopping) return
+    if (stopping) { skipDrain?.(); return }
     stopping = true
-    log.info({ signal }, 'shutting down')
-    const deadline = setTimeout(() => {
-      log.error('shutdown deadline passed; killing children')
-      void stopAllChildren().finally(() => process.exit(1))
-    }, SHUTDOWN_DEADLINE_MS)
-    deadline.unref()
-    // Upstream connection pools are per process: closed once, after the gateway stopped.
-    gateway.close().then(async () => { await closeHttpDispatchers() }).then(
-      () => { log.info('stopped'); process.exit(0) },
-      err => { log.error({ err }, 'shutdown failed'); void stopAllChildren().finally(() => process.exit(1)) }
-    )
+    gateway.drain()
+    const drain = signal === 'SIGTERM' ? drainMs : 0
+    log.info({ signal, drainMs: drain }, 'shutting down')
+    const drained = new Promise<void>(resolve => {
+      const timer = setTimeout(resolve, drain)
+      skipDrain = () => { clearTimeout(timer); resolve() }
+    })
+    void drained.then(() => {
+      const deadline = setTimeout(() => {
+        log.error('shutdown deadline passed; killing children')
+        void stopAllChildren().finally(() => process.exit(1))
+      }, deadlineMs)
+      deadline.unref()
+      // Upstream connection pools are per process: closed once, after the gateway stopped.
+      gateway.close().then(async () => { await closeHttpDispatchers() }).then(
+        () => { log.info('stopped'); process.exit(0) },
+        err => { log.error({ err }, 'shutdown failed'); void stopAllChildren().finally(() => process.exit(1)) }
+      )
+    })
   }
   process.on('SIGTERM', () => { stop('SIGTERM') })
   process.on('SIGINT', () => { stop('SIGINT') })

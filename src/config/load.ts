@@ -25,16 +25,21 @@ export type { Config }
 export const DEFAULT_CONFIG_PATH = 'config/gateway.yaml'
 
 export const USAGE = `Usage: mcp-gateway [--config FILE]
+       mcp-gateway --check-config FILE
 
 Options:
-  -c, --config FILE   configuration file, YAML or JSON (default: ${DEFAULT_CONFIG_PATH})
-  -h, --help          print this help and exit
+  -c, --config FILE        configuration file, YAML or JSON (default: ${DEFAULT_CONFIG_PATH})
+      --check-config FILE  validate FILE (every problem listed), print the result and exit:
+                           0 valid, 1 invalid; nothing is started
+  -h, --help               print this help and exit
 `
 
 export interface CliArgs {
   configPath: string
   /** --help was given: the caller prints USAGE and exits 0. */
   help: boolean
+  /** --check-config FILE: validate configPath and exit without starting. */
+  checkOnly: boolean
 }
 
 /**
@@ -48,6 +53,7 @@ export function parseArgs (argv: string[]): CliArgs {
       args: argv,
       options: {
         config: { type: 'string', short: 'c' },
+        'check-config': { type: 'string' },
         help: { type: 'boolean', short: 'h' }
       },
       strict: true,
@@ -56,9 +62,11 @@ export function parseArgs (argv: string[]): CliArgs {
   } catch (err) {
     throw new GW_ERR_CONFIG_INVALID(`${(err as Error).message}\n${USAGE}`, { cause: err })
   }
-  const configPath = parsed.values.config ?? DEFAULT_CONFIG_PATH
-  if (configPath === '') throw new GW_ERR_CONFIG_INVALID(`--config needs a file name\n${USAGE}`)
-  return { configPath, help: parsed.values.help === true }
+  const check = parsed.values['check-config']
+  if (check !== undefined && parsed.values.config !== undefined) throw new GW_ERR_CONFIG_INVALID(`--check-config and --config do not go together\n${USAGE}`)
+  const configPath = check ?? parsed.values.config ?? DEFAULT_CONFIG_PATH
+  if (configPath === '') throw new GW_ERR_CONFIG_INVALID(`${check !== undefined ? '--check-config' : '--config'} needs a file name\n${USAGE}`)
+  return { configPath, help: parsed.values.help === true, checkOnly: check !== undefined }
 }
 
 /**

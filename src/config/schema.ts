@@ -122,6 +122,20 @@ export const configSchema = {
         clientRequestTimeoutMs: { type: 'integer', minimum: 1, default: 300_000 }
       }
     },
+    shutdown: {
+      type: 'object',
+      additionalProperties: false,
+      default: {},
+      properties: {
+        /**
+         * After SIGTERM, /readyz answers 503 for this long while requests are still served, so a
+         * load balancer stops sending before streams end. SIGINT (a terminal's Ctrl-C) skips it.
+         */
+        drainMs: { type: 'integer', minimum: 0, default: 5000 },
+        /** After the drain, the time streams, requests and children get before the process exits anyway. */
+        deadlineMs: { type: 'integer', minimum: 1000, default: 15_000 }
+      }
+    },
     redis: {
       type: 'object',
       additionalProperties: false,
@@ -166,6 +180,7 @@ export type Config = Required<Omit<RawConfig, 'servers' | 'redis'>> & {
   log: Required<NonNullable<RawConfig['log']>>
   http: Required<NonNullable<RawConfig['http']>>
   sessions: Required<NonNullable<RawConfig['sessions']>>
+  shutdown: Required<NonNullable<RawConfig['shutdown']>>
   redis?: Required<NonNullable<RawConfig['redis']>>
   servers: Record<string, ServerConfig>
 }

@@ -380,7 +380,8 @@ t.test('the shipped configs validate', async t => {
 
   // The example documents every option with its default. Its switched-off lines ("# key: ...")
   // are switched on here, so the commented redis block and HTTP servers are checked too.
-  const enable = (text: string): string => text.replace(/^(\s*)# (?=( *)([A-Za-z][A-Za-z0-9_-]*:(\s|$)|- ))/gm, '$1')
+  // An editor modeline (`# yaml-language-server: $schema=…`) is a comment, not a switched-off option.
+  const enable = (text: string): string => text.replace(/^(\s*)# (?!yaml-language-server:)(?=( *)([A-Za-z][A-Za-z0-9_-]*:(\s|$)|- ))/gm, '$1')
 
   t.test('config/gateway.example.yaml validates as shipped', async t => {
     const config = await loadConfig(shipped('gateway.example.yaml'), {})
@@ -425,18 +426,21 @@ t.test('the shipped configs validate', async t => {
 })
 
 t.test('parseArgs', async t => {
-  t.same(parseArgs([]), { configPath: DEFAULT_CONFIG_PATH, help: false })
+  t.same(parseArgs([]), { configPath: DEFAULT_CONFIG_PATH, help: false, checkOnly: false })
   t.equal(DEFAULT_CONFIG_PATH, 'config/gateway.yaml')
-  t.same(parseArgs(['--config', 'a.yaml']), { configPath: 'a.yaml', help: false })
-  t.same(parseArgs(['--config=b.json']), { configPath: 'b.json', help: false })
-  t.same(parseArgs(['-c', 'c.yaml']), { configPath: 'c.yaml', help: false })
-  t.same(parseArgs(['--config', 'a.yaml', '--config', 'last.yaml']), { configPath: 'last.yaml', help: false }, 'the last one wins')
-  t.same(parseArgs(['--help']), { configPath: DEFAULT_CONFIG_PATH, help: true })
-  t.same(parseArgs(['-h', '-c', 'x.yaml']), { configPath: 'x.yaml', help: true })
+  t.same(parseArgs(['--config', 'a.yaml']), { configPath: 'a.yaml', help: false, checkOnly: false })
+  t.same(parseArgs(['--config=b.json']), { configPath: 'b.json', help: false, checkOnly: false })
+  t.same(parseArgs(['-c', 'c.yaml']), { configPath: 'c.yaml', help: false, checkOnly: false })
+  t.same(parseArgs(['--config', 'a.yaml', '--config', 'last.yaml']), { configPath: 'last.yaml', help: false, checkOnly: false }, 'the last one wins')
+  t.same(parseArgs(['--help']), { configPath: DEFAULT_CONFIG_PATH, help: true, checkOnly: false })
+  t.same(parseArgs(['-h', '-c', 'x.yaml']), { configPath: 'x.yaml', help: true, checkOnly: false })
   t.match(USAGE, '--config FILE')
   t.throws(() => parseArgs(['--verbose']), { code: 'GW_ERR_CONFIG_INVALID', message: /Unknown option '--verbose'[\s\S]*Usage:/ })
   t.throws(() => parseArgs(['-x']), { code: 'GW_ERR_CONFIG_INVALID', message: /Unknown option '-x'/ })
   t.throws(() => parseArgs(['gateway.yaml']), { code: 'GW_ERR_CONFIG_INVALID', message: /Unexpected argument 'gateway.yaml'/ })
   t.throws(() => parseArgs(['--config']), { code: 'GW_ERR_CONFIG_INVALID', message: /argument missing/ })
   t.throws(() => parseArgs(['--config=']), { code: 'GW_ERR_CONFIG_INVALID', message: /--config needs a file name/ })
+  t.same(parseArgs(['--check-config', 'mine.yaml']), { configPath: 'mine.yaml', help: false, checkOnly: true })
+  t.throws(() => parseArgs(['--check-config=']), { code: 'GW_ERR_CONFIG_INVALID', message: /--check-config needs a file name/ })
+  t.throws(() => parseArgs(['--check-config', 'a.yaml', '--config', 'b.yaml']), { code: 'GW_ERR_CONFIG_INVALID', message: /do not go together/ })
 })

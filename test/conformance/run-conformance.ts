@@ -257,6 +257,7 @@ async function main (): Promise<number> {
       const config = {
         listen: { host: '127.0.0.1', port },
         log: { level: 'info' },
+        shutdown: { drainMs: 0 },
         servers: { [SERVER_NAME]: server }
       }
       await writeFile(configPath, JSON.stringify(config, null, 2))

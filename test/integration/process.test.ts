@@ -1,0 +1,99 @@
+// The gateway as an operating-system process (issue 11): the graceful drain at SIGTERM, and
+// `--check-config`, which validates without starting anything.
+import { spawn } from 'node:child_process'
+import { once } from 'node:events'
+import { mkdtemp, rm, writeFile } from 'node:fs/promises'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { fileURLToPath } from 'node:url'
+import t from 'tap'
+import { stdioFixture } from '../helpers/gateway.js'
+import { reap } from '../helpers/reaper.js'
+import { startReplica } from '../helpers/replicas.js'
+
+const MAIN = fileURLToPath(new URL('../../src/main.js', import.meta.url))
+
+const initialize = {
+  jsonrpc: '2.0',
+  id: 0,
+  method: 'initialize',
+  params: { protocolVersion: '2025-11-25', capabilities: {}, clientInfo: { name: 'drain-test', version: '1' } }
+}
+
+async function postInitialize (url: string): Promise<Response> {
+  return await fetch(`${url}/mcp/full`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream' },
+    body: JSON.stringify(initialize)
+  })
+}
+
+t.test('SIGTERM: /readyz answers 503 at once while requests are still served, then the process stops after the drain', async t => {
+  const replica = await startReplica(t, 'drain', { shutdown: { drainMs: 1500 }, servers: { full: stdioFixture('full-server') } })
+  t.equal((await fetch(`${replica.url}/readyz`)).status, 200, 'ready before the signal')
+  const sentAt = Date.now()
+  const exited = once(replica.child, 'close') as Promise<[number | null, NodeJS.Signals | null]>
+  replica.child.kill('SIGTERM')
+  let notReady: Response | undefined
+  for (let i = 0; i < 50 && notReady === undefined; i++) {
+    const res = await fetch(`${replica.url}/readyz`)
+    if (res.status === 503) notReady = res
+    else await res.body?.cancel()
+  }
+  t.ok(notReady !== undefined, '/readyz turned 503')
+  t.match(await notReady?.json(), { status: 'not ready', shuttingDown: true })
+  t.ok(Date.now() - sentAt < 1000, 'well before the drain ends')
+  t.equal((await fetch(`${replica.url}/healthz`)).status, 200, 'the process still answers')
+  const init = await postInitialize(replica.url)
+  t.equal(init.status, 200, 'a request that arrives while draining is still served')
+  await init.body?.cancel()
+  const [code] = await exited
+  t.equal(code, 0, 'clean exit after the drain')
+  t.ok(Date.now() - sentAt >= 1400, `it waited out the drain (${Date.now() - sentAt} ms)`)
+  t.ok(replica.logs.some(entry => entry.msg === 'shutting down' && entry.drainMs === 1500), 'the drain is logged')
+})
+
+t.test('SIGINT skips the drain', async t => {
+  const replica = await startReplica(t, 'no-drain', { shutdown: { drainMs: 30_000 }, servers: { full: stdioFixture('full-server') } })
+  const sentAt = Date.now()
+  const exited = once(replica.child, 'close') as Promise<[number | null]>
+  replica.child.kill('SIGINT')
+  const [code] = await exited
+  t.equal(code, 0)
+  t.ok(Date.now() - sentAt < 10_000, `stopped without the 30 s drain (${Date.now() - sentAt} ms)`)
+})
+
+async function runCheck (args: string[]): Promise<{ code: number | null, stdout: string, stderr: string }> {
+  const child = reap(spawn(process.execPath, [MAIN, ...args], { stdio: ['ignore', 'pipe', 'pipe'] }))
+  let stdout = ''
+  let stderr = ''
+  child.stdout.on('data', chunk => { stdout += String(chunk) })
+  child.stderr.on('data', chunk => { stderr += String(chunk) })
+  const [code] = await once(child, 'exit') as [number | null]
+  return { code, stdout, stderr }
+}
+
+t.test('--check-config: a valid file exits 0 and names its servers; nothing listens', async t => {
+  const dir = await mkdtemp(join(tmpdir(), 'mcpgw-check-'))
+  t.teardown(async () => { await rm(dir, { recursive: true, force: true }) })
+  const file = join(dir, 'ok.yaml')
+  // Port 1 would need privileges: if the check tried to listen, it would fail loudly.
+  await writeFile(file, 'listen: { host: 127.0.0.1, port: 1 }\nservers:\n  a: { transport: stdio, command: node }\n  b: { transport: streamable-http, url: "http://127.0.0.1:9/mcp" }\n')
+  const { code, stdout } = await runCheck(['--check-config', file])
+  t.equal(code, 0)
+  t.match(stdout, /is valid \(2 servers: a, b\)/)
+})
+
+t.test('--check-config: an invalid file exits 1 and lists every problem', async t => {
+  const dir = await mkdtemp(join(tmpdir(), 'mcpgw-check-'))
+  t.teardown(async () => { await rm(dir, { recursive: true, force: true }) })
+  const file = join(dir, 'bad.yaml')
+  await writeFile(file, 'listen: { port: 70000 }\nshutdown: { drainMs: -1 }\nservers:\n  a: { transport: stdio }\n')
+  const { code, stdout, stderr } = await runCheck(['--check-config', file])
+  t.equal(code, 1)
+  t.equal(stdout, '')
+  for (const path of ['/listen/port', '/shutdown/drainMs', '/servers/a/command']) t.match(stderr, path, `names ${path}`)
+  const missing = await runCheck(['--check-config', join(dir, 'nope.yaml')])
+  t.equal(missing.code, 1)
+  t.match(missing.stderr, /cannot read/)
+})
