@@ -8,6 +8,7 @@
 //
 // Targets (bench/targets.ts), each driven by the official SDK client calling `echo`:
 //   floor                 minimal proxy (node:http, one stdio child per session, JSON answers)
+//   floor-b               a second minimal proxy: its ratio to the floor is this run's noise
 //   direct                SDK stdio client straight to the fixture, for reference
 //   gateway-memory        gateway, shipped defaults (SSE responses, info logging), memory mode
 //   gateway-redis-local   gateway in Redis mode, one replica
@@ -25,9 +26,9 @@
 //
 // Knobs (env; defaults in brackets, BENCH_QUICK=1 values after the slash):
 //   BENCH_SEQ [1000/60]            sequential calls per target, split over BENCH_ROUNDS
-//   BENCH_ROUNDS [20/3]            sequential rounds
+//   BENCH_ROUNDS [100/6]           sequential rounds (blocks of SEQ/ROUNDS calls per target)
 //   BENCH_WARMUP [50/10]           sequential warm-up calls per target
-//   BENCH_TP_ROUNDS [3/1]          throughput rounds
+//   BENCH_TP_ROUNDS [4/1]          throughput rounds
 //   BENCH_SESSIONS [50/5]          throughput sessions per target
 //   BENCH_CALLS [100/20]           throughput calls per session
 //   BENCH_CONNECT_CONCURRENCY [8]  sessions opened at once (stdio children start meanwhile)
@@ -91,14 +92,14 @@ const compareMain = process.env.BENCH_COMPARE_MAIN === undefined || process.env.
 if (compareMain !== undefined && !existsSync(compareMain)) throw new Error(`BENCH_COMPARE_MAIN: ${compareMain} does not exist`)
 const specs = targetSpecs(compareMain)
 const seq = intEnv('BENCH_SEQ', 1000, 60)
-const rounds = intEnv('BENCH_ROUNDS', 20, 3)
+const rounds = intEnv('BENCH_ROUNDS', 100, 6)
 
 const knobs = {
   quick,
   warmup: intEnv('BENCH_WARMUP', 50, 10),
   rounds,
   block: Math.ceil(seq / rounds),
-  tpRounds: intEnv('BENCH_TP_ROUNDS', 3, 1),
+  tpRounds: intEnv('BENCH_TP_ROUNDS', 4, 1),
   sessions: intEnv('BENCH_SESSIONS', 50, 5),
   calls: intEnv('BENCH_CALLS', 100, 20),
   connectConcurrency: intEnv('BENCH_CONNECT_CONCURRENCY', 8),

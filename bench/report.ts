@@ -36,11 +36,14 @@ const mark = (value: number, goal: number | undefined, atMost: boolean): string 
 }
 const goalText = (goal: number | undefined, atMost: boolean, unit = 'x'): string => goal === undefined ? '' : `${atMost ? '≤' : '≥'} ${goal}${unit}`
 
-/** Each round's p50 divided by the comparison's p50 in the same round. */
-function roundRatios (r: TargetResult, base: TargetResult | undefined): number[] {
-  const mine = r.sequential?.roundP50 ?? []
-  const theirs = base?.sequential?.roundP50 ?? []
+/** Each round's figure divided by the comparison's in the same round. */
+function roundRatios (mine: number[], theirs: number[]): number[] {
   return mine.map((p, i) => ratio(p, theirs[i])).filter(Number.isFinite)
+}
+
+const spread = (ratios: number[]): string => {
+  const s = stats(ratios)
+  return s.n === 0 ? '-' : `${fmt(s.min)} / ${fmt(s.p50)} / ${fmt(s.max)}`
 }
 
 function sequentialTable (results: TargetResult[], byName: Map<string, TargetResult>): string {
@@ -50,11 +53,10 @@ function sequentialTable (results: TargetResult[], byName: Map<string, TargetRes
     if (s === null) continue
     const base = r.compareTo === null ? undefined : byName.get(r.compareTo)
     const x = ratio(s.latency.p50, base?.sequential?.latency.p50)
-    const rounds = stats(roundRatios(r, base))
     rows.push([
       r.name, r.compareTo ?? '-', fmt(s.latency.p50, 3), fmt(s.latency.p99), fmt(s.latency.mean, 3),
       Number.isFinite(x) ? `${fmt(x)}x` : '-',
-      rounds.n === 0 ? '-' : `${fmt(rounds.min)} / ${fmt(rounds.p50)} / ${fmt(rounds.max)}`,
+      spread(roundRatios(s.roundP50, base?.sequential?.roundP50 ?? [])),
       goalText(r.goals.seqP50Max, true), mark(x, r.goals.seqP50Max, true), String(s.errors)
     ])
   }
@@ -63,7 +65,7 @@ function sequentialTable (results: TargetResult[], byName: Map<string, TargetRes
 
 function throughputTable (results: TargetResult[], byName: Map<string, TargetResult>): string {
   const rows = [[
-    'target', 'vs', 'calls/s', 'ratio', 'rounds min/max', 'goal', '',
+    'target', 'vs', 'calls/s', 'ratio', 'per-round ratio min/med/max', 'goal', '',
     'CPU us/call', 'ratio', 'goal', '', 'backend CPU', 'redis CPU', 'client CPU',
     'conc p50 ms', 'conc p99 ms', 'open p50 ms', 'errors'
   ]]
@@ -73,10 +75,10 @@ function throughputTable (results: TargetResult[], byName: Map<string, TargetRes
     const base = r.compareTo === null ? undefined : byName.get(r.compareTo)?.throughput ?? undefined
     const x = ratio(t.callsPerSec, base?.callsPerSec)
     const cpuX = ratio(t.cpuUsPerCall.serving, base?.cpuUsPerCall.serving)
-    const perRound = t.rounds.map(p => p.callsPerSec)
+    const perRound = (x: ThroughputResult | undefined): number[] => x?.rounds.map(p => p.callsPerSec) ?? []
     rows.push([
       r.name, r.compareTo ?? '-', fmt(t.callsPerSec, 0), Number.isFinite(x) ? `${fmt(x)}x` : '-',
-      `${fmt(Math.min(...perRound), 0)} / ${fmt(Math.max(...perRound), 0)}`,
+      spread(roundRatios(perRound(t), perRound(base))),
       goalText(r.goals.callsPerSecMin, false), mark(x, r.goals.callsPerSecMin, false),
       fmt(t.cpuUsPerCall.serving, 0), Number.isFinite(cpuX) ? `${fmt(cpuX)}x` : '-',
       goalText(r.goals.cpuPerCallMax, true), mark(cpuX, r.goals.cpuPerCallMax, true),
@@ -194,7 +196,7 @@ export function report (header: RunHeader, results: TargetResult[], idle: IdleRe
     lines.push(
       '',
       `Throughput: ${String(k.sessions)} SDK sessions x ${String(k.calls)} calls, all sessions at once, one target at a time, ${String(k.tpRounds)} rounds in shuffled order;`,
-      'calls/s is the median over rounds. CPU columns: microseconds per call (all rounds) from /proc (10 ms ticks): the serving process(es)',
+      'calls/s is the median over rounds; per-round ratio: that round\'s calls/s over the comparison\'s. CPU columns: microseconds per call (all rounds) from /proc (10 ms ticks): the serving process(es)',
       '(proxy, gateway replicas; the compared figure), the backend behind them (stdio children or HTTP upstream), redis-server, and the bench\'s SDK clients.',
       '',
       throughputTable(results, byName)

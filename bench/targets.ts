@@ -130,19 +130,22 @@ export function gatewayTarget (name: string, options: GatewayTargetOptions = {})
   }
 }
 
-const floorTarget: TargetSpec = {
-  name: FLOOR,
-  start: async ctx => {
-    const proxy = await startMinimalProxy(ctx.cleanup, STDIO_COMMAND.command, STDIO_COMMAND.args)
-    return {
-      name: FLOOR,
-      compareTo: null,
-      goals: {},
-      echo: STDIO_ECHO,
-      connect: async () => await connectHttp(proxy.url),
-      servingPids: [proxy.pid],
-      backendPids: () => childrenOf(proxy.pid),
-      redisPid: null
+/** The minimal proxy; a second one (`floor-b`) shows how far two identical targets drift apart in this run. */
+function floorTarget (name: string): TargetSpec {
+  return {
+    name,
+    start: async ctx => {
+      const proxy = await startMinimalProxy(ctx.cleanup, STDIO_COMMAND.command, STDIO_COMMAND.args)
+      return {
+        name,
+        compareTo: name === FLOOR ? null : FLOOR,
+        goals: {},
+        echo: STDIO_ECHO,
+        connect: async () => await connectHttp(proxy.url),
+        servingPids: [proxy.pid],
+        backendPids: () => childrenOf(proxy.pid),
+        redisPid: null
+      }
     }
   }
 }
@@ -189,7 +192,8 @@ const REDIS_LOCAL_GOALS: Goals = { seqP50Max: 1.3 }
 /** Every target, in report order; compareMain adds the same gateways from another build. */
 export function targetSpecs (compareMain: string | undefined): TargetSpec[] {
   const specs = [
-    floorTarget,
+    floorTarget(FLOOR),
+    floorTarget('floor-b'),
     directTarget,
     gatewayTarget('gateway-memory', { goals: MEMORY_GOALS }),
     gatewayTarget('gateway-redis-local', { redis: 'local', goals: REDIS_LOCAL_GOALS }),
