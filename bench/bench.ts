@@ -166,7 +166,7 @@ async function idlePhase (dir: string): Promise<IdleResult[]> {
   if (stdioCount < knobs.idle) log(`idle-stdio: only ${stdioCount} sessions fit in half of the free memory (~40 MB per child); BENCH_IDLE was ${knobs.idle}`)
   const stdioGateway = await startGatewayProcess(cleanup, dir, 'idle-stdio', baseGatewayConfig(knobs.logLevel, stdioServer()), { gcProbe: true })
   try {
-    results.push(await runIdle('idle-stdio', stdioGateway, `${stdioGateway.url}${GATEWAY_PATH}`, stdioCount, knobs.connectConcurrency))
+    results.push(await runIdle('idle-stdio', stdioGateway, `${stdioGateway.url}${GATEWAY_PATH}`, stdioCount, knobs.connectConcurrency, true))
   } finally {
     await stdioGateway.stop()
   }
@@ -174,7 +174,7 @@ async function idlePhase (dir: string): Promise<IdleResult[]> {
   try {
     const httpGateway = await startGatewayProcess(cleanup, dir, 'idle-http', baseGatewayConfig(knobs.logLevel, httpServer(upstream.url)), { gcProbe: true })
     try {
-      results.push(await runIdle('idle-http', httpGateway, `${httpGateway.url}${GATEWAY_PATH}`, knobs.idle, knobs.connectConcurrency))
+      results.push(await runIdle('idle-http', httpGateway, `${httpGateway.url}${GATEWAY_PATH}`, knobs.idle, knobs.connectConcurrency, false))
     } finally {
       await httpGateway.stop()
     }

@@ -2,7 +2,6 @@
 // 10,000 idle GET streams on one replica with an HTTP backend (RSS and event-loop stalls).
 // Both drive the gateway with bench/raw-client.ts, and read its memory after a forced full GC
 // (bench/gc-probe.ts) and its stalls from bench/loop-probe.ts.
-import { cpus } from 'node:os'
 import { readFileSync } from 'node:fs'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { childrenOf, fdCount, fdLimit, log, pssKiB, rssKiB, type GatewayProcess, type LoopControl, type LoopSample } from './procs.js'
@@ -86,7 +85,8 @@ export interface IdleResult {
   firstError: string | null
 }
 
-export async function runIdle (name: string, gateway: GatewayProcess, url: string, count: number, concurrency: number): Promise<IdleResult> {
+/** stdioChildren: the gateway's children are the sessions' backends, whose memory is reported apart. */
+export async function runIdle (name: string, gateway: GatewayProcess, url: string, count: number, concurrency: number, stdioChildren: boolean): Promise<IdleResult> {
   const open = new Set<RawSession>()
   try {
     log(`${name}: warm-up, 20 sessions opened and closed`)
@@ -96,7 +96,7 @@ export async function runIdle (name: string, gateway: GatewayProcess, url: strin
     const opened = await openMany(url, count, concurrency, () => {}, open)
     const after = await sampleMemory(gateway)
     let children: IdleResult['children'] = null
-    if (name.includes('stdio')) {
+    if (stdioChildren) {
       const pids = childrenOf(gateway.pid)
       const rss = pids.reduce((a, pid) => a + (rssKiB(pid) ?? 0), 0)
       const pss = pids.reduce((a, pid) => a + (pssKiB(pid) ?? 0), 0)
@@ -179,14 +179,17 @@ export interface StreamsResult {
   hold: { seconds: number } & Stalls
   /** The same probe in an idle process over the same windows: the machine's own stalls. */
   control: { ramp: Stalls, hold: Stalls }
-  /** Every gateway window with a stall over 50 ms: seconds since the ramp started, stall, longest GC pause near it. */
-  longStalls: Array<{ atS: number, stallMs: number, gcMs: number }>
+  /**
+   * Every gateway window with a stall over 50 ms: seconds since the ramp started, the stall, the
+   * longest GC pause near it, and the control's longest stall within one window of it (when that
+   * is long too, the machine rather than the gateway held the CPU).
+   */
+  longStalls: Array<{ atS: number, stallMs: number, gcMs: number, controlMs: number }>
   rssKiB: { before: number, afterRamp: number, endOfHold: number, maxDuring: number }
   /** Gateway heap after a forced GC: before the ramp, at the end of the hold, and after closing them all. */
   heapKiB: { before: number, held: number, afterClose: number }
   heapPerStreamKiB: number
   gatewayFds: number | null
-  cpus: number
 }
 
 export interface StreamsKnobs { count: number, concurrency: number, holdS: number }
@@ -194,6 +197,8 @@ export interface StreamsKnobs { count: number, concurrency: number, holdS: numbe
 export interface Stalls { maxStallMs: number, windowsOver50Ms: number }
 
 const LONG_STALL_MS = 50
+/** loop-probe.ts's window. */
+const WINDOW_MS = 250
 const within = (samples: LoopSample[], from: number, to: number): LoopSample[] => samples.filter(s => s.t >= from && s.t <= to)
 const stallsOf = (samples: LoopSample[]): Stalls => ({
   maxStallMs: samples.reduce((a, s) => Math.max(a, s.maxStallMs), 0),
@@ -255,12 +260,16 @@ export async function runStreams (name: string, gateway: GatewayProcess, control
       ramp: { seconds: rampS, perSecond: count / rampS, ...ramp },
       hold: { seconds: (holdEnd - rampEnd) / 1000, ...hold },
       control: { ramp: stallsOf(within(controlSamples, rampStart, rampEnd)), hold: stallsOf(within(controlSamples, rampEnd, holdEnd)) },
-      longStalls: samples.filter(s => s.maxStallMs > LONG_STALL_MS).map(s => ({ atS: (s.t - rampStart) / 1000, stallMs: s.maxStallMs, gcMs: s.maxGcMs })),
+      longStalls: samples.filter(s => s.maxStallMs > LONG_STALL_MS).map(s => ({
+        atS: (s.t - rampStart) / 1000,
+        stallMs: s.maxStallMs,
+        gcMs: s.maxGcMs,
+        controlMs: stallsOf(within(controlSamples, s.t - WINDOW_MS, s.t + WINDOW_MS)).maxStallMs
+      })),
       rssKiB: { before: before.rssKiB, afterRamp, endOfHold, maxDuring: samples.reduce((a, s) => Math.max(a, s.rssKiB), 0) },
       heapKiB: { before: before.heapUsedKiB, held: held.heapUsedKiB, afterClose: afterClose.heapUsedKiB },
       heapPerStreamKiB: count === 0 ? NaN : (held.heapUsedKiB - before.heapUsedKiB) / count,
-      gatewayFds,
-      cpus: cpus().length
+      gatewayFds
     }
     log(`${name}: ${count} streams, RSS ${(endOfHold / 1024).toFixed(0)} MiB, max stall ${ramp.maxStallMs} ms ramp / ${hold.maxStallMs} ms hold, ${result.dropped.ramp + result.dropped.hold} dropped`)
     return result

@@ -93,7 +93,7 @@ export interface ThroughputResult {
   firstError: string | null
 }
 
-const sumCpu = (pids: number[]): Map<number, number> => new Map(pids.map(pid => [pid, cpuMs(pid) ?? NaN]))
+const cpuByPid = (pids: number[]): Map<number, number> => new Map(pids.map(pid => [pid, cpuMs(pid) ?? NaN]))
 
 /** CPU between two readings, counting only processes seen in both (children come and go). */
 function cpuDelta (before: Map<number, number>, after: Map<number, number>): number {
@@ -116,9 +116,9 @@ async function throughputPass (t: Target, knobs: ThroughputKnobs, latency: numbe
     // Two calls per session first: the first call of a fresh child is not what is measured.
     await Promise.all(sessions.map(async s => { for (let i = 0; i < 2; i++) errors.note(await callEcho(s, t.echo, i)) }))
     const read = (): { serving: Map<number, number>, backend: Map<number, number>, redis: Map<number, number> } => ({
-      serving: sumCpu(t.servingPids),
-      backend: sumCpu(t.backendPids()),
-      redis: sumCpu(t.redisPid === null ? [] : [t.redisPid])
+      serving: cpuByPid(t.servingPids),
+      backend: cpuByPid(t.backendPids()),
+      redis: cpuByPid(t.redisPid === null ? [] : [t.redisPid])
     })
     const before = read()
     const clientBefore = process.cpuUsage()

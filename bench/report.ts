@@ -158,7 +158,7 @@ function idleTable (idle: IdleResult[]): string {
 function streamsTable (streams: StreamsResult[]): string {
   const rows = [[
     'streams', 'requested', 'held', 'failed', 'dropped', 'ramp s', 'opened/s', 'RSS MiB before', 'RSS MiB held', 'RSS MiB peak',
-    'max stall ramp ms', 'max stall hold ms', 'windows > 50 ms', 'control stall ms', 'heap KiB/stream', 'heap MiB closed', 'gw fds'
+    'max stall ramp ms', 'max stall hold ms', 'windows > 50 ms', 'control stall ms', 'heap KiB/stream', 'heap MiB before', 'heap MiB closed', 'gw fds'
   ]]
   for (const s of streams) {
     rows.push([
@@ -167,7 +167,7 @@ function streamsTable (streams: StreamsResult[]): string {
       fmt(s.rssKiB.before / 1024, 0), fmt(s.rssKiB.endOfHold / 1024, 0), fmt(s.rssKiB.maxDuring / 1024, 0),
       fmt(s.ramp.maxStallMs, 0), fmt(s.hold.maxStallMs, 0), `${s.ramp.windowsOver50Ms}+${s.hold.windowsOver50Ms}`,
       `${fmt(s.control.ramp.maxStallMs, 0)}/${fmt(s.control.hold.maxStallMs, 0)}`,
-      fmt(s.heapPerStreamKiB, 1), fmt(s.heapKiB.afterClose / 1024, 1), s.gatewayFds === null ? '-' : String(s.gatewayFds)
+      fmt(s.heapPerStreamKiB, 1), fmt(s.heapKiB.before / 1024, 1), fmt(s.heapKiB.afterClose / 1024, 1), s.gatewayFds === null ? '-' : String(s.gatewayFds)
     ])
   }
   return table(rows)
@@ -225,8 +225,9 @@ export function report (header: RunHeader, results: TargetResult[], idle: IdleRe
     for (const s of streams) {
       if (s.fit.limitedBy !== null) lines.push(`${s.name}: ${s.requested} requested, ${s.fit.count} fit: ${s.fit.limitedBy}.`)
       if (s.longStalls.length > 0) {
-        const shown = s.longStalls.slice(0, 12).map(w => `${fmt(w.atS, 1)}s ${fmt(w.stallMs, 0)}ms${w.gcMs > 0 ? ` (gc ${fmt(w.gcMs, 0)})` : ''}`)
-        lines.push(`${s.name}: stalls > 50 ms at ${shown.join(', ')}${s.longStalls.length > 12 ? ', ...' : ''} (time since the ramp began; ramp ended at ${fmt(s.ramp.seconds, 1)}s)`)
+        const shown = s.longStalls.slice(0, 16).map(w => `${fmt(w.atS, 1)}s ${fmt(w.stallMs, 0)}/${fmt(w.gcMs, 0)}/${fmt(w.controlMs, 0)}`)
+        lines.push(`${s.name}: stalls > 50 ms (s since the ramp began: stall/longest GC/control ms; ramp ended at ${fmt(s.ramp.seconds, 1)}s):`)
+        lines.push(`  ${shown.join(', ')}${s.longStalls.length > 16 ? `, ... (${s.longStalls.length} in all)` : ''}`)
       }
     }
   }
