@@ -266,7 +266,8 @@ export async function runStreams (name: string, gateway: GatewayProcess, control
         gcMs: s.maxGcMs,
         controlMs: stallsOf(within(controlSamples, s.t - WINDOW_MS, s.t + WINDOW_MS)).maxStallMs
       })),
-      rssKiB: { before: before.rssKiB, afterRamp, endOfHold, maxDuring: samples.reduce((a, s) => Math.max(a, s.rssKiB), 0) },
+      // The probe samples every 250 ms; the /proc readings at the phase ends count too.
+      rssKiB: { before: before.rssKiB, afterRamp, endOfHold, maxDuring: samples.reduce((a, s) => Math.max(a, s.rssKiB), Math.max(afterRamp, endOfHold)) },
       heapKiB: { before: before.heapUsedKiB, held: held.heapUsedKiB, afterClose: afterClose.heapUsedKiB },
       heapPerStreamKiB: count === 0 ? NaN : (held.heapUsedKiB - before.heapUsedKiB) / count,
       gatewayFds
