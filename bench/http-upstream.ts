@@ -5,20 +5,8 @@
 //   node dist/bench/http-upstream.js   prints {"url": "http://127.0.0.1:<port>/mcp"} once listening;
 //                                      exits on SIGTERM/SIGINT or when stdin closes (parent gone).
 import { startStreamableUpstream } from '../test/fixtures/http-upstreams.js'
+import { serveAsChild } from './child-lifecycle.js'
 
 const upstream = await startStreamableUpstream({ record: false })
 
-let stopping = false
-async function stop (): Promise<void> {
-  if (stopping) return
-  stopping = true
-  await upstream.close()
-  process.exit(0)
-}
-process.on('SIGTERM', () => { void stop() })
-process.on('SIGINT', () => { void stop() })
-process.stdin.on('end', () => { void stop() })
-process.stdin.on('error', () => { void stop() })
-process.stdin.resume()
-
-process.stdout.write(`${JSON.stringify({ url: upstream.url })}\n`)
+serveAsChild(upstream.url, upstream.close)

@@ -13,9 +13,13 @@ import { freePort } from '../test/helpers/wait.js'
 import { pings } from '../test/helpers/redis-server.js'
 export { freePort }
 
-const MAIN = fileURLToPath(new URL('../src/main.js', import.meta.url))
+/** This build's gateway entry; BENCH_COMPARE_MAIN may name another build's. */
+export const MAIN = fileURLToPath(new URL('../src/main.js', import.meta.url))
 const UPSTREAM = fileURLToPath(new URL('./http-upstream.js', import.meta.url))
+const IDLE_UPSTREAM = fileURLToPath(new URL('./idle-upstream.js', import.meta.url))
+const MINIMAL_PROXY = fileURLToPath(new URL('./minimal-proxy.js', import.meta.url))
 const GC_PROBE = fileURLToPath(new URL('./gc-probe.js', import.meta.url))
+const LOOP_PROBE = fileURLToPath(new URL('./loop-probe.js', import.meta.url))
 
 export const log = (message: string): void => { process.stderr.write(`[bench ${new Date().toISOString().slice(11, 19)}] ${message}\n`) }
 
@@ -89,6 +93,22 @@ export interface GatewayProcess extends RunningProcess {
   logFile: string
   /** Set when started with { gcProbe: true }: full GC, then the process's memoryUsage(). */
   probeMemory?: () => Promise<ProbedMemory>
+  /** Set when started with { loopProbe: true }: the lines bench/loop-probe.js wrote so far. */
+  loopSamples?: () => LoopSample[]
+}
+
+export interface LoopControl { pid: number, stop: () => Promise<void>, samples: () => LoopSample[] }
+
+/** One window of bench/loop-probe.ts. */
+export interface LoopSample { t: number, maxStallMs: number, maxGcMs: number, rssKiB: number, heapUsedKiB: number }
+
+export interface GatewayOptions {
+  /** --expose-gc and bench/gc-probe.js preloaded (see probeMemory). */
+  gcProbe?: boolean
+  /** bench/loop-probe.js preloaded (see loopSamples). */
+  loopProbe?: boolean
+  /** Another build's dist/src/main.js (BENCH_COMPARE_MAIN); default this build's. */
+  main?: string
 }
 
 export interface ProbedMemory {
@@ -112,22 +132,49 @@ async function probe (child: ChildProcess, file: string, seq: number): Promise<P
   throw new Error('the gateway did not answer the memory probe')
 }
 
+function readLoopSamples (file: string): LoopSample[] {
+  let text: string
+  try {
+    text = readFileSync(file, 'utf8')
+  } catch {
+    return []
+  }
+  // The last line may be half written.
+  return text.split('\n').flatMap(line => {
+    try {
+      return line === '' ? [] : [JSON.parse(line) as LoopSample]
+    } catch {
+      return []
+    }
+  })
+}
+
 /**
- * One gateway process (dist/src/main.js) with the given config, its logs in a file under dir (a
- * pipe would make this process parse every log line). Ready when /readyz answers 200.
- * gcProbe: started with --expose-gc and bench/gc-probe.js preloaded (see probeMemory).
+ * One gateway process (dist/src/main.js, or options.main) with the given config, its logs in a
+ * file under dir (a pipe would make this process parse every log line). Ready when /readyz
+ * answers 200.
  */
-export async function startGatewayProcess (cleanup: Cleanup, dir: string, name: string, config: Record<string, unknown>, options: { gcProbe?: boolean } = {}): Promise<GatewayProcess> {
+export async function startGatewayProcess (cleanup: Cleanup, dir: string, name: string, config: Record<string, unknown>, options: GatewayOptions = {}): Promise<GatewayProcess> {
+  const safe = name.replace(/[^\w.-]/g, '_')
   for (let attempt = 0; ; attempt++) {
     const port = await freePort()
-    const configFile = join(dir, `gateway-${name}.json`)
-    const logFile = join(dir, `gateway-${name}.log`)
-    const memFile = join(dir, `gateway-${name}.mem.json`)
+    const configFile = join(dir, `gateway-${safe}.json`)
+    const logFile = join(dir, `gateway-${safe}.log`)
+    const memFile = join(dir, `gateway-${safe}.mem.json`)
+    const loopFile = join(dir, `gateway-${safe}.loop.jsonl`)
     await writeFile(configFile, JSON.stringify({ ...config, listen: { host: '127.0.0.1', port } }))
     const fd = openSync(logFile, 'a')
-    const nodeArgs = options.gcProbe === true ? ['--expose-gc', '--import', pathToFileURL(GC_PROBE).href] : []
-    const env = options.gcProbe === true ? { ...process.env, BENCH_MEM_FILE: memFile } : process.env
-    const child = spawn(process.execPath, [...nodeArgs, MAIN, '--config', configFile], { stdio: ['ignore', fd, fd], env })
+    const nodeArgs: string[] = []
+    const env: NodeJS.ProcessEnv = { ...process.env }
+    if (options.gcProbe === true) {
+      nodeArgs.push('--expose-gc', '--import', pathToFileURL(GC_PROBE).href)
+      env.BENCH_MEM_FILE = memFile
+    }
+    if (options.loopProbe === true) {
+      nodeArgs.push('--import', pathToFileURL(LOOP_PROBE).href)
+      env.BENCH_LOOP_FILE = loopFile
+    }
+    const child = spawn(process.execPath, [...nodeArgs, options.main ?? MAIN, '--config', configFile], { stdio: ['ignore', fd, fd], env })
     closeSync(fd)
     let probes = 0
     // The gateway stops its stdio children on SIGTERM; its own deadline is 15 s.
@@ -139,6 +186,8 @@ export async function startGatewayProcess (cleanup: Cleanup, dir: string, name: 
       if (ready) {
         const running: GatewayProcess = { name, pid: child.pid!, url, stop, logFile }
         if (options.gcProbe === true) running.probeMemory = async () => await probe(child, memFile, ++probes)
+        if (options.loopProbe === true) running.loopSamples = () => readLoopSamples(loopFile)
+        log(`gateway ${name} pid ${String(child.pid)} at ${url}`)
         return running
       }
       await sleep(50)
@@ -149,29 +198,60 @@ export async function startGatewayProcess (cleanup: Cleanup, dir: string, name: 
   }
 }
 
-/** The SDK Streamable HTTP upstream (bench/http-upstream.ts) in its own process. */
-export async function startHttpUpstream (cleanup: Cleanup): Promise<RunningProcess> {
-  // stdin stays open: the upstream exits when it closes, so it cannot outlive this process.
-  const child = spawn(process.execPath, [UPSTREAM], { stdio: ['pipe', 'pipe', 'inherit'] })
-  const stop = cleanup.add('http upstream', async () => { await stopProcess(child, 5000) })
+/**
+ * An idle node process with bench/loop-probe.js preloaded: its stalls are the machine's (other
+ * processes taking the CPUs), the control for a gateway's.
+ */
+export function startLoopControl (cleanup: Cleanup, dir: string, name: string): LoopControl {
+  const file = join(dir, `control-${name}.loop.jsonl`)
+  // stdin stays open: the script exits when it closes, so it cannot outlive this process.
+  const child = spawn(process.execPath, ['--import', pathToFileURL(LOOP_PROBE).href, '-e', 'process.stdin.resume(); process.stdin.on("end", () => process.exit(0))'], {
+    stdio: ['pipe', 'ignore', 'inherit'],
+    env: { ...process.env, BENCH_LOOP_FILE: file }
+  })
+  const stop = cleanup.add(`loop control ${name}`, async () => { await stopProcess(child, 2000) })
+  return { pid: child.pid!, stop, samples: () => readLoopSamples(file) }
+}
+
+/**
+ * A node script of bench/ that prints {"url": ...} on its first stdout line once listening and
+ * exits when its stdin closes, so it cannot outlive this process (http-upstream, idle-upstream,
+ * minimal-proxy).
+ */
+async function startUrlProcess (cleanup: Cleanup, what: string, script: string, args: string[] = []): Promise<RunningProcess> {
+  const child = spawn(process.execPath, [script, ...args], { stdio: ['pipe', 'pipe', 'inherit'] })
+  const stop = cleanup.add(what, async () => { await stopProcess(child, 5000) })
   const lines = createInterface({ input: child.stdout! })
   try {
     const url = await new Promise<string>((resolve, reject) => {
-      const timer = setTimeout(() => reject(new Error('http upstream did not start')), 20_000)
+      const timer = setTimeout(() => reject(new Error(`${what} did not start`)), 20_000)
       lines.once('line', line => {
         clearTimeout(timer)
         const parsed = JSON.parse(line) as { url?: string }
         if (typeof parsed.url === 'string') resolve(parsed.url)
-        else reject(new Error(`http upstream said ${line}`))
+        else reject(new Error(`${what} said ${line}`))
       })
-      child.once('exit', code => { clearTimeout(timer); reject(new Error(`http upstream exited with ${String(code)}`)) })
+      child.once('exit', code => { clearTimeout(timer); reject(new Error(`${what} exited with ${String(code)}`)) })
     })
+    log(`${what} pid ${String(child.pid)} at ${url}`)
     return { pid: child.pid!, url, stop }
   } catch (err) {
     await stop()
     throw err
   }
 }
+
+/** The SDK Streamable HTTP upstream (bench/http-upstream.ts) in its own process. */
+export const startHttpUpstream = async (cleanup: Cleanup): Promise<RunningProcess> =>
+  await startUrlProcess(cleanup, 'http upstream', UPSTREAM)
+
+/** The bare upstream of the idle-streams phase (bench/idle-upstream.ts); offerGet false: GET is 405. */
+export const startIdleUpstream = async (cleanup: Cleanup, offerGet: boolean): Promise<RunningProcess> =>
+  await startUrlProcess(cleanup, `idle upstream${offerGet ? '' : ' (no GET)'}`, IDLE_UPSTREAM, offerGet ? [] : ['--no-get'])
+
+/** The floor (bench/minimal-proxy.ts) in front of the given stdio command. */
+export const startMinimalProxy = async (cleanup: Cleanup, command: string, args: string[]): Promise<RunningProcess> =>
+  await startUrlProcess(cleanup, 'minimal proxy', MINIMAL_PROXY, [command, ...args])
 
 // ---- /proc ---------------------------------------------------------------------------------
 
@@ -230,4 +310,24 @@ export function cpuMs (pid: number): number | null {
 export function memAvailableKiB (): number {
   const match = /^MemAvailable:\s+(\d+) kB/m.exec(readFileSync('/proc/meminfo', 'utf8'))
   return match === null ? 0 : Number(match[1])
+}
+
+/** The soft limit on open files of a process (null if unreadable). */
+export function fdLimit (pid: number): number | null {
+  try {
+    const match = /^Max open files\s+(\d+|unlimited)/m.exec(readFileSync(`/proc/${pid}/limits`, 'utf8'))
+    if (match === null) return null
+    return match[1] === 'unlimited' ? Number.MAX_SAFE_INTEGER : Number(match[1])
+  } catch {
+    return null
+  }
+}
+
+/** Open file descriptors of a process (null if unreadable). */
+export function fdCount (pid: number): number | null {
+  try {
+    return readdirSync(`/proc/${pid}/fd`).length
+  } catch {
+    return null
+  }
 }
