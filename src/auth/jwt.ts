@@ -1,0 +1,129 @@
+// JWT access tokens (OAuth 2.1 resource server, SPEC.md A-RS-3, A-RS-4, A-RS-7): signed by a key
+// from the issuer's JWKS, with the issuer, an audience naming this endpoint (RFC 8707: by default
+// its resource URL), an allowed algorithm (never `none`), a valid exp/nbf and the tenant's extra
+// claims. Keys rotate: a token naming an unknown `kid` refetches the key set, at most once per
+// `jwksCooldownMs` (jose's cooldown). A key set that cannot be fetched is 503 with Retry-After,
+// not 401: the token may well be good.
+import { createRemoteJWKSet, decodeJwt, decodeProtectedHeader, errors, jwtVerify, type JWTPayload, type JWTVerifyGetKey } from 'jose'
+import { GW_ERR_AUTH_UNAVAILABLE, type GatewayError } from '../core/errors.js'
+import { AuthRefusal, invalidToken, type Endpoint } from './authenticate.js'
+import type { TenantDirectory, TenantIssuer } from './tenants.js'
+
+/** Seconds a client is told to wait when an issuer's key set cannot be fetched. */
+export const JWKS_RETRY_AFTER_S = 5
+/** Deadline of one key-set fetch. */
+export const JWKS_TIMEOUT_MS = 5000
+/** Clock skew tolerated on exp and nbf. */
+export const CLOCK_TOLERANCE_S = 5
+
+/** The key set could not be fetched (network, status, body): not the token's fault. */
+class KeysUnavailable extends Error {}
+
+/** A URL compared the way RFC 3986 normalises it: scheme and host in lower case, no trailing slash. */
+export function canonicalUrl (value: string): string {
+  try {
+    const url = new URL(value)
+    if (url.protocol !== 'http:' && url.protocol !== 'https:') return value
+    url.hash = ''
+    return url.href.replace(/\/+$/, '')
+  } catch {
+    return value
+  }
+}
+
+function reasonOf (err: unknown): string {
+  if (err instanceof errors.JWTExpired) return 'token expired'
+  if (err instanceof errors.JWTClaimValidationFailed) return `claim ${err.claim} ${err.reason === 'missing' ? 'missing' : 'not accepted'}`
+  if (err instanceof errors.JOSEAlgNotAllowed) return 'signing algorithm not accepted'
+  if (err instanceof errors.JWKSNoMatchingKey) return 'no key of the issuer matches the token'
+  if (err instanceof errors.JWSSignatureVerificationFailed) return 'signature does not verify'
+  return 'malformed token'
+}
+
+export class JwtVerifier {
+  readonly #directory: TenantDirectory
+  /**
+   * One remote key set per JWKS URL, shared by every tenant naming it (so one fetch serves them
+   * all) and kept across reloads; its cooldown is that of the first config that used it.
+   */
+  readonly #keySets = new Map<string, JWTVerifyGetKey>()
+
+  constructor (directory: TenantDirectory) {
+    this.#directory = directory
+  }
+
+  /** The tenant and subject a token authenticates, or an AuthRefusal (401, or 503 with Retry-After). */
+  readonly check = async (token: string, endpoint: Endpoint): Promise<{ tenant: string, subject: string }> => {
+    const refuse = (reason: string): AuthRefusal => new AuthRefusal(invalidToken(this.#directory, endpoint, reason), `jwt: ${reason}`, 'jwt')
+    let iss: unknown
+    try {
+      // Unverified: only to pick the issuer whose keys and rules then verify everything.
+      if (decodeProtectedHeader(token).alg === 'none') throw refuse('unsigned token')
+      iss = decodeJwt(token).iss
+    } catch (err) {
+      if (err instanceof AuthRefusal) throw err
+      throw refuse('malformed token')
+    }
+    const candidates = typeof iss === 'string' ? this.#directory.issuer(iss) : []
+    if (candidates.length === 0) throw refuse('unknown issuer')
+    // Several tenants may trust one issuer, told apart by their `claims`: the first that accepts
+    // wins. The reason told is the first that is not merely another tenant's claims.
+    let reason: string | undefined
+    let mismatch: string | undefined
+    for (const candidate of candidates) {
+      const result = await this.#accept(token, candidate, endpoint)
+      if ('tenant' in result) return result
+      if ('mismatch' in result) mismatch ??= result.mismatch
+      else reason ??= result.reason
+    }
+    throw refuse(reason ?? mismatch ?? 'token not accepted')
+  }
+
+  /** The principal's tenant and subject, or why this tenant's issuer config refuses the token. */
+  async #accept (token: string, { tenant, jwt }: TenantIssuer, endpoint: Endpoint): Promise<{ tenant: string, subject: string } | { reason: string } | { mismatch: string }> {
+    let payload: JWTPayload
+    try {
+      ({ payload } = await jwtVerify(token, this.#keySet(jwt.jwksUri, jwt.jwksCooldownMs), {
+        issuer: jwt.issuer,
+        algorithms: jwt.algorithms,
+        requiredClaims: ['exp'],
+        clockTolerance: CLOCK_TOLERANCE_S
+      }))
+    } catch (err) {
+      if (err instanceof KeysUnavailable) {
+        const unavailable: GatewayError = new GW_ERR_AUTH_UNAVAILABLE('the token issuer\'s keys cannot be fetched', { cause: err.cause })
+        unavailable.retryAfter = JWKS_RETRY_AFTER_S
+        throw new AuthRefusal(unavailable, 'jwt: key set unavailable', 'jwt')
+      }
+      return { reason: reasonOf(err) }
+    }
+    const expected = (jwt.audience.length > 0 ? jwt.audience : [this.#directory.resourceUrl(endpoint.kind, endpoint.server)]).map(canonicalUrl)
+    const audiences = typeof payload.aud === 'string' ? [payload.aud] : Array.isArray(payload.aud) ? payload.aud : []
+    if (!audiences.some(aud => expected.includes(canonicalUrl(aud)))) return { reason: 'audience is not this endpoint' }
+    for (const [claim, value] of Object.entries(jwt.claims)) {
+      if (payload[claim] !== value) return { mismatch: `claim ${claim} not accepted` }
+    }
+    const subject = payload[jwt.subjectClaim]
+    if (typeof subject !== 'string' || subject === '') return { reason: `claim ${jwt.subjectClaim} missing` }
+    return { tenant, subject: `jwt:${jwt.issuer}\0${subject}` }
+  }
+
+  #keySet (uri: string, cooldownMs: number): JWTVerifyGetKey {
+    let keys = this.#keySets.get(uri)
+    if (keys === undefined) {
+      const remote = createRemoteJWKSet(new URL(uri), { cooldownDuration: cooldownMs, timeoutDuration: JWKS_TIMEOUT_MS })
+      keys = async (header, token) => {
+        try {
+          return await remote(header, token)
+        } catch (err) {
+          // A key missing from a set that was fetched is the token's problem; anything else
+          // (timeout, status, JSON, network) is the issuer's.
+          if (err instanceof errors.JWKSNoMatchingKey || err instanceof errors.JWKSMultipleMatchingKeys || err instanceof errors.JOSENotSupported) throw err
+          throw new KeysUnavailable('key set unavailable', { cause: err })
+        }
+      }
+      this.#keySets.set(uri, keys)
+    }
+    return keys
+  }
+}

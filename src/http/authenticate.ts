@@ -1,0 +1,49 @@
+// The auth hook on every MCP route (`/mcp/<server>`, `/sse/<server>` and its messages URL, every
+// method): with tenants configured, each request is resolved into a principal before any handler
+// reads a session (ARCHITECTURE.md flow 1), and a tenant's request for a server not in its list
+// is 403. /healthz, /readyz, CORS preflights and unknown paths are not MCP routes and stay open.
+import type { FastifyInstance, FastifyRequest } from 'fastify'
+import fp from 'fastify-plugin'
+import { authenticate, AuthRefusal, type Endpoint, type JwtCheck } from '../auth/authenticate.js'
+import type { EndpointKind, TenantDirectory } from '../auth/tenants.js'
+import { GW_ERR_SERVER_NOT_ALLOWED, GW_ERR_SERVER_NOT_FOUND } from '../core/errors.js'
+import { audit } from '../telemetry/audit.js'
+
+export interface HttpAuthenticateOptions {
+  tenants: TenantDirectory
+  jwt?: JwtCheck
+}
+
+/** Route patterns of the MCP endpoints, and which protected resource each belongs to. */
+const MCP_ROUTES = new Map<string, EndpointKind>([
+  ['/mcp/:server', 'mcp'],
+  ['/sse/:server', 'sse'],
+  ['/sse/:server/messages', 'sse']
+])
+const SERVER_NAME = /^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$/
+
+export default fp<HttpAuthenticateOptions>(async function httpAuthenticate (app: FastifyInstance, opts) {
+  const { tenants, jwt } = opts
+  app.addHook('onRequest', async (req: FastifyRequest) => {
+    if (!tenants.enabled) return
+    const kind = MCP_ROUTES.get(req.routeOptions.url ?? '')
+    if (kind === undefined) return
+    const server = (req.params as { server?: string }).server ?? ''
+    // A name no server can have is 404 at once: it would otherwise end up in the challenge header.
+    if (!SERVER_NAME.test(server)) throw new GW_ERR_SERVER_NOT_FOUND(server.slice(0, 64))
+    const endpoint: Endpoint = { kind, server }
+    let principal
+    try {
+      principal = await authenticate(req.headers, endpoint, tenants, jwt)
+    } catch (err) {
+      if (!(err instanceof AuthRefusal)) throw err
+      audit(req.log, 'request.refused', { server, method: req.method, status: err.error.statusCode, reason: err.reason, via: err.via })
+      throw err.error
+    }
+    if (principal.tenant === null || tenants.server(principal.tenant, server) === undefined) {
+      audit(req.log, 'request.refused', { tenant: principal.tenant, subject: principal.subjectDigest, server, method: req.method, status: 403, reason: 'server not allowed' })
+      throw new GW_ERR_SERVER_NOT_ALLOWED(server)
+    }
+    req.principal = principal
+  })
+}, { name: 'gateway-authenticate', fastify: '5.x' })

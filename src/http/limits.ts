@@ -1,0 +1,75 @@
+// Request rate limits on the MCP endpoints (issue 8), before the body is read: every request of a tenant's principal on
+// `/mcp/<server>`, `/sse/<server>` and its messages URL is charged to the tenant's bucket and its
+// subject's, in one atomic step (auth/rate-limit.ts). /healthz, /readyz and anything else outside
+// those routes is never limited; anonymous principals and tenants without rate limits pass.
+//
+// Over the limit: 429 with an integer Retry-After and a JSON-RPC error body. While the limiter's
+// Redis is unreachable the request is refused with 503 and Retry-After (fail closed): in Redis
+// mode the sessions live in the same Redis, so nothing could be served anyway, and a hosted
+// operator would rather shed load for a moment than let a flood through to shared backends the
+// instant a budget cannot be checked.
+import fp from 'fastify-plugin'
+import type { FastifyInstance, FastifyRequest } from 'fastify'
+import { bucketsFor, retryAfterSeconds, type RateLimiter } from '../auth/rate-limit.js'
+import type { TenantDirectory } from '../auth/tenants.js'
+import { GW_ERR_INVALID_REQUEST, GW_ERR_RATE_LIMITED, isGatewayError, type GatewayError } from '../core/errors.js'
+import { audit } from '../telemetry/audit.js'
+
+export interface HttpLimitsOptions {
+  /** Read per request, so a replaced tenant table (config reload) applies at once. */
+  tenants: Pick<TenantDirectory, 'limits'>
+  limiter: RateLimiter
+}
+
+/** The routes whose requests are charged: the MCP endpoints of both transports. */
+export function isLimitedRoute (url: string | undefined): boolean {
+  return url !== undefined && (url.startsWith('/mcp/') || url.startsWith('/sse/'))
+}
+
+/**
+ * Charges one request, or, given the size of the batch it carries, the batch's other messages;
+ * throws GW_ERR_RATE_LIMITED (429), a 400 for a batch no budget can hold, or a 503 store error.
+ * Exported for tests.
+ */
+export async function chargeRequest (req: FastifyRequest, opts: HttpLimitsOptions, batchSize?: number): Promise<void> {
+  const { tenant, subjectDigest } = req.principal
+  if (tenant === null) return
+  const limits = opts.tenants.limits(tenant)
+  if (limits === undefined) return
+  const buckets = bucketsFor(limits, subjectDigest)
+  if (buckets.length === 0) return
+  // A batch beyond a bucket's burst could never be admitted: say so, rather than a 429 whose
+  // Retry-After would only invite the same refusal.
+  const burst = Math.min(...buckets.map(b => b.burst))
+  if (batchSize !== undefined && batchSize > burst) throw new GW_ERR_INVALID_REQUEST(`a batch holds at most ${burst} messages under this tenant's rate limit`)
+  // The request itself was charged on arrival; the batch's other messages now.
+  const cost = batchSize === undefined ? 1 : batchSize - 1
+  let decision
+  try {
+    decision = await opts.limiter.consume(tenant, buckets, cost)
+  } catch (err) {
+    if (isGatewayError(err)) err.retryAfter ??= 1
+    throw err
+  }
+  if (decision.allowed) return
+  const retryAfter = retryAfterSeconds(decision.retryAfterMs)
+  audit(req.log, 'request.refused', { tenant, subject: subjectDigest, server: (req.params as { server?: string }).server, method: req.method, status: 429, reason: 'rate limit', retryAfter })
+  const err: GatewayError = new GW_ERR_RATE_LIMITED(retryAfter)
+  err.retryAfter = retryAfter
+  throw err
+}
+
+async function httpLimits (app: FastifyInstance, opts: HttpLimitsOptions): Promise<void> {
+  // onRequest, so a refused request's body is never parsed. It runs after the auth hook's own
+  // onRequest (registered before this plugin in app.ts), which sets req.principal.
+  app.addHook('onRequest', async req => {
+    if (isLimitedRoute(req.routeOptions.url)) await chargeRequest(req, opts)
+  })
+  // A JSON-RPC batch is as many requests as it holds messages, or a batch would carry thousands
+  // of calls past the budget as one request: its other messages are charged once it is parsed.
+  app.addHook('preHandler', async req => {
+    if (isLimitedRoute(req.routeOptions.url) && Array.isArray(req.body) && req.body.length > 1) await chargeRequest(req, opts, req.body.length)
+  })
+}
+
+export default fp(httpLimits, { name: 'gateway-limits', fastify: '5.x' })
