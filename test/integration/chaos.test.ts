@@ -1,0 +1,17 @@
+// Issue 12, the short chaos run (bounded: under 60 s): replicas SIGKILLed and restarted and the
+// Redis primary failed over under SDK sessions calling in a loop. The full run (50 sessions,
+// at least 5,000 calls) is `npm run chaos`; see test/chaos/chaos.ts.
+import t from 'tap'
+import { runChaos } from '../chaos/chaos.js'
+
+t.test('chaos: nothing unanswered, duplicated or misrouted while replicas and Redis fail', async t => {
+  const figures = await runChaos(t, { sessions: 8, durationMs: 20_000, kills: 1, callTimeoutMs: 20_000, log: line => { t.comment(line) } })
+  t.comment(JSON.stringify({ ...figures, events: undefined }))
+  t.ok(figures.calls >= 100, `calls made (${figures.calls})`)
+  t.equal(figures.neverAnswered, 0, 'no call went unanswered')
+  t.equal(figures.duplicated, 0, 'no call was answered twice')
+  t.equal(figures.misrouted, 0, 'no answer reached the wrong caller')
+  t.equal(figures.correct + figures.errors, figures.calls, 'every call answered: correctly or with an error')
+  t.ok(figures.correct > figures.calls * 0.8, `most calls answered correctly (${figures.correct} of ${figures.calls})`)
+  t.equal(figures.survivors + figures.sessionsRenewed, figures.before, 'every session from before the chaos still works (or was renewed after a 404)')
+})
