@@ -1,10 +1,11 @@
 // The bus between replicas: each replica reads one inbox. It only rings doorbells and carries
 // client messages to the owner; the event log stays the truth (ARCHITECTURE.md principle 3).
 import type { JsonRpcMessage } from '../core/jsonrpc.js'
+import type { TraceCarrier } from '../telemetry/tracing.js'
 
 export type Envelope =
-  /** A client message for the backend, sent to the session's owner. */
-  | { kind: 'deliver', sid: string, streamId: string | null, message: JsonRpcMessage }
+  /** A client message for the backend, sent to the session's owner (`trace`: its SERVER span, tracing on). */
+  | { kind: 'deliver', sid: string, streamId: string | null, message: JsonRpcMessage, trace?: TraceCarrier | undefined }
   /** New entries in a stream's log: the holder pulls after its cursor. */
   | { kind: 'wake', sid: string, streamId: string }
   /** Another replica took the stream (resume elsewhere): stop writing it. */

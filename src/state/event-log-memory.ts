@@ -5,13 +5,15 @@
 // still holds a cursor into it: a new stream starts at Date.now() * 1000, above any id an earlier
 // stream of that name can have reached (it would need 1000 appends per millisecond).
 import { GW_ERR_BAD_REQUEST } from '../core/errors.js'
-import { isEntryId, type AppendResult, type EventLog, type LogEntry } from './event-log.js'
-import type { JsonRpcMessage } from '../core/jsonrpc.js'
+import { isEntryId, parsePendingField, pendingField, type AppendResult, type EventLog, type LogEntry, type PendingRequest } from './event-log.js'
+import type { JsonRpcMessage, RequestId } from '../core/jsonrpc.js'
 import type { MemorySessionStore } from './session-store-memory.js'
 
 interface Stream {
   /** Sequence number of entries[0]; entries are contiguous from there. */
   first: number
+  /** Sequence number of this stream's first entry ever: LogEntry.seq counts from it. */
+  base: number
   /** Messages as JSON ('' for a priming entry), so a reader never shares objects with a writer. */
   entries: string[]
   expiresAt: number
@@ -19,6 +21,8 @@ interface Stream {
 
 export class MemoryEventLog implements EventLog {
   readonly #streams = new Map<string, Map<string, Stream>>()
+  /** Pending markers per session: field -> when and by which replica recorded, or 'done' (settled). */
+  readonly #pending = new Map<string, Map<string, { at: number, by: string } | 'done'>>()
   readonly #store: MemorySessionStore
   readonly #maxLen: number
 
@@ -27,12 +31,74 @@ export class MemoryEventLog implements EventLog {
     this.#store = store
     this.#maxLen = maxLen
     store.attach({
-      deleteSession: sid => { this.#streams.delete(sid) },
+      deleteSession: sid => { this.#streams.delete(sid); this.#pending.delete(sid) },
       sweep: now => this.#sweep(now)
     })
   }
 
-  async append (sid: string, streamId: string, message: JsonRpcMessage | null, ttlMs: number): Promise<AppendResult> {
+  async append (sid: string, streamId: string, message: JsonRpcMessage | null, ttlMs: number, answers?: RequestId): Promise<AppendResult> {
+    if (answers !== undefined && !this.#mayAnswer(sid, streamId, answers)) return { entryId: '', holder: null }
+    return this.#append(sid, streamId, message, ttlMs)
+  }
+
+  /** The Redis twin's appendEvent rule (event-log.ts append): exactly one answer per request. */
+  #mayAnswer (sid: string, streamId: string, id: RequestId): boolean {
+    const field = pendingField(streamId, id)
+    const pending = this.#pending.get(sid)
+    const marker = pending?.get(field)
+    if (marker === 'done') return false
+    if (marker !== undefined) { pending?.delete(field); return true }
+    if (!this.#store.isLive(sid)) return false
+    const stream = this.#live(sid, streamId)
+    return !(stream?.entries ?? []).some(json => {
+      if (json === '') return false
+      const message = JSON.parse(json) as Record<string, unknown>
+      return message.method === undefined && message.id === id
+    })
+  }
+
+  async markPending (sid: string, streamId: string, ids: RequestId[], ttlMs: number, priming: boolean, replicaId: string): Promise<string | null> {
+    let pending = this.#pending.get(sid)
+    if (pending === undefined) {
+      pending = new Map()
+      this.#pending.set(sid, pending)
+    }
+    const now = Date.now()
+    for (const id of ids) pending.set(pendingField(streamId, id), { at: now, by: replicaId })
+    return priming ? this.#append(sid, streamId, null, ttlMs).entryId : null
+  }
+
+  async claimOrphans (sid: string, of?: string): Promise<PendingRequest[]> {
+    const pending = this.#pending.get(sid)
+    const claimed: PendingRequest[] = []
+    if (pending === undefined) return claimed
+    const now = Date.now()
+    for (const [field, marker] of [...pending]) {
+      if (marker === 'done' || (of === undefined ? marker.at > now : marker.by !== of)) continue
+      pending.set(field, 'done')
+      const request = parsePendingField(field)
+      if (request !== null) claimed.push(request)
+    }
+    return claimed
+  }
+
+  async pendingReplicas (sid: string): Promise<string[]> {
+    return [...new Set([...this.#pending.get(sid)?.values() ?? []].flatMap(p => p === 'done' ? [] : [p.by]))]
+  }
+
+  async claim (sid: string, streamId: string, id: RequestId): Promise<boolean> {
+    let pending = this.#pending.get(sid)
+    if (pending === undefined) {
+      pending = new Map()
+      this.#pending.set(sid, pending)
+    }
+    const field = pendingField(streamId, id)
+    const marker = pending.get(field)
+    pending.set(field, 'done')
+    return marker !== undefined && marker !== 'done'
+  }
+
+  #append (sid: string, streamId: string, message: JsonRpcMessage | null, ttlMs: number): AppendResult {
     const now = Date.now()
     let streams = this.#streams.get(sid)
     if (streams === undefined) {
@@ -42,7 +108,8 @@ export class MemoryEventLog implements EventLog {
     let stream = streams.get(streamId)
     if (stream === undefined || stream.expiresAt <= now) {
       const after = stream === undefined ? 0 : stream.first + stream.entries.length
-      stream = { first: Math.max(now * 1000, after), entries: [], expiresAt: 0 }
+      const first = Math.max(now * 1000, after)
+      stream = { first, base: first, entries: [], expiresAt: 0 }
       streams.set(streamId, stream)
     }
     stream.entries.push(message === null ? '' : JSON.stringify(message))
@@ -68,8 +135,17 @@ export class MemoryEventLog implements EventLog {
     return stream.entries.slice(start, start + limit).map((json, i) => ({
       entryId: String(stream.first + start + i),
       message: json === '' ? null : JSON.parse(json) as JsonRpcMessage,
-      json
+      json,
+      seq: stream.first + start + i - stream.base + 1
     }))
+  }
+
+  async seqOf (sid: string, streamId: string, entryId: string): Promise<number | null> {
+    const stream = this.#live(sid, streamId)
+    if (stream === null || !isEntryId(entryId)) return null
+    // Ids are contiguous in a stream's lifetime, so even a trimmed entry's ordinal is known.
+    const id = Number(entryId.split('-')[0])
+    return id >= stream.base && id < stream.first + stream.entries.length ? id - stream.base + 1 : null
   }
 
   async hasStream (sid: string, streamId: string): Promise<boolean> {
@@ -83,6 +159,7 @@ export class MemoryEventLog implements EventLog {
 
   async deleteSession (sid: string): Promise<void> {
     this.#streams.delete(sid)
+    this.#pending.delete(sid)
   }
 
   #live (sid: string, streamId: string): Stream | null {
@@ -95,5 +172,7 @@ export class MemoryEventLog implements EventLog {
       for (const [streamId, stream] of streams) if (stream.expiresAt <= now) streams.delete(streamId)
       if (streams.size === 0) this.#streams.delete(sid)
     }
+    // Markers of a session that no longer exists (it expired in the store) go with it.
+    for (const sid of this.#pending.keys()) if (!this.#streams.has(sid)) this.#pending.delete(sid)
   }
 }

@@ -1,14 +1,21 @@
 // Redis twin of the event log: one Redis stream per client stream, `<prefix>:{<sid>}:ev:<stream>`.
 // The entry id is Redis's own (`<ms>-<seq>`, minted by XADD *), so replicas never race on ids.
 import { GW_ERR_BAD_REQUEST } from '../core/errors.js'
-import { isEntryId, type AppendResult, type EventLog, type LogEntry } from './event-log.js'
-import type { JsonRpcMessage } from '../core/jsonrpc.js'
+import { isEntryId, parsePendingField, pendingField, type AppendResult, type EventLog, type LogEntry, type PendingRequest } from './event-log.js'
+import type { JsonRpcMessage, RequestId } from '../core/jsonrpc.js'
 import { storeCall, type Redis } from './redis/client.js'
 import { sessionKeys } from './redis/keys.js'
 import { defineScripts } from './redis/scripts.js'
 
 /** The field holding the message JSON; '' is a priming entry (null message). */
 const FIELD = 'm'
+/** The field holding the entry's ordinal (LogEntry.seq), minted by appendEvent. */
+const SEQ = 'n'
+
+function fieldOf (fields: string[], name: string): string | undefined {
+  for (let i = 0; i + 1 < fields.length; i += 2) if (fields[i] === name) return fields[i + 1]
+  return undefined
+}
 
 export class RedisEventLog implements EventLog {
   readonly #redis: Redis
@@ -24,11 +31,34 @@ export class RedisEventLog implements EventLog {
     defineScripts(redis)
   }
 
-  async append (sid: string, streamId: string, message: JsonRpcMessage | null, ttlMs: number): Promise<AppendResult> {
+  async append (sid: string, streamId: string, message: JsonRpcMessage | null, ttlMs: number, answers?: RequestId): Promise<AppendResult> {
     const keys = sessionKeys(this.#prefix, sid)
     const json = message === null ? '' : JSON.stringify(message)
-    const [entryId, holder] = await storeCall(this.#redis.appendEvent(keys.events(streamId), keys.holder(streamId), keys.streams, this.#maxLen, ttlMs, json, streamId))
-    return { entryId, holder }
+    const field = answers === undefined ? '' : pendingField(streamId, answers)
+    const kind = typeof answers === 'number' ? 'n' : 's'
+    const [entryId, holder] = await storeCall(this.#redis.appendEvent(keys.events(streamId), keys.holder(streamId), keys.streams, keys.pending, keys.meta, keys.seq, this.#maxLen, ttlMs, json, streamId, field, kind, String(answers ?? '')))
+    return { entryId, holder: entryId === '' ? null : holder }
+  }
+
+  async markPending (sid: string, streamId: string, ids: RequestId[], ttlMs: number, priming: boolean, replicaId: string): Promise<string | null> {
+    const keys = sessionKeys(this.#prefix, sid)
+    const fields = ids.map(id => pendingField(streamId, id))
+    const entryId = await storeCall(this.#redis.markPending(keys.events(streamId), keys.streams, keys.pending, keys.seq, this.#maxLen, ttlMs, priming ? '1' : '0', streamId, replicaId, ...fields))
+    return entryId === '' ? null : entryId
+  }
+
+  async claimOrphans (sid: string, of?: string): Promise<PendingRequest[]> {
+    const fields = await storeCall(this.#redis.claimOrphans(sessionKeys(this.#prefix, sid).pending, of ?? ''))
+    return fields.map(parsePendingField).filter((p): p is PendingRequest => p !== null)
+  }
+
+  async pendingReplicas (sid: string): Promise<string[]> {
+    const values = await storeCall(this.#redis.hvals(sessionKeys(this.#prefix, sid).pending))
+    return [...new Set(values.filter(v => v.includes('|')).map(v => v.slice(v.indexOf('|') + 1)))]
+  }
+
+  async claim (sid: string, streamId: string, id: RequestId, ttlMs: number): Promise<boolean> {
+    return await storeCall(this.#redis.settlePending(sessionKeys(this.#prefix, sid).pending, pendingField(streamId, id), ttlMs)) === 1
   }
 
   async readAfter (sid: string, streamId: string, cursor: string | null, limit: number): Promise<LogEntry[]> {
@@ -38,10 +68,16 @@ export class RedisEventLog implements EventLog {
     const start = cursor === null ? '-' : `(${cursor}`
     const entries = await storeCall(this.#redis.xrange(sessionKeys(this.#prefix, sid).events(streamId), start, '+', 'COUNT', limit))
     return entries.map(([entryId, fields]) => {
-      const at = fields.indexOf(FIELD)
-      const json = at >= 0 && at % 2 === 0 ? fields[at + 1] ?? '' : ''
-      return { entryId, message: json === '' ? null : JSON.parse(json) as JsonRpcMessage, json }
+      const json = fieldOf(fields, FIELD) ?? ''
+      return { entryId, message: json === '' ? null : JSON.parse(json) as JsonRpcMessage, json, seq: Number(fieldOf(fields, SEQ) ?? 0) }
     })
+  }
+
+  async seqOf (sid: string, streamId: string, entryId: string): Promise<number | null> {
+    if (!isEntryId(entryId)) return null
+    const [entry] = await storeCall(this.#redis.xrange(sessionKeys(this.#prefix, sid).events(streamId), entryId, entryId))
+    const seq = entry === undefined ? undefined : fieldOf(entry[1], SEQ)
+    return seq === undefined ? null : Number(seq)
   }
 
   async hasStream (sid: string, streamId: string): Promise<boolean> {
@@ -54,6 +90,10 @@ export class RedisEventLog implements EventLog {
 
   async deleteSession (sid: string): Promise<void> {
     const keys = sessionKeys(this.#prefix, sid)
-    await storeCall(this.#redis.deleteEvents(keys.streams, keys.base))
+    for (let attempt = 0; attempt < 10; attempt++) {
+      const streams = await storeCall(this.#redis.smembers(keys.streams))
+      const result = await storeCall(this.#redis.deleteEvents(2 + streams.length, keys.streams, ...streams.map(s => keys.events(s)), keys.seq, ...streams))
+      if (result !== -1) return
+    }
   }
 }

@@ -1,7 +1,7 @@
 // Per-client-stream event logs: every message for a client is appended here first and the
 // stream's holder pulls after its cursor (ARCHITECTURE.md principle 3). Event ids shown to
 // clients are `<streamId>.<entryId>`; they name their stream and are parsed strictly (SPEC.md H-RES-1/2).
-import type { JsonRpcMessage } from '../core/jsonrpc.js'
+import type { JsonRpcMessage, RequestId } from '../core/jsonrpc.js'
 
 /** One entry; a null message is a priming event (an id and empty data, SPEC.md H-POST-7). */
 export interface LogEntry {
@@ -9,19 +9,57 @@ export interface LogEntry {
   message: JsonRpcMessage | null
   /** The message as the log stores it (JSON text; '' for priming), so writers need not re-serialise it. */
   json: string
+  /**
+   * The entry's ordinal in its stream, counting from 1 with no gaps: a reader whose next entry is
+   * more than one past the last it delivered knows how many were trimmed before delivery (issue 11).
+   * It may start again at 1 when a silent stream expired and was created anew.
+   */
+  seq: number
 }
 
 export interface AppendResult {
+  /** The new entry's id; '' when nothing was written: the request was answered already (`answers`). */
   entryId: string
   /** The replica holding the stream at append time, or null: the entry waits in the log. */
   holder: string | null
 }
 
+/** A request still waiting for its answer (a pending marker; see EventLog.markPending). */
+export interface PendingRequest {
+  streamId: string
+  id: RequestId
+}
+
 export interface EventLog {
-  /** Appends one entry (bounded log, TTL refreshed) and reports the stream's holder. */
-  append (sid: string, streamId: string, message: JsonRpcMessage | null, ttlMs: number): Promise<AppendResult>
+  /**
+   * Appends one entry (bounded log, TTL refreshed) and reports the stream's holder. With
+   * `answers`, the entry is the answer to that request of the stream, and a request gets exactly
+   * one answer whoever races to give it (the backend, a timeout, an owner-loss error): written when
+   * its pending marker is there (taken in the same step); not when the request was settled
+   * otherwise (a tombstone) or the session is gone; with no marker at all (answered already, or
+   * the marker was lost with a Redis primary that failed over) only if the log holds no answer to it.
+   */
+  append (sid: string, streamId: string, message: JsonRpcMessage | null, ttlMs: number, answers?: RequestId): Promise<AppendResult>
+  /**
+   * Records the requests of a client POST as pending (with the time of recording and the replica
+   * that took the POST), and appends the stream's priming entry when `priming`; returns that
+   * entry's id, else null.
+   */
+  markPending (sid: string, streamId: string, ids: RequestId[], ttlMs: number, priming: boolean, replicaId: string): Promise<string | null>
+  /**
+   * Takes the pending markers of requests whose answers can no longer come: every marker recorded
+   * up to now (the session's owner is gone), or those recorded by one replica (`of`, gone: it sent
+   * a direct session's requests itself). The caller answers each; no later answer is written.
+   */
+  claimOrphans (sid: string, of?: string): Promise<PendingRequest[]>
+  /** The replicas that recorded the session's pending markers. */
+  pendingReplicas (sid: string): Promise<string[]>
+  /** Settles one request (it was answered without the log, while that was unreachable). */
+  claim (sid: string, streamId: string, id: RequestId, ttlMs: number): Promise<boolean>
   /** Entries strictly after `cursor` (null: from the start), oldest first, at most `limit`. */
   readAfter (sid: string, streamId: string, cursor: string | null, limit: number): Promise<LogEntry[]>
+  /** The ordinal of an entry (LogEntry.seq), or null when the log no longer knows it (trimmed, expired). */
+  seqOf (sid: string, streamId: string, entryId: string): Promise<number | null>
   /** Whether the stream has ever had an entry (and has not expired). */
   hasStream (sid: string, streamId: string): Promise<boolean>
   /** Shortens (or extends) how long a stream's log is kept; no-op for a stream that is gone. */
@@ -71,4 +109,17 @@ export function compareEntryIds (a: string, b: string): number {
   if (major !== 0n) return major < 0n ? -1 : 1
   const minor = BigInt(a2) - BigInt(b2)
   return minor === 0n ? 0 : minor < 0n ? -1 : 1
+}
+
+/** The pending-marker field of one request of a stream: `<streamId> <n|s><id>`. */
+export function pendingField (streamId: string, id: RequestId): string {
+  return `${streamId} ${typeof id === 'number' ? 'n' : 's'}${id}`
+}
+
+export function parsePendingField (field: string): PendingRequest | null {
+  const space = field.indexOf(' ')
+  if (space < 1) return null
+  const kind = field[space + 1]
+  const raw = field.slice(space + 2)
+  return { streamId: field.slice(0, space), id: kind === 'n' ? Number(raw) : raw }
 }

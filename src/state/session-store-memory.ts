@@ -57,6 +57,11 @@ export class MemorySessionStore implements SessionStore {
     this.#records.set(record.id, { value: structuredClone(record), expiresAt: now + ttlMs })
   }
 
+  /** Synchronous existence check, for the memory event log's answer rule. */
+  isLive (sid: string): boolean {
+    return live(this.#records.get(sid), Date.now())
+  }
+
   async get (sid: string): Promise<SessionRecord | null> {
     const entry = this.#records.get(sid)
     return live(entry, Date.now()) ? structuredClone(entry.value) : null
@@ -99,6 +104,16 @@ export class MemorySessionStore implements SessionStore {
     }
     side.owner = { value: replicaId, expiresAt: now + ttlMs }
     return replicaId
+  }
+
+  async takeOwner (sid: string, replicaId: string, from: string | null, ttlMs: number): Promise<string> {
+    const now = Date.now()
+    const side = this.#side(sid)
+    if (!live(side.owner, now) || side.owner.value === from || side.owner.value === replicaId) {
+      side.owner = { value: replicaId, expiresAt: now + ttlMs }
+      return replicaId
+    }
+    return side.owner.value
   }
 
   async renewOwner (sid: string, replicaId: string, ttlMs: number): Promise<boolean> {

@@ -56,11 +56,21 @@ export class RedisSessionStore implements SessionStore {
 
   async delete (sid: string): Promise<boolean> {
     const keys = this.#keys(sid)
-    return await storeCall(this.#redis.deleteSession(keys.meta, keys.owner, keys.streams, keys.base)) === 1
+    // Every key named (Redis Cluster): read the stream set, then delete; retried if it grew meanwhile.
+    for (let attempt = 0; ; attempt++) {
+      const streams = await storeCall(this.#redis.smembers(keys.streams))
+      const perStream = streams.flatMap(s => [keys.events(s), keys.holder(s), keys.cursor(s)])
+      const result = await storeCall(this.#redis.deleteSession(5 + perStream.length, keys.meta, keys.owner, keys.streams, keys.pending, ...perStream, keys.seq, ...streams))
+      if (result !== -1 || attempt >= 10) return result === 1
+    }
   }
 
   async claimOwner (sid: string, replicaId: string, ttlMs: number): Promise<string> {
     return await storeCall(this.#redis.claimOwner(this.#keys(sid).owner, replicaId, ttlMs))
+  }
+
+  async takeOwner (sid: string, replicaId: string, from: string | null, ttlMs: number): Promise<string> {
+    return await storeCall(this.#redis.takeOwner(this.#keys(sid).owner, replicaId, from ?? '', ttlMs))
   }
 
   async renewOwner (sid: string, replicaId: string, ttlMs: number): Promise<boolean> {

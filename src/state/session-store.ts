@@ -9,6 +9,13 @@ export interface SessionRecord {
   server: string
   /** Who created the session ('anonymous' with auth off). Another principal sees 404. */
   principal: string
+  /**
+   * The creator's tenant (null or absent without tenants): which tenant's upstream headers/env
+   * the backend connection gets, on whichever replica opens it. Never a key or a token.
+   */
+  tenant?: string | null
+  /** The creator's subject digest (never the subject): its session quota applies (auth/quotas.ts). */
+  subjectDigest?: string
   /** 'streamable' (2025-03-26+, Mcp-Session-Id) or 'legacy' (2024-11-05 HTTP+SSE). */
   transport: 'streamable' | 'legacy'
   /** Version negotiated with the client (its hop only, SPEC.md G-1). */
@@ -21,7 +28,24 @@ export interface SessionRecord {
   backendProtocolVersion?: string | null
   /** Last event id seen on the backend's GET stream (Streamable HTTP): where a new lease holder resumes. */
   backendGetEventId?: string | null
+  /**
+   * What the client established beyond initialize (routed sessions: stdio, legacy `sse`
+   * upstreams), replayed into the backend a replica starts when it takes the session over.
+   */
+  established?: EstablishedState | null
   createdAt: number
+}
+
+/** The session state a client set on its backend, as the supervisor replays it after a restart. */
+export interface EstablishedState {
+  /** The client sent notifications/initialized. */
+  initialized: boolean
+  /** Params of the last logging/setLevel. */
+  logLevel: Record<string, unknown> | null
+  /** URIs subscribed (resources/subscribe) and not unsubscribed. */
+  subscriptions: string[]
+  /** The protocol version the backend negotiated (a replacement must negotiate the same). */
+  backendVersion: string | null
 }
 
 export interface SessionStore {
@@ -37,6 +61,11 @@ export interface SessionStore {
 
   /** Takes the owner lease when free; returns the owner after the call. */
   claimOwner (sid: string, replicaId: string, ttlMs: number): Promise<string>
+  /**
+   * Takes the owner lease from a replica that is gone (`from`), or when free: the takeover after
+   * an owner died. Returns the owner after the call (another replica when it won the race).
+   */
+  takeOwner (sid: string, replicaId: string, from: string | null, ttlMs: number): Promise<string>
   /** Extends the lease if replicaId still holds it. */
   renewOwner (sid: string, replicaId: string, ttlMs: number): Promise<boolean>
   /** Drops the lease only if replicaId holds it. */

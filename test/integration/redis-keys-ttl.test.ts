@@ -88,10 +88,12 @@ t.test('no key lives forever', async t => {
     `${prefix}:{${s1.id}}:holder:get`,
     `${prefix}:{${s1.id}}:meta`,
     `${prefix}:{${s1.id}}:owner`,
+    `${prefix}:{${s1.id}}:seq`,
     `${prefix}:{${s1.id}}:streams`,
     `${prefix}:{${s2}}:cur:legacy`,
     `${prefix}:{${s2}}:ev:legacy`,
     `${prefix}:{${s2}}:holder:legacy`,
+    `${prefix}:{${s2}}:seq`,
     `${prefix}:{${s2}}:streams`
   ].sort(), 'exactly the keys ARCHITECTURE.md section 4 names; a deleted session leaves none')
 
@@ -102,5 +104,5 @@ t.test('no key lives forever', async t => {
 
   await store.delete(s1.id)
   await log.deleteSession(s2)
-  t.same((await keysOf(redis, prefix)).filter(k => k.includes(`{${s1.id}}`) || k.includes(`{${s2}}:ev:`)), [], 'delete finds every key of a session')
+  t.same((await keysOf(redis, prefix)).filter(k => k.includes(`{${s1.id}}`) || k.includes(`{${s2}}:ev:`) || k.includes(`{${s2}}:seq`)), [], 'delete finds every key of a session')
 })

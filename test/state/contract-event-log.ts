@@ -80,9 +80,29 @@ export function eventLogContract (t: Test, make: MakeEventLog): void {
     const priming = await log.append(sid, 'req-1', null, LONG_TTL)
     const answer = await log.append(sid, 'req-1', { jsonrpc: '2.0', id: 1, result: {} }, LONG_TTL)
     t.same(await log.readAfter(sid, 'req-1', null, 10), [
-      { entryId: priming.entryId, message: null, json: '' },
-      { entryId: answer.entryId, message: { jsonrpc: '2.0', id: 1, result: {} }, json: '{"jsonrpc":"2.0","id":1,"result":{}}' }
+      { entryId: priming.entryId, message: null, json: '', seq: 1 },
+      { entryId: answer.entryId, message: { jsonrpc: '2.0', id: 1, result: {} }, json: '{"jsonrpc":"2.0","id":1,"result":{}}', seq: 2 }
     ])
+  })
+
+  t.test('entries carry their ordinal in the stream, so a reader can count what was trimmed (issue 11)', async t => {
+    const { log, maxLen } = await make(t)
+    const sid = randomUUID()
+    // The Redis twin trims whole nodes of 100 entries (MAXLEN ~): append enough to trim for sure.
+    const total = maxLen + 250
+    const ids: string[] = []
+    for (let i = 1; i <= total; i++) ids.push((await log.append(sid, 'get', note(i), LONG_TTL)).entryId)
+    await log.append(sid, 'other', note(0), LONG_TTL)
+    const kept = await readAll(log, sid, 'get')
+    t.ok(kept.length < total, 'the log was trimmed')
+    const wrong = kept.filter(entry => entry.seq !== (entry.message as unknown as { params: { progress: number } }).params.progress)
+    t.same(wrong, [], 'every entry\'s ordinal is its place in the stream')
+    t.equal((await log.readAfter(sid, 'other', null, 1))[0]?.seq, 1, 'ordinals are per stream')
+    const last = kept[kept.length - 1]!
+    t.equal(await log.seqOf(sid, 'get', last.entryId), total, 'seqOf a retained entry')
+    const trimmed = await log.seqOf(sid, 'get', ids[0]!)
+    t.ok(trimmed === null || trimmed === 1, 'a trimmed entry: unknown, or its true ordinal')
+    t.equal(await log.seqOf(sid, 'nope', last.entryId), null, 'no such stream')
   })
 
   t.test('streams are separate per stream id and per session', async t => {
@@ -194,6 +214,41 @@ export function eventLogContract (t: Test, make: MakeEventLog): void {
     t.equal(await store.delete(record.id), true)
     t.equal(await log.hasStream(record.id, 'get'), false)
     t.equal(await log.hasStream(record.id, 'req-1'), false)
+  })
+
+  t.test('pending markers: every request gets exactly one answer, whoever gives it', async t => {
+    const { log, store } = await make(t)
+    const record = sampleRecord()
+    await store.create(record, LONG_TTL)
+    const sid = record.id
+    const primingId = await log.markPending(sid, 'r2_a', [1, 'two'], LONG_TTL, true, 'rA')
+    t.type(primingId, 'string', 'the priming entry is appended with the markers')
+    t.equal(await log.markPending(sid, 'r1_b', [3], LONG_TTL, false, 'rB'), null, 'no priming: no entry')
+    const answer = (id: number | string): JsonRpcMessage => ({ jsonrpc: '2.0', id, result: {} })
+    t.not((await log.append(sid, 'r2_a', answer(1), LONG_TTL, 1)).entryId, '', 'the first answer is written')
+    t.equal((await log.append(sid, 'r2_a', answer(1), LONG_TTL, 1)).entryId, '', 'a second answer to the same request is not')
+    t.same((await log.pendingReplicas(sid)).sort(), ['rA', 'rB'], 'the replicas that recorded markers')
+    t.same(await log.claimOrphans(sid, 'rC'), [], 'a replica that recorded none: nothing taken')
+    await log.markPending(sid, 'r1_d', [5, 6], LONG_TTL, false, 'rD')
+    t.same((await log.claimOrphans(sid, 'rD')).map(p => p.id).sort(), [5, 6], 'one replica\'s markers')
+    t.equal(await log.claim(sid, 'r1_d', 5, LONG_TTL), false, 'taken already')
+    await log.markPending(sid, 'r1_e', [7], LONG_TTL, false, 'rD')
+    t.equal(await log.claim(sid, 'r1_e', 7, LONG_TTL), true, 'one marker taken')
+    t.equal((await log.append(sid, 'r1_e', answer(7), LONG_TTL, 7)).entryId, '', 'so its late answer is not written')
+    const orphans = await log.claimOrphans(sid)
+    t.same(orphans.sort((a, b) => a.streamId.localeCompare(b.streamId)), [{ streamId: 'r1_b', id: 3 }, { streamId: 'r2_a', id: 'two' }], 'the unanswered requests, ids with their types')
+    t.same(await log.claimOrphans(sid), [], 'claimed once only')
+    t.equal((await log.append(sid, 'r2_a', answer('two'), LONG_TTL, 'two')).entryId, '', 'a late answer after the claim is not written')
+    const entries = await log.readAfter(sid, 'r2_a', null, 10)
+    t.equal(entries.filter(e => e.message !== null).length, 1, 'one answer in the log')
+    // A marker lost (a Redis primary failed over before replicating it): the answer is still
+    // written, once.
+    t.not((await log.append(sid, 'r1_lost', answer(8), LONG_TTL, 8)).entryId, '', 'an answer whose marker was lost is written')
+    t.equal((await log.append(sid, 'r1_lost', answer(8), LONG_TTL, 8)).entryId, '', 'but only once')
+    await log.markPending(sid, 'r1_c', [4], LONG_TTL, false, 'rA')
+    t.equal(await store.delete(sid), true)
+    t.equal((await log.append(sid, 'r1_c', answer(4), LONG_TTL, 4)).entryId, '', 'no answer is written for a deleted session')
+    t.equal(await log.hasStream(sid, 'r1_c'), false, 'and no log key is recreated')
   })
 
   t.test('a cursor that is not an entry id is refused', async t => {

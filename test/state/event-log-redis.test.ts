@@ -22,10 +22,14 @@ t.test('entries are Redis stream entries under the session hash tag, trimmed app
   const first = await log.append(sid, 'get', null, 60_000)
   t.match(first.entryId, /^\d+-\d+$/)
   const key = `${prefix}:{${sid}}:ev:get`
-  t.same(await redis.xrange(key, '-', '+'), [[first.entryId, ['m', '']]], 'a priming entry is an empty field')
+  t.same(await redis.xrange(key, '-', '+'), [[first.entryId, ['m', '', 'n', '1']]], 'a priming entry is an empty field, with its ordinal')
   for (let i = 0; i < 300; i++) await log.append(sid, 'get', { jsonrpc: '2.0', method: 'n', params: { i } }, 60_000)
   const len = await redis.xlen(key)
   // MAXLEN ~ trims whole radix-tree nodes (stream-node-max-entries, 100 by default).
   t.ok(len >= 5 && len <= 5 + 100, `bounded near maxLen (${len})`)
   t.same(await redis.smembers(`${prefix}:{${sid}}:streams`), ['get'], 'the stream is listed for delete')
+  t.equal(await redis.hget(`${prefix}:{${sid}}:seq`, 'get'), '301', 'the ordinals live in the session\'s seq hash')
+  t.ok(await redis.pttl(`${prefix}:{${sid}}:seq`) > 0, 'which has a TTL')
+  await log.deleteSession(sid)
+  t.equal(await redis.exists(`${prefix}:{${sid}}:seq`), 0, 'and goes with the session')
 })

@@ -1,11 +1,24 @@
 // The one place ioredis clients are made, so every connection behaves alike after a Redis restart:
 // reconnect forever with capped backoff, and meanwhile fail fast instead of queueing (ARCHITECTURE.md
 // section 6: "Redis unreachable: /readyz fails, new sessions get 503 … reconnect is automatic").
-import { Redis, type RedisOptions } from 'ioredis'
+import { Cluster, Redis as Standalone, type RedisOptions } from 'ioredis'
 import { GW_ERR_STORE_UNAVAILABLE, isGatewayError } from '../../core/errors.js'
 import type { Logger } from '../../telemetry/logger.js'
 
-export type { Redis }
+/** A connection to one server (directly, or to the primary Sentinel names) or to a Cluster. */
+export type Redis = Standalone | Cluster
+
+/**
+ * Where the store lives: one server (`url`), the primary a set of Sentinels monitors under
+ * `name` (`sentinels`), or a Redis Cluster (`cluster`: seed nodes). With sentinels or cluster,
+ * `url` still gives the credentials, TLS (rediss:) and, for Sentinel, the database.
+ */
+export interface RedisTarget {
+  url: string
+  sentinels?: string[]
+  name?: string
+  cluster?: string[]
+}
 
 export interface CreateRedisOptions {
   log?: Logger
@@ -36,7 +49,25 @@ export function reconnectDelay (attempt: number, maxMs: number): number {
   return Math.round(exp / 2 + Math.random() * exp / 2)
 }
 
-export function createRedis (url: string, opts: CreateRedisOptions = {}): Redis {
+function hostPort (url: string): { host: string, port: number } {
+  const parsed = new URL(url)
+  return { host: parsed.hostname, port: parsed.port === '' ? 6379 : Number(parsed.port) }
+}
+
+/** Credentials and TLS of a redis:// or rediss:// URL, for Sentinel and Cluster data nodes. */
+function credentialsOf (url: string): Pick<RedisOptions, 'username' | 'password' | 'tls' | 'db'> {
+  const parsed = new URL(url)
+  const db = Number(parsed.pathname.slice(1))
+  return {
+    ...(parsed.username !== '' ? { username: decodeURIComponent(parsed.username) } : {}),
+    ...(parsed.password !== '' ? { password: decodeURIComponent(parsed.password) } : {}),
+    ...(parsed.protocol === 'rediss:' ? { tls: {} } : {}),
+    ...(Number.isInteger(db) && db > 0 ? { db } : {})
+  }
+}
+
+export function createRedis (target: string | RedisTarget, opts: CreateRedisOptions = {}): Redis {
+  const { url, sentinels = [], name = 'mymaster', cluster = [] } = typeof target === 'string' ? { url: target } : target
   const maxRetryDelayMs = opts.maxRetryDelayMs ?? 2_000
   const options: RedisOptions = {
     protocol: REDIS_PROTOCOL,
@@ -51,7 +82,25 @@ export function createRedis (url: string, opts: CreateRedisOptions = {}): Redis 
     ...(opts.connectionName !== undefined ? { connectionName: opts.connectionName } : {}),
     ...(opts.blocking !== true && opts.commandTimeoutMs !== undefined ? { commandTimeout: opts.commandTimeoutMs } : {})
   }
-  const redis = new Redis(url, options)
+  let redis: Redis
+  if (cluster.length > 0) {
+    const { retryStrategy: _r, enableOfflineQueue: _q, ...nodeOptions } = options
+    const { db: _db, ...credentials } = credentialsOf(url)
+    redis = new Cluster(cluster.map(hostPort), {
+      redisOptions: { ...nodeOptions, ...credentials },
+      enableOfflineQueue: false,
+      clusterRetryStrategy: attempt => reconnectDelay(attempt, maxRetryDelayMs),
+      // A failover moves slots: retry the command on the new primary shortly, a few times.
+      retryDelayOnFailover: 200,
+      retryDelayOnClusterDown: 200,
+      retryDelayOnTryAgain: 100
+    })
+  } else if (sentinels.length > 0) {
+    // ioredis asks the sentinels for the primary, and again after every disconnect (a failover).
+    redis = new Standalone({ ...options, ...credentialsOf(url), sentinels: sentinels.map(hostPort), name, sentinelRetryStrategy: attempt => reconnectDelay(attempt, maxRetryDelayMs) })
+  } else {
+    redis = new Standalone(url, options)
+  }
   // Without a listener ioredis prints errors itself; log once per outage, not once per retry.
   let down = false
   redis.on('error', (err: Error) => {

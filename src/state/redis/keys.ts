@@ -11,7 +11,11 @@ export const SESSION_SUFFIX = {
   streams: 'streams',
   holder: 'holder:',
   events: 'ev:',
-  cursor: 'cur:'
+  cursor: 'cur:',
+  /** Hash: stream id -> ordinal of its last entry (LogEntry.seq). */
+  seq: 'seq',
+  /** Hash of the requests waiting for an answer: `<streamId> <id>` -> ms recorded. */
+  pending: 'pending'
 } as const
 
 export interface SessionKeys {
@@ -20,6 +24,8 @@ export interface SessionKeys {
   meta: string
   owner: string
   streams: string
+  seq: string
+  pending: string
   holder: (streamId: string) => string
   events: (streamId: string) => string
   cursor: (streamId: string) => string
@@ -32,6 +38,8 @@ export function sessionKeys (prefix: string, sid: string): SessionKeys {
     meta: `${base}:${SESSION_SUFFIX.meta}`,
     owner: `${base}:${SESSION_SUFFIX.owner}`,
     streams: `${base}:${SESSION_SUFFIX.streams}`,
+    seq: `${base}:${SESSION_SUFFIX.seq}`,
+    pending: `${base}:${SESSION_SUFFIX.pending}`,
     holder: streamId => `${base}:${SESSION_SUFFIX.holder}${streamId}`,
     events: streamId => `${base}:${SESSION_SUFFIX.events}${streamId}`,
     cursor: streamId => `${base}:${SESSION_SUFFIX.cursor}${streamId}`
@@ -43,3 +51,12 @@ export const replicaKey = (prefix: string, replicaId: string): string => `${pref
 
 /** A replica's bus inbox (a stream). */
 export const inboxKey = (prefix: string, replicaId: string): string => `${prefix}:inbox:${replicaId}`
+
+/**
+ * A rate bucket of a tenant (`bucket`: `t` for the tenant, `s:<subject digest>` per subject). All of
+ * one tenant's buckets share the `{tenant}` hash tag, so one script charges them together.
+ */
+export const rateKey = (prefix: string, tenant: string, bucket: string): string => `${prefix}:rl:{${tenant}}:${bucket}`
+
+/** A session-quota set of a tenant (`scope`: `t` for the tenant, `s:<subject digest>` per subject). */
+export const quotaKey = (prefix: string, tenant: string, scope: string): string => `${prefix}:q:{${tenant}}:${scope}`

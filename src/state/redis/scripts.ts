@@ -2,11 +2,13 @@
 // (STYLE.md habit 5): one round trip each, atomic, so nothing can resurrect an expired key or
 // leave a key without a TTL. Headers follow BullMQ: KEYS, ARGV, returns.
 //
-// Scripts that must find a session's per-stream keys (delete) build their names from the
-// session's base key and the suffixes in keys.ts. Every such key carries the session's
-// `{sid}` hash tag, so it lives in the same cluster slot as the keys the script was given.
-import type { Redis, RedisKey, Result } from 'ioredis'
-import { SESSION_SUFFIX } from './keys.js'
+// Every script names every key it touches in KEYS (Redis Cluster routes a script by its keys, and
+// a key it was not given is outside the contract even in the same slot). One session's keys share
+// the `{sid}` hash tag, so a script over several of them runs in one slot. The delete scripts,
+// which must find a session's per-stream keys, get them from the caller (who read the stream
+// set) and refuse when the set changed in between.
+import type { RedisKey, Result } from 'ioredis'
+import type { Redis } from './client.js'
 
 /** Raises a key's TTL to at least ttl ms (a key without a TTL gets one); never shortens it. */
 const BUMP = `
@@ -56,40 +58,65 @@ return 1`
   },
 
   /*
-   * deleteSession: drops the record, the owner lease and, for every stream id in the stream
-   * set, its events, holder and cursor keys; then the set.
-   *   KEYS[1] meta   KEYS[2] owner   KEYS[3] stream set
-   *   ARGV[1] session base key (`<prefix>:{<sid>}`)
-   *   returns 1 the record existed, 0 it did not
+   * deleteSession: drops the record, the owner lease, the pending markers and, for every stream
+   * of the session, its events, holder and cursor keys; then the stream set. Every key is named
+   * in KEYS (Redis Cluster): the caller reads the stream set first and passes each stream's
+   * three keys; a stream added meanwhile makes the script refuse (-1) and the caller retry.
+   *   KEYS[1] meta   KEYS[2] owner   KEYS[3] stream set   KEYS[4] pending
+   *   KEYS[5..] events, holder, cursor of ARGV[1], then of ARGV[2] …, then the seq hash
+   *   ARGV[1..] the stream ids
+   *   returns 1 the record existed, 0 it did not, -1 the stream set changed (retry)
    */
   deleteSession: {
-    numberOfKeys: 3,
+    numberOfKeys: 4,
+    variadicKeys: true,
     lua: `
-local existed = redis.call('DEL', KEYS[1])
-redis.call('DEL', KEYS[2])
-local base = ARGV[1] .. ':'
+local given = {}
+for _, s in ipairs(ARGV) do given[s] = true end
 for _, s in ipairs(redis.call('SMEMBERS', KEYS[3])) do
-  redis.call('DEL', base .. '${SESSION_SUFFIX.events}' .. s, base .. '${SESSION_SUFFIX.holder}' .. s, base .. '${SESSION_SUFFIX.cursor}' .. s)
+  if not given[s] then return -1 end
 end
-redis.call('DEL', KEYS[3])
+local existed = redis.call('DEL', KEYS[1])
+for i = 2, #KEYS do redis.call('DEL', KEYS[i]) end
 return existed`
   },
 
   /*
    * deleteEvents: drops the event logs of every stream of a session (not holders or cursors).
-   *   KEYS[1] stream set
-   *   ARGV[1] session base key
-   *   returns the number of logs deleted
+   * As deleteSession, the caller names every log in KEYS.
+   *   KEYS[1] stream set   KEYS[2..] the events key of ARGV[1], ARGV[2] …, then the seq hash
+   *   ARGV[1..] the stream ids
+   *   returns the number of logs deleted, -1 the stream set changed (retry)
    */
   deleteEvents: {
     numberOfKeys: 1,
+    variadicKeys: true,
     lua: `
-local base = ARGV[1] .. ':'
-local n = 0
+local given = {}
+for _, s in ipairs(ARGV) do given[s] = true end
 for _, s in ipairs(redis.call('SMEMBERS', KEYS[1])) do
-  n = n + redis.call('DEL', base .. '${SESSION_SUFFIX.events}' .. s)
+  if not given[s] then return -1 end
 end
+local n = 0
+for i = 2, #KEYS do n = n + redis.call('DEL', KEYS[i]) end
 return n`
+  },
+
+  /*
+   * takeOwner: takes the owner lease from a replica that is gone, or when free.
+   *   KEYS[1] owner
+   *   ARGV[1] replica id   ARGV[2] the gone owner ('' none)   ARGV[3] ttl ms
+   *   returns the owner after the call
+   */
+  takeOwner: {
+    numberOfKeys: 1,
+    lua: `
+local current = redis.call('GET', KEYS[1])
+if (not current) or current == ARGV[2] or current == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
+  return ARGV[1]
+end
+return current`
   },
 
   /*
@@ -181,18 +208,114 @@ return 1`
   /*
    * appendEvent: adds one message to a stream's bounded log, refreshes its TTL, and reports who
    * holds the stream, in one round trip (ARCHITECTURE.md flow 1: append, then wake the holder).
-   *   KEYS[1] events   KEYS[2] holder   KEYS[3] stream set
+   * An answer to a request names its pending marker, so every request gets exactly one answer:
+   * a marker present is taken and the answer written; a tombstone ('done': answered elsewhere)
+   * means no write; no marker at all means answered already (its answer is in this log) or lost
+   * with a primary that failed over before replicating it: written unless the log has an answer
+   * to that id, or the session is gone. Each entry carries its ordinal in the stream (field n,
+   * from the session's seq hash), so a reader can count entries trimmed before it delivered them.
+   *   KEYS[1] events   KEYS[2] holder   KEYS[3] stream set   KEYS[4] pending   KEYS[5] meta
+   *   KEYS[6] seq hash
    *   ARGV[1] max length (approximate, MAXLEN ~)   ARGV[2] ttl ms   ARGV[3] message json ('' priming)
-   *   ARGV[4] stream id
-   *   returns { entry id, holder replica or nil }
+   *   ARGV[4] stream id   ARGV[5] pending field of the request answered ('' none)
+   *   ARGV[6] 'n' or 's': the type of the answered id   ARGV[7] the id as a string
+   *   returns { entry id ('' not written: answered already), holder replica or false }
    */
   appendEvent: {
-    numberOfKeys: 3,
+    numberOfKeys: 6,
     lua: `${REMEMBER_STREAM}
-local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', 'm', ARGV[3])
+if ARGV[5] ~= '' then
+  local marker = redis.call('HGET', KEYS[4], ARGV[5])
+  if marker == 'done' then return { '', false } end
+  if marker then
+    redis.call('HDEL', KEYS[4], ARGV[5])
+  else
+    if redis.call('EXISTS', KEYS[5]) == 0 then return { '', false } end
+    for _, entry in ipairs(redis.call('XRANGE', KEYS[1], '-', '+')) do
+      local json = entry[2][2]
+      if json ~= nil and json ~= '' then
+        local ok, msg = pcall(cjson.decode, json)
+        if ok and type(msg) == 'table' and msg.method == nil and msg.id ~= nil then
+          local kind = type(msg.id) == 'number' and 'n' or 's'
+          if kind == ARGV[6] and tostring(msg.id) == ARGV[7] then return { '', false } end
+        end
+      end
+    end
+  end
+end
+local n = redis.call('HINCRBY', KEYS[6], ARGV[4], 1)
+bump(KEYS[6], ARGV[2])
+local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', 'm', ARGV[3], 'n', n)
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 remember(KEYS[3], ARGV[4], ARGV[2])
 return { id, redis.call('GET', KEYS[2]) }`
+  },
+
+  /*
+   * markPending: records the requests of a POST as waiting for an answer, each with the server's
+   * time (every replica compares one clock) and the replica that took the POST, and appends the
+   * stream's priming entry.
+   *   KEYS[1] events   KEYS[2] stream set   KEYS[3] pending   KEYS[4] seq hash (the priming entry's ordinal)
+   *   ARGV[1] max length   ARGV[2] ttl ms   ARGV[3] '1' append a priming entry   ARGV[4] stream id
+   *   ARGV[5] replica id   ARGV[6..] pending fields
+   *   returns the priming entry id, or '' without priming
+   */
+  markPending: {
+    numberOfKeys: 4,
+    lua: `${REMEMBER_STREAM}
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+for i = 6, #ARGV do redis.call('HSET', KEYS[3], ARGV[i], now .. '|' .. ARGV[5]) end
+bump(KEYS[3], ARGV[2])
+if ARGV[3] ~= '1' then return '' end
+local n = redis.call('HINCRBY', KEYS[4], ARGV[4], 1)
+bump(KEYS[4], ARGV[2])
+local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', 'm', '', 'n', n)
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+remember(KEYS[2], ARGV[4], ARGV[2])
+return id`
+  },
+
+  /*
+   * claimOrphans: takes the pending markers of requests that were in flight on an owner that is
+   * gone: every marker recorded up to now, or only those of one replica (ARGV[1]). Each becomes a
+   * tombstone ('done'), so a late answer from anywhere is not written after the caller's error.
+   *   KEYS[1] pending
+   *   ARGV[1] replica id ('' every marker up to now)
+   *   returns the fields taken
+   */
+  claimOrphans: {
+    numberOfKeys: 1,
+    lua: `
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local all = redis.call('HGETALL', KEYS[1])
+local taken = {}
+for i = 1, #all, 2 do
+  local at, by = string.match(all[i + 1], '^(%d+)|(.*)$')
+  if at and ((ARGV[1] == '' and tonumber(at) <= now) or (ARGV[1] ~= '' and by == ARGV[1])) then
+    redis.call('HSET', KEYS[1], all[i], 'done')
+    taken[#taken + 1] = all[i]
+  end
+end
+return taken`
+  },
+
+  /*
+   * settlePending: marks one request answered (a tombstone), e.g. one answered directly while
+   * the store was unreachable, so no later answer is written.
+   *   KEYS[1] pending
+   *   ARGV[1] field   ARGV[2] ttl ms
+   *   returns 1 the request was still pending, 0 it was not
+   */
+  settlePending: {
+    numberOfKeys: 1,
+    lua: `${BUMP}
+local marker = redis.call('HGET', KEYS[1], ARGV[1])
+redis.call('HSET', KEYS[1], ARGV[1], 'done')
+bump(KEYS[1], ARGV[2])
+if marker and marker ~= 'done' then return 1 end
+return 0`
   },
 
   /*
@@ -215,15 +338,19 @@ declare module 'ioredis' {
   interface RedisCommander<Context> {
     createSession (meta: RedisKey, ttlMs: number, ...fieldValues: string[]): Result<0 | 1, Context>
     updateSession (meta: RedisKey, ...fieldValues: string[]): Result<0 | 1, Context>
-    deleteSession (meta: RedisKey, owner: RedisKey, streams: RedisKey, base: string): Result<0 | 1, Context>
-    deleteEvents (streams: RedisKey, base: string): Result<number, Context>
+    deleteSession (numberOfKeys: number, ...keysThenStreamIds: string[]): Result<-1 | 0 | 1, Context>
+    deleteEvents (numberOfKeys: number, ...keysThenStreamIds: string[]): Result<number, Context>
+    takeOwner (owner: RedisKey, replicaId: string, from: string, ttlMs: number): Result<string, Context>
+    markPending (events: RedisKey, streams: RedisKey, pending: RedisKey, seq: RedisKey, maxLen: number, ttlMs: number, priming: string, streamId: string, replicaId: string, ...fields: string[]): Result<string, Context>
+    claimOrphans (pending: RedisKey, replicaId: string): Result<string[], Context>
     claimOwner (owner: RedisKey, replicaId: string, ttlMs: number): Result<string, Context>
     renewLease (lease: RedisKey, replicaId: string, ttlMs: number): Result<0 | 1, Context>
     renewHolder (holder: RedisKey, streams: RedisKey, replicaId: string, ttlMs: number): Result<0 | 1, Context>
     releaseLease (lease: RedisKey, replicaId: string): Result<0 | 1, Context>
     claimHolder (holder: RedisKey, streams: RedisKey, replicaId: string, ttlMs: number, streamId: string): Result<string | null, Context>
     setCursor (cursor: RedisKey, streams: RedisKey, entryId: string, ttlMs: number, streamId: string): Result<1, Context>
-    appendEvent (events: RedisKey, holder: RedisKey, streams: RedisKey, maxLen: number, ttlMs: number, json: string, streamId: string): Result<[string, string | null], Context>
+    appendEvent (events: RedisKey, holder: RedisKey, streams: RedisKey, pending: RedisKey, meta: RedisKey, seq: RedisKey, maxLen: number, ttlMs: number, json: string, streamId: string, answers: string, idKind: string, id: string): Result<[string, string | null], Context>
+    settlePending (pending: RedisKey, field: string, ttlMs: number): Result<0 | 1, Context>
     sendEnvelope (inbox: RedisKey, maxLen: number, ttlMs: number, json: string): Result<string, Context>
   }
 }
@@ -233,6 +360,9 @@ const defined = new WeakSet<Redis>()
 /** Registers every script on a client (idempotent); ioredis runs them with EVALSHA. */
 export function defineScripts (redis: Redis): void {
   if (defined.has(redis)) return
-  for (const [name, { numberOfKeys, lua }] of Object.entries(scripts)) redis.defineCommand(name, { numberOfKeys, lua })
+  for (const [name, script] of Object.entries(scripts)) {
+    // A variadic script takes its key count as its first argument (ioredis: numberOfKeys omitted).
+    redis.defineCommand(name, 'variadicKeys' in script ? { lua: script.lua } : { numberOfKeys: script.numberOfKeys, lua: script.lua })
+  }
   defined.add(redis)
 }
