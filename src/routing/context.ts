@@ -4,12 +4,19 @@ import type { Config } from '../config/schema.js'
 import type { Bus } from '../state/bus.js'
 import type { EventLog } from '../state/event-log.js'
 import type { SessionStore } from '../state/session-store.js'
+import type { GatewayMetrics } from '../telemetry/metrics.js'
 
 export interface ReplicaContext {
   replicaId: string
+  /**
+   * The config the process started with: read process settings from it (http, sessions, redis).
+   * Routing settings (servers, auth, tenants) change on a reload: read them through a LiveConfig.
+   */
   config: Readonly<Config>
   store: SessionStore
   eventLog: EventLog
   bus: Bus
   log: Logger
+  /** This instance's metrics (NO_METRICS when off). */
+  metrics: GatewayMetrics
 }

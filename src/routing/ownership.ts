@@ -7,15 +7,33 @@
 //   own relay to the same backend session; the owner lease means only "listens to the backend's
 //   GET stream". A free lease (its holder died) is taken by a replica that still serves the session,
 //   which resumes the backend's GET stream from the event id recorded in the session record.
-// - Liveness: a replica's heartbeat key; a positive answer is cached for a quarter lease so a
-//   forwarded message rarely pays for the check, and a dead owner is still noticed within a lease.
+// - Liveness: a replica's heartbeat key, short-lived (HEARTBEAT_TTL_MS, refreshed three times
+//   within it), so a replica killed without its shutdown path is known dead within seconds, not
+//   after a full lease; a positive answer is cached for a third of that.
+// - Takeover (routed sessions): when the owner is dead, the next request for the session, on any
+//   replica, takes the lease (takeOver), answers what was in flight on the dead owner with
+//   -32007 (its pending markers, failOrphans) and starts the backend with the client's replayed
+//   initialize, initialized, log level and subscriptions (the supervisor's crash path). What the
+//   backend kept in its memory is lost; the client keeps its session, streams and history.
+import { filterToolsListOf, type ToolPolicyLookup } from '../auth/tool-policy.js'
 import type { ServerConfig } from '../config/schema.js'
-import { GW_ERR_BACKEND_UNAVAILABLE, type GatewayError } from '../core/errors.js'
-import type { SessionRecord } from '../state/session-store.js'
+import type { ServerSource } from '../config/live.js'
+import { GW_ERR_BACKEND_UNAVAILABLE, GW_ERR_SERVER_NOT_FOUND, type GatewayError } from '../core/errors.js'
+import type { EstablishedState, SessionRecord } from '../state/session-store.js'
 import { shortHash } from '../telemetry/logger.js'
 import type { SupervisedHandlers, SupervisedOpenOptions } from '../backends/supervisor.js'
+import type { TenantUpstream } from '../backends/backend.js'
 import type { ReplicaContext } from './context.js'
+import { subjectOfKey } from '../auth/principal.js'
 import { capabilitiesOf, Relay, type BackendSessionHandle, type RelayHost } from './relay.js'
+import { breathe } from './upkeep.js'
+
+/** How long a replica's heartbeat lives (at most the lease): a killed replica is dead after this. */
+export const HEARTBEAT_TTL_MS = 3000
+
+export function heartbeatTtl (leaseMs: number): number {
+  return Math.min(leaseMs, HEARTBEAT_TTL_MS)
+}
 
 /** What ownership needs of the supervisor (src/backends/supervisor.ts implements it). */
 export interface BackendPool {
@@ -26,9 +44,19 @@ export interface BackendPool {
 
 export interface OwnershipOptions extends Omit<ReplicaContext, 'eventLog' | 'bus'> {
   backends: BackendPool
+  /** The servers as configured now (live reload); config.servers is the boot-time set. */
+  live: ServerSource
   /** What relays append to and how they end a session. */
   host: RelayHost
+  /** A tenant's upstream headers/env for a server (tenants.ts); none without tenants. */
+  upstream?: UpstreamLookup
+  /** A tenant's tool policy on a server (auth/tool-policy.ts): filters its tools/list answers. */
+  toolPolicy?: ToolPolicyLookup
+  /** Answers every request in flight on a lost owner with -32007 (its pending markers). */
+  failOrphans: (sid: string, server: string, reason: string) => Promise<void>
 }
+
+export type UpstreamLookup = (tenant: string | null | undefined, server: string) => TenantUpstream
 
 export class Ownership {
   readonly #o: OwnershipOptions
@@ -52,19 +80,58 @@ export class Ownership {
     return this.#relays.has(sid)
   }
 
-  /** Streamable HTTP backends are shared by the replicas that serve the session (see the header). */
-  isDirect (server: string): boolean {
-    return this.#o.config.servers[server]?.transport === 'streamable-http'
+  /** The sessions with a relay here whose server is one of `servers` (live reload). */
+  sessionsOf (servers: ReadonlySet<string>): string[] {
+    return [...this.#relays.values()].filter(r => servers.has(r.server)).map(r => r.sid)
   }
 
-  /** Replica liveness, cached for a quarter lease: a dead owner is still noticed within a lease. */
+  /** Streamable HTTP backends are shared by the replicas that serve the session (see the header). */
+  isDirect (server: string): boolean {
+    return this.#o.live.servers[server]?.transport === 'streamable-http'
+  }
+
+  /** Replica liveness, cached for a third of a heartbeat: a dead owner is noticed within seconds. */
   async isAlive (replica: string): Promise<boolean> {
     const now = Date.now()
     if ((this.#aliveUntil.get(replica) ?? 0) > now) return true
     const alive = await this.#o.store.isAlive(replica)
-    if (alive) this.#aliveUntil.set(replica, now + this.#leaseMs / 4)
+    if (alive) this.#aliveUntil.set(replica, now + heartbeatTtl(this.#leaseMs) / 3)
     else this.#aliveUntil.delete(replica)
     return alive
+  }
+
+  /** A takeover or direct open of this session in progress here. */
+  opening (sid: string): Promise<Relay> | undefined {
+    return this.#opening.get(sid)
+  }
+
+  /**
+   * The owner of a routed session is gone (`from`, or no lease at all): takes the lease and starts
+   * the backend here, resumed with what the client had established. Returns the relay, or the
+   * replica that won the race for the lease. Concurrent calls for one session share one attempt.
+   */
+  async takeOver (record: SessionRecord, from: string | null): Promise<Relay | string> {
+    const existing = this.#relays.get(record.id) ?? this.#opening.get(record.id)
+    if (existing !== undefined) return await existing
+    const { store, replicaId } = this.#o
+    const owner = await store.takeOwner(record.id, replicaId, from, this.#leaseMs)
+    if (owner !== replicaId) return owner
+    const again = this.#relays.get(record.id) ?? this.#opening.get(record.id)
+    if (again !== undefined) return await again
+    const opening = (async () => {
+      // What the lost owner had in flight is answered first: its answers can no longer come.
+      await this.#o.failOrphans(record.id, record.server, from === null ? 'owner lease expired' : `replica ${from} is gone`)
+      try {
+        const relay = await this.open(record, undefined, true, true)
+        relay.log.warn({ from }, 'took over a session whose owner replica is gone; backend restarted and re-initialised')
+        return relay
+      } catch (err) {
+        await store.releaseOwner(record.id, replicaId).catch(() => {})
+        throw err
+      }
+    })().finally(() => this.#opening.delete(record.id))
+    this.#opening.set(record.id, opening)
+    return await opening
   }
 
   /** Claims the owner lease of a new session (its creator owns it). */
@@ -101,10 +168,11 @@ export class Ownership {
   }
 
   /** Opens the backend connection of a session on this replica and registers its relay. */
-  async open (record: SessionRecord, forwardedHeaders?: Record<string, string>, isOwner = true): Promise<Relay> {
+  async open (record: SessionRecord, forwardedHeaders?: Record<string, string>, isOwner = true, takeOver = false): Promise<Relay> {
     const direct = this.isDirect(record.server)
     const server = this.#serverConfig(record.server)
     const store = this.#o.store
+    const policyOf = this.#o.toolPolicy
     const relay = new Relay({
       sid: record.id,
       server: record.server,
@@ -114,10 +182,16 @@ export class Ownership {
       protocolVersion: record.protocolVersion,
       clientCapabilities: capabilitiesOf(record.initializeParams),
       requestTimeoutMs: server.requestTimeoutMs,
+      metrics: this.#o.metrics.forSession(record.server, record.tenant),
+      createdAt: record.createdAt,
       clientRequestTimeoutMs: this.#o.config.sessions.clientRequestTimeoutMs,
       cancelOnTimeout: server.transport === 'stdio',
+      backendTransport: server.transport,
       host: this.#o.host,
-      log: this.#o.log.child({ sid: shortHash(record.id), backend: record.server })
+      principal: { tenant: record.tenant ?? null, subject: subjectOfKey(record.principal) },
+      log: this.#o.log.child({ sid: shortHash(record.id), backend: record.server }),
+      // Looked up per answer, so a replaced tenant table applies to sessions already open.
+      ...(policyOf !== undefined ? { filterResult: (method: string, result: unknown) => filterToolsListOf(method, result, policyOf(record.tenant, record.server)) } : {})
     })
     this.#relays.set(record.id, relay)
     const log = relay.log
@@ -129,6 +203,7 @@ export class Ownership {
         onMessage: message => { relay.fromBackend(message).catch(err => log.error({ err }, 'backend message not routed')) },
         onRestarting: info => {
           log.warn({ reason: info.reason, attempt: info.attempt, delayMs: info.delayMs }, 'backend restarting')
+          relay.metrics.childRestarted()
           relay.failAll(new GW_ERR_BACKEND_UNAVAILABLE(relay.server, `backend stopped (${info.reason}); restarting`))
         },
         onGone: reason => {
@@ -141,6 +216,8 @@ export class Ownership {
         // A resumed HTTP backend session speaks the version its backend negotiated (G-1, H-PV-1).
         protocolVersion: record.backendProtocolVersion ?? record.protocolVersion,
         initializeParams: record.initializeParams,
+        // Looked up from the record, so every replica that opens the session adds the same values.
+        ...(this.#o.upstream !== undefined ? { upstream: this.#o.upstream(record.tenant, record.server) } : {}),
         ...(forwardedHeaders !== undefined ? { forwardedHeaders } : {}),
         ...(direct ? { listen: isOwner, getStreamLastEventId: record.backendGetEventId ?? null } : {}),
         // HTTP backends: any replica that takes the session over resumes this backend session.
@@ -150,7 +227,10 @@ export class Ownership {
         onBackendProtocolVersion: backendProtocolVersion => { storeUpdate({ backendProtocolVersion }, 'backend protocol version') },
         // The replica that takes the GET lease over resumes the backend's stream from here, so
         // nothing the backend sent meanwhile is lost (it replays, if it keeps an event store).
-        ...(direct ? { onGetStreamEventId: (backendGetEventId: string) => { storeUpdate({ backendGetEventId }, 'backend GET event id') } } : {})
+        ...(direct ? { onGetStreamEventId: (backendGetEventId: string) => { storeUpdate({ backendGetEventId }, 'backend GET event id') } } : {}),
+        // Routed sessions: a replica that takes the session over replays what the client established.
+        ...(direct ? {} : { onEstablished: (established: EstablishedState) => { storeUpdate({ established }, 'established session state') } }),
+        ...(takeOver && !direct ? { takeOver: { initializeParams: record.initializeParams ?? {}, established: record.established ?? null } } : {})
       })
     } catch (err) {
       this.#relays.delete(record.id)
@@ -165,8 +245,16 @@ export class Ownership {
     if (relay === undefined) return false
     this.#relays.delete(sid)
     relay.failAll(err)
+    if (relay.isOwner) relay.metrics.sessionEnded(relay.createdAt)
     await this.#o.backends.stop(sid)
     return true
+  }
+
+  /** Sessions whose backend connection this replica owns, by server. */
+  ownedByServer (): Map<string, number> {
+    const counts = new Map<string, number>()
+    for (const relay of this.#relays.values()) if (relay.isOwner) counts.set(relay.server, (counts.get(relay.server) ?? 0) + 1)
+    return counts
   }
 
   /**
@@ -178,7 +266,9 @@ export class Ownership {
     const replicaId = this.#o.replicaId
     const expired: string[] = []
     const leaseLost: string[] = []
+    let i = 0
     for (const relay of [...this.#relays.values()]) {
+      await breathe(i++)
       const [alive, leased] = await Promise.all([
         store.get(relay.sid).then(r => r !== null),
         relay.isOwner ? store.renewOwner(relay.sid, replicaId, this.#leaseMs) : Promise.resolve(false)
@@ -216,8 +306,10 @@ export class Ownership {
   }
 
   #serverConfig (server: string): ServerConfig & { requestTimeoutMs: number } {
-    const config = this.#o.config.servers[server]
-    if (config === undefined) throw new Error(`unknown server ${server}`)
+    const servers = this.#o.live.servers
+    const config = Object.hasOwn(servers, server) ? servers[server] : undefined
+    // Removed by a reload since the session was looked up (live reload): the client sees 404.
+    if (config === undefined) throw new GW_ERR_SERVER_NOT_FOUND(server)
     return config
   }
 }

@@ -12,6 +12,7 @@
 // - Server-to-client requests get opaque ids `s.<replica>.<seq>` so the client's answer can reach
 //   this replica from any other (flow 3); a capability the client did not declare is refused to the
 //   backend with -32601 and never reaches the client (L-4, G-3).
+import { performance } from 'node:perf_hooks'
 import type { Logger } from 'pino'
 import {
   GW_ERR_BACKEND_TIMEOUT, GW_ERR_BACKEND_UNAVAILABLE, isGatewayError, toJsonRpcError, type GatewayError
@@ -21,6 +22,9 @@ import {
   type JsonRpcMessage, type JsonRpcNotification, type JsonRpcRequest, type JsonRpcResponse, type RequestId
 } from '../core/jsonrpc.js'
 import { GET_STREAM, LEGACY_STREAM } from '../state/event-log.js'
+import { tracing, type ClientSpan, type TraceCarrier } from '../telemetry/tracing.js'
+import { audit } from '../telemetry/audit.js'
+import { errorTypeOf, type BackendErrorKind, type SessionMetrics } from '../telemetry/metrics.js'
 
 /** What a relay needs of its backend connection (the supervisor's BackendSession). */
 export interface BackendSessionHandle {
@@ -31,7 +35,10 @@ export interface BackendSessionHandle {
 
 /** What a relay needs of the replica around it. */
 export interface RelayHost {
-  /** Appends a message to one of the session's client streams and wakes its holder. */
+  /**
+   * Appends a message to one of the session's client streams and wakes its holder. An answer on a
+   * POST stream is written only if its request is still pending (exactly one answer per request).
+   */
   append (sid: string, streamId: string, message: JsonRpcMessage): Promise<unknown>
   /** Ends the session everywhere (its initialize failed). */
   endSession (sid: string, reason: string): Promise<void>
@@ -54,8 +61,30 @@ export interface RelayOptions {
   clientRequestTimeoutMs: number
   /** Tell the backend when a request times out (stdio; an HTTP connection cancels on its own). */
   cancelOnTimeout: boolean
+  /** The backend's transport (span attributes, tracing on). */
+  backendTransport: 'stdio' | 'streamable-http' | 'sse'
   host: RelayHost
   log: Logger
+  /** Rewrites the result of a request before the client sees it (the tenant's tool policy). */
+  filterResult?: (method: string, result: unknown) => unknown
+  /** Who the session belongs to, for the audit line of each tools/call (digests only). */
+  principal?: { tenant: string | null, subject: string }
+  /** Bound to the session's server and tenant. */
+  metrics: SessionMetrics
+  /** The session record's creation time (ms since the epoch), for the session duration. */
+  createdAt: number
+}
+
+/** How a request ended, in the audit line of a tools/call. */
+type Outcome = 'ok' | 'tool-error' | 'error' | 'timeout' | 'cancelled' | 'failed'
+
+/** The audit outcome of a settled request: its answer, or the reason it has none. */
+function outcomeOf (outcome: JsonRpcResponse | string): Outcome {
+  if (typeof outcome !== 'string') {
+    if ('error' in outcome) return 'error'
+    return isRecord(outcome.result) && outcome.result.isError === true ? 'tool-error' : 'ok'
+  }
+  return outcome === 'timeout' || outcome === 'cancelled' ? outcome : 'failed'
 }
 
 interface InFlight {
@@ -63,8 +92,14 @@ interface InFlight {
   clientId: RequestId
   streamId: string
   method: string
+  /** tools/call: the tool's name as the client sent it (a metrics label once the backend listed it; audited). */
+  tool: string | undefined
   progressToken: RequestId | undefined
   timer: NodeJS.Timeout
+  /** Tracing on: the CLIENT span toward the backend. */
+  span?: ClientSpan
+  /** performance.now() when the request reached this relay. */
+  startedAt: number
 }
 
 interface PendingClientRequest {
@@ -92,6 +127,8 @@ export class Relay {
   readonly legacy: boolean
   readonly direct: boolean
   readonly log: Logger
+  readonly metrics: SessionMetrics
+  readonly createdAt: number
   isOwner: boolean
   backend: BackendSessionHandle | null = null
   #protocolVersion: string
@@ -115,8 +152,15 @@ export class Relay {
     this.direct = options.direct
     this.isOwner = options.isOwner
     this.log = options.log
+    this.metrics = options.metrics
+    this.createdAt = options.createdAt
     this.#protocolVersion = options.protocolVersion
     this.#clientCapabilities = options.clientCapabilities
+  }
+
+  /** Who the session belongs to (tenant and subject digest), for audit lines. */
+  get principal (): { tenant: string | null, subject: string } {
+    return this.#o.principal ?? { tenant: null, subject: 'anonymous' }
   }
 
   /** Requests of the client in flight to the backend. */
@@ -130,10 +174,13 @@ export class Relay {
 
   // ---- client -> backend -------------------------------------------------------------------
 
-  /** One message from the client; `streamId` is where a request's answer goes. */
-  deliver (message: JsonRpcMessage, streamId: string | null): void {
+  /**
+   * One message from the client; `streamId` is where a request's answer goes, `trace` the
+   * request's SERVER span (tracing on).
+   */
+  deliver (message: JsonRpcMessage, streamId: string | null, trace?: TraceCarrier): void {
     if (isRequest(message)) {
-      this.#forwardRequest(message, streamId ?? (this.legacy ? LEGACY_STREAM : GET_STREAM))
+      this.#forwardRequest(message, streamId ?? (this.legacy ? LEGACY_STREAM : GET_STREAM), trace)
     } else if (isNotification(message)) {
       this.#forwardNotification(message)
     } else {
@@ -143,18 +190,22 @@ export class Relay {
 
   /** Answers a request on its stream with a gateway error, without involving the backend. */
   refuse (request: JsonRpcRequest, streamId: string, err: unknown): void {
-    this.#reply(streamId, toJsonRpcError(asGatewayError(err, this.server), request.id))
+    const response = toJsonRpcError(asGatewayError(err, this.server), request.id)
+    this.metrics.operation(request.method, toolOf(request), errorTypeOf(response), performance.now())
+    this.#reply(streamId, response)
   }
 
-  #forwardRequest (request: JsonRpcRequest, streamId: string): void {
+  #forwardRequest (request: JsonRpcRequest, streamId: string, trace: TraceCarrier | undefined): void {
+    const startedAt = performance.now()
     if (request.method === 'ping') {
       // Answered here: a client's liveness check is about the gateway (SPEC.md L-8 REC).
+      this.metrics.operation('ping', undefined, '', startedAt)
       this.#reply(streamId, { jsonrpc: '2.0', id: request.id, result: {} })
       return
     }
     const backend = this.backend
     if (backend === null) {
-      this.#reply(streamId, toJsonRpcError(new GW_ERR_BACKEND_UNAVAILABLE(this.server, 'not connected'), request.id))
+      this.refuse(request, streamId, new GW_ERR_BACKEND_UNAVAILABLE(this.server, 'not connected'))
       return
     }
     const backendId: RequestId = this.direct ? request.id : this.#nextId++
@@ -165,16 +216,23 @@ export class Relay {
       clientId: request.id,
       streamId,
       method: request.method,
+      tool: toolOf(request),
       progressToken: progressTokenOf(request),
-      timer: setTimeout(() => { this.#onRequestTimeout(key, timeoutMs) }, timeoutMs)
+      timer: setTimeout(() => { this.#onRequestTimeout(key, timeoutMs) }, timeoutMs),
+      startedAt
     }
     entry.timer.unref()
     this.#inFlight.set(key, entry)
     this.#byClientId.set(idKey(request.id), key)
     if (entry.progressToken !== undefined) this.#byToken.set(idKey(entry.progressToken), streamId)
-    backend.send({ ...request, id: backendId }).catch(err => {
-      if (this.#settle(key) === undefined) return
-      this.#reply(streamId, toJsonRpcError(asGatewayError(err, this.server), request.id))
+    let outgoing: JsonRpcRequest = { ...request, id: backendId }
+    if (tracing !== null) {
+      ({ request: outgoing, span: entry.span } = tracing.backendRequest(outgoing, trace, { sid: this.sid, server: this.server, backendTransport: this.#o.backendTransport }))
+    }
+    backend.send(outgoing).catch(err => {
+      const settled = this.#settle(key, 'send_failed')
+      if (settled === undefined) return
+      this.#fail(settled, asGatewayError(err, this.server), 'unavailable')
     })
   }
 
@@ -192,7 +250,7 @@ export class Relay {
         if (!this.direct) return
       } else {
         if (entry.method === 'initialize') return // initialize is never cancelled (L-5)
-        this.#settle(key)
+        this.#settle(key, 'cancelled')
         outgoing = { ...notification, params: { ...params, requestId: entry.backendId } }
       }
     }
@@ -218,12 +276,19 @@ export class Relay {
     if (isNotification(message)) { await this.#fromBackendNotification(message); return }
     const id = message.id
     if (id === undefined || id === null) return
-    const entry = this.#settle(idKey(id))
+    const entry = this.#settle(idKey(id), message)
     if (entry === undefined) return // cancelled or timed out: a late answer is dropped
     let response: JsonRpcResponse = { ...message, id: entry.clientId }
+    const errorType = errorTypeOf(response)
+    this.metrics.operation(entry.method, entry.tool, errorType, entry.startedAt)
+    if ('error' in response) this.metrics.backendError('error_response')
+    else if (entry.method === 'tools/list') this.metrics.toolsListed(response.result)
     if (entry.method === 'initialize' && 'result' in response && isRecord(response.result)) {
       // The client's hop has its own negotiated version (SPEC.md G-1).
       response = { ...response, result: { ...response.result, protocolVersion: this.#protocolVersion } }
+    }
+    if (this.#o.filterResult !== undefined && 'result' in response) {
+      response = { ...response, result: this.#o.filterResult(entry.method, response.result) }
     }
     await this.#o.host.append(this.sid, entry.streamId, response)
     if (entry.method === 'initialize' && 'error' in response) {
@@ -295,32 +360,54 @@ export class Relay {
   // ---- deadlines and failure ---------------------------------------------------------------
 
   #onRequestTimeout (key: string, timeoutMs: number): void {
-    const entry = this.#settle(key)
+    const entry = this.#settle(key, 'timeout')
     if (entry === undefined) return
     // Stop waiting and tell the backend (SPEC.md L-7), except for initialize, which is never
     // cancelled (L-5), and HTTP backends, whose connection sends its own cancel on its deadline.
     if (entry.method !== 'initialize' && this.#o.cancelOnTimeout) {
       this.backend?.send({ jsonrpc: '2.0', method: 'notifications/cancelled', params: { requestId: entry.backendId, reason: 'gateway timeout' } }).catch(() => {})
     }
-    this.#reply(entry.streamId, toJsonRpcError(new GW_ERR_BACKEND_TIMEOUT(this.server, timeoutMs), entry.clientId))
+    this.#fail(entry, new GW_ERR_BACKEND_TIMEOUT(this.server, timeoutMs), 'timeout')
   }
 
-  /** Removes an in-flight request; returns it if it was still in flight. */
-  #settle (key: string): InFlight | undefined {
+  /** Answers a settled request with a gateway error, and records it. */
+  #fail (entry: InFlight, err: GatewayError, kind: BackendErrorKind): void {
+    const response = toJsonRpcError(err, entry.clientId)
+    this.metrics.operation(entry.method, entry.tool, errorTypeOf(response), entry.startedAt)
+    this.metrics.backendError(kind)
+    this.#reply(entry.streamId, response)
+  }
+
+  /** Removes an in-flight request; returns it if it was still in flight. `outcome`: its answer, or why none. */
+  #settle (key: string, outcome: JsonRpcResponse | string): InFlight | undefined {
     const entry = this.#inFlight.get(key)
     if (entry === undefined) return undefined
+    entry.span?.end(outcome)
     this.#inFlight.delete(key)
     this.#byClientId.delete(idKey(entry.clientId))
     if (entry.progressToken !== undefined) this.#byToken.delete(idKey(entry.progressToken))
     clearTimeout(entry.timer)
+    if (entry.method === 'tools/call') this.#auditCall(entry, outcomeOf(outcome))
     return entry
+  }
+
+  /** The audit line of a tools/call (issue 8): who, which tool, how it ended, how long it took. */
+  #auditCall (entry: InFlight, outcome: Outcome): void {
+    audit(this.log, 'tools.call', {
+      ...this.principal,
+      server: this.server,
+      tool: (entry.tool ?? '').slice(0, 128),
+      outcome,
+      ms: Math.round(performance.now() - entry.startedAt)
+    })
   }
 
   /** Every request in flight gets a JSON-RPC error at once (backend died, shutdown, session end). */
   failAll (err: GatewayError): void {
+    const kind: BackendErrorKind = err.code === 'GW_ERR_SHUTTING_DOWN' ? 'shutdown' : 'unavailable'
     for (const key of [...this.#inFlight.keys()]) {
-      const entry = this.#settle(key)
-      if (entry !== undefined) this.#reply(entry.streamId, toJsonRpcError(err, entry.clientId))
+      const entry = this.#settle(key, err.code)
+      if (entry !== undefined) this.#fail(entry, err, kind)
     }
     for (const pending of this.#pending.values()) clearTimeout(pending.timer)
     this.#pending.clear()
@@ -329,6 +416,13 @@ export class Relay {
   #reply (streamId: string, message: JsonRpcMessage): void {
     this.#o.host.append(this.sid, streamId, message).catch(err => this.log.error({ err }, 'reply not appended'))
   }
+}
+
+/** The tool a tools/call names (a metrics label once the backend listed it). */
+function toolOf (request: JsonRpcRequest): string | undefined {
+  if (request.method !== 'tools/call') return undefined
+  const name = (request.params as { name?: unknown } | undefined)?.name
+  return typeof name === 'string' ? name : ''
 }
 
 function asRecord (value: unknown): Record<string, unknown> {

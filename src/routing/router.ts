@@ -7,24 +7,45 @@
 //   streams.ts    client streams held here (append/wake, writers, holder leases)
 //   ownership.ts  relays owned here, leases, liveness, takeover of direct sessions
 //   relay.ts      one backend session: id mapping, in flight, progress, server requests
-import { GW_ERR_SESSION_NOT_FOUND, GW_ERR_SHUTTING_DOWN, toJsonRpcError } from '../core/errors.js'
-import { isRequest, isResponse, type JsonRpcMessage, type RequestId } from '../core/jsonrpc.js'
+import { audit } from '../telemetry/audit.js'
+import { toolNameOf, type ToolPolicyLookup } from '../auth/tool-policy.js'
+import {
+  GW_ERR_BACKEND_LOST, GW_ERR_SERVER_NOT_FOUND, GW_ERR_SESSION_NOT_FOUND, GW_ERR_SHUTTING_DOWN, GW_ERR_STORE_UNAVAILABLE,
+  GW_ERR_UNKNOWN_TOOL, toJsonRpcError
+} from '../core/errors.js'
+import type { ServerSource } from '../config/live.js'
+import type { IncomingHttpHeaders } from 'node:http'
+import { isRequest, isResponse, type JsonRpcMessage, type JsonRpcRequest, type RequestId } from '../core/jsonrpc.js'
 import type { StreamWriter } from '../http/sse.js'
 import type { Envelope } from '../state/bus.js'
 import { LEGACY_STREAM } from '../state/event-log.js'
 import type { SessionRecord } from '../state/session-store.js'
+import { tracing, type TraceCarrier } from '../telemetry/tracing.js'
 import type { ReplicaContext } from './context.js'
-import { Ownership, type BackendPool } from './ownership.js'
+import { heartbeatTtl, Ownership, type BackendPool, type UpstreamLookup } from './ownership.js'
 import { capabilitiesOf, type Relay } from './relay.js'
+import { shortHash } from '../telemetry/logger.js'
 import { Sessions, type NewSession } from './sessions.js'
 import { ClientStreams, type OpenStreamOptions } from './streams.js'
+import type { StreamKind } from '../telemetry/metrics.js'
 
 export type { BackendPool } from './ownership.js'
 export type { BackendSessionHandle } from './relay.js'
 
 export interface RouterOptions extends ReplicaContext {
   backends: BackendPool
+  /** The servers as configured now (live reload); config.servers is the boot-time set. */
+  live: ServerSource
+  /** Session quotas (auth/quotas.ts): takes a slot for a new session or throws 429. */
+  admitSession?: (record: SessionRecord) => Promise<void>
+  /** A tenant's upstream headers/env for a server; none without tenants. */
+  upstream?: UpstreamLookup
+  /** A tenant's tool policy on a server (auth/tool-policy.ts); none without tenants. */
+  toolPolicy?: ToolPolicyLookup
 }
+
+/** Where a routed session's messages go: the relay here, or the owner replica's id. */
+export type Route = Relay | string
 
 export class Router {
   readonly replicaId: string
@@ -33,28 +54,37 @@ export class Router {
   readonly #ownership: Ownership
   readonly #sessions: Sessions
   #tick: NodeJS.Timeout | undefined
+  #beat: NodeJS.Timeout | undefined
+  #storeDown = false
+  /** Requests answered directly while the store was away: their markers are taken once it is back. */
+  #answeredWithoutLog: Array<{ sid: string, streamId: string, id: RequestId }> = []
   #seq = 0
   #stopping = false
 
   constructor (options: RouterOptions) {
     this.#o = options
     this.replicaId = options.replicaId
-    const { replicaId, config, store, eventLog, bus, log } = options
+    const { replicaId, config, store, eventLog, bus, log, metrics } = options
     const endSession = async (sid: string, reason: string): Promise<void> => { await this.#sessions.end(sid, reason) }
     this.#ownership = new Ownership({
       replicaId,
       config,
       store,
       backends: options.backends,
+      live: options.live,
+      ...(options.upstream !== undefined ? { upstream: options.upstream } : {}),
+      ...(options.toolPolicy !== undefined ? { toolPolicy: options.toolPolicy } : {}),
       log,
+      metrics,
       host: {
         append: async (sid, streamId, message) => await this.#streams.append(sid, streamId, message),
         endSession,
         nextServerRequestId: () => `s.${replicaId}.${++this.#seq}`
-      }
+      },
+      failOrphans: async (sid, server, reason) => { await this.#failOrphans(sid, server, reason) }
     })
-    this.#streams = new ClientStreams({ replicaId, config, store, eventLog, bus, log, isAlive: async r => await this.#ownership.isAlive(r), endSession })
-    this.#sessions = new Sessions({ replicaId, config, store, eventLog, bus, log, ownership: this.#ownership, streams: this.#streams, stopping: () => this.#stopping })
+    this.#streams = new ClientStreams({ replicaId, config, store, eventLog, bus, log, metrics, isAlive: async r => await this.#ownership.isAlive(r), endSession })
+    this.#sessions = new Sessions({ replicaId, config, store, eventLog, bus, log, metrics, ownership: this.#ownership, streams: this.#streams, stopping: () => this.#stopping, ...(options.admitSession !== undefined ? { admit: options.admitSession } : {}) })
   }
 
   get #leaseMs (): number { return this.#o.config.redis?.leaseMs ?? 10_000 }
@@ -62,16 +92,25 @@ export class Router {
 
   async start (): Promise<void> {
     await this.#o.bus.start(this.replicaId, envelope => { this.#onEnvelope(envelope) })
-    await this.#o.store.heartbeat(this.replicaId, this.#leaseMs).catch(() => {})
+    const beatTtl = heartbeatTtl(this.#leaseMs)
+    await this.#o.store.heartbeat(this.replicaId, beatTtl).catch(() => {})
     const every = Math.max(250, Math.min(5000, Math.floor(this.#leaseMs / 3), Math.floor(this.#idleMs / 4)))
     this.#tick = setInterval(() => { this.#onTick().catch(err => this.#o.log.warn({ err }, 'router tick failed')) }, every)
     this.#tick.unref()
+    let beating = false
+    this.#beat = setInterval(() => {
+      if (beating) return
+      beating = true
+      this.#onBeat(beatTtl).catch(err => this.#o.log.warn({ err }, 'heartbeat failed')).finally(() => { beating = false })
+    }, Math.floor(beatTtl / 3))
+    this.#beat.unref()
   }
 
   /** Graceful stop: streams end with a retry hint, leases released, backends stopped. */
   async stop (): Promise<void> {
     this.#stopping = true
     clearInterval(this.#tick)
+    clearInterval(this.#beat)
     this.#streams.endAll(this.#o.config.http.retryMs)
     await this.#ownership.stopAll(new GW_ERR_SHUTTING_DOWN())
     await this.#o.bus.close()
@@ -79,10 +118,36 @@ export class Router {
 
   get stopping (): boolean { return this.#stopping }
 
+  /** Sessions whose backend connection this replica owns, by server (read when metrics are scraped). */
+  ownedSessions (): Map<string, number> { return this.#ownership.ownedByServer() }
+
+  /** Client streams this replica writes, by kind (read when metrics are scraped). */
+  openStreams (): Map<StreamKind, number> { return this.#streams.countByKind() }
+
   // ---- what the HTTP faces use -------------------------------------------------------------
 
   async createSession (input: NewSession, forwardedHeaders?: Record<string, string>): Promise<SessionRecord> {
-    return await this.#sessions.create(input, forwardedHeaders)
+    const record = await this.#sessions.create(input, forwardedHeaders)
+    // A reload removed the server while the backend was starting: it may have ended the session
+    // already (its relay was registered), or not; either way the client must not get its id.
+    if (!Object.hasOwn(this.#o.live.servers, input.server)) {
+      await this.#sessions.end(record.id, 'server removed from the config')
+      throw new GW_ERR_SERVER_NOT_FOUND(input.server)
+    }
+    return record
+  }
+
+  /**
+   * Live reload: ends the sessions of these servers whose backend connection is here (their
+   * clients get 404 next time). Sessions owned by another replica end when that one reloads.
+   */
+  async endSessionsOf (servers: readonly string[], reason: string): Promise<number> {
+    if (servers.length === 0) return 0
+    const sids = this.#ownership.sessionsOf(new Set(servers))
+    await Promise.all(sids.map(async sid => {
+      await this.#sessions.end(sid, reason).catch(err => this.#o.log.warn({ err }, 'session end failed'))
+    }))
+    return sids.length
   }
 
   async getSession (sid: string, principal: string): Promise<SessionRecord | null> {
@@ -99,6 +164,11 @@ export class Router {
 
   async append (sid: string, streamId: string, message: JsonRpcMessage | null): Promise<string> {
     return await this.#streams.append(sid, streamId, message)
+  }
+
+  /** Records a POST's requests as pending (exactly one answer each) and appends its priming entry. */
+  async markPending (sid: string, streamId: string, ids: RequestId[], priming: boolean): Promise<string | null> {
+    return await this.#streams.markPending(sid, streamId, ids, priming)
   }
 
   async openStream (options: OpenStreamOptions): Promise<StreamWriter> {
@@ -122,9 +192,11 @@ export class Router {
   /**
    * Hands one client message to the session's owner. `streamId` is the client stream that gets
    * the answer (and related messages) of a request; null for notifications and responses.
+   * `headers`: the HTTP request's, where a client's trace context may be (tracing on).
    */
-  async fromClient (record: SessionRecord, message: JsonRpcMessage, streamId: string | null): Promise<void> {
+  async fromClient (record: SessionRecord, message: JsonRpcMessage, streamId: string | null, route?: Route, headers?: IncomingHttpHeaders): Promise<void> {
     const sid = record.id
+    const trace = tracing === null || streamId === null ? undefined : this.#traceRequest(record, message, streamId, headers)
     const ownership = this.#ownership
     if (isResponse(message)) {
       // An answer to a server-to-client request goes to the replica named in its opaque id (flow 3).
@@ -135,34 +207,108 @@ export class Router {
       if (await ownership.isAlive(replica)) await this.#o.bus.send(replica, { kind: 'deliver', sid, streamId: null, message })
       return
     }
+    if (isRequest(message) && streamId !== null && this.#refusedByToolPolicy(record, message, streamId)) return
+    if (!ownership.isDirect(record.server)) {
+      // Routed (stdio, legacy `sse` upstream): everything goes to the owner, which may be taken over.
+      const target = route ?? await this.#routeOf(record)
+      if (typeof target === 'string') await this.#o.bus.send(target, { kind: 'deliver', sid, streamId, message, trace })
+      else this.#deliverLocal(target, message, streamId, trace)
+      return
+    }
     const local = ownership.local(sid)
     // Direct sessions send requests from here; their notifications go to the lease holder, whose
     // connection saw initialize and runs the backend's GET stream.
-    if (local !== undefined && (local.isOwner || isRequest(message))) { this.#deliverLocal(local, message, streamId); return }
-    const direct = ownership.isDirect(record.server) && record.backendSessionId !== null
+    if (local !== undefined && (local.isOwner || isRequest(message))) { this.#deliverLocal(local, message, streamId, trace); return }
+    const direct = record.backendSessionId !== null
     if (isRequest(message) && direct) {
-      this.#deliverLocal(await ownership.openDirect(record), message, streamId)
+      this.#deliverLocal(await ownership.openDirect(record), message, streamId, trace)
       return
     }
     const owner = await this.#o.store.getOwner(sid)
     if (owner !== null && owner !== this.replicaId && await ownership.isAlive(owner)) {
-      await this.#o.bus.send(owner, { kind: 'deliver', sid, streamId, message })
+      await this.#o.bus.send(owner, { kind: 'deliver', sid, streamId, message, trace })
       return
     }
     if (direct) {
       // The lease holder is gone but the backend session lives on: take it over here.
       const opened = local ?? await ownership.openDirect(record)
       await ownership.claimLease(opened)
-      this.#deliverLocal(opened, message, streamId)
+      this.#deliverLocal(opened, message, streamId, trace)
       return
     }
-    // The owner is gone: a stdio child (or legacy SSE upstream) died with it, so the session
-    // is over (ARCHITECTURE.md 6).
+    // A direct session whose first initialize never completed, and its owner is gone.
     await this.#sessions.end(sid, 'owner replica gone')
     throw new GW_ERR_SESSION_NOT_FOUND()
   }
 
-  #deliverLocal (relay: Relay, message: JsonRpcMessage, streamId: string | null): void {
+  /** Starts the SERVER span of a client request (tracing on); its context goes to the owner. */
+  #traceRequest (record: SessionRecord, message: JsonRpcMessage, streamId: string, headers: IncomingHttpHeaders | undefined): TraceCarrier | undefined {
+    return tracing?.serverRequest(message, {
+      sid: record.id,
+      streamId,
+      server: record.server,
+      protocolVersion: record.protocolVersion,
+      headers,
+      writesAnswer: this.#streams.writes(record.id, streamId)
+    })
+  }
+
+  /** A tools/call the tenant's tool policy denies is answered here, as an unknown tool (tool-policy.ts). */
+  #refusedByToolPolicy (record: SessionRecord, request: JsonRpcRequest, streamId: string): boolean {
+    if (request.method !== 'tools/call') return false
+    const policy = this.#o.toolPolicy?.(record.tenant, record.server) ?? null
+    const tool = toolNameOf(request.params) ?? ''
+    if (policy === null || policy.allows(tool)) return false
+    audit(this.#o.log, 'tools.call', { tenant: record.tenant ?? null, subject: record.subjectDigest, server: record.server, tool: tool.slice(0, 128), outcome: 'denied', ms: 0 })
+    this.#streams.append(record.id, streamId, toJsonRpcError(new GW_ERR_UNKNOWN_TOOL(tool), request.id))
+      .catch(err => this.#o.log.warn({ err }, 'tool policy refusal not delivered'))
+    return true
+  }
+
+  /**
+   * Before a POST opens its response stream: where a routed session's messages go. A session
+   * whose owner is gone is taken over here (or, with `onOwnerLoss: end`, ended: a plain 404),
+   * so any failure is an HTTP answer, not an empty stream. Direct sessions: undefined.
+   */
+  async admit (record: SessionRecord): Promise<Route | undefined> {
+    if (this.#ownership.isDirect(record.server)) return undefined
+    return await this.#routeOf(record)
+  }
+
+  async #routeOf (record: SessionRecord): Promise<Route> {
+    const sid = record.id
+    const ownership = this.#ownership
+    const local = ownership.local(sid)
+    if (local !== undefined) return local
+    const owner = await this.#o.store.getOwner(sid)
+    if (owner !== null && owner !== this.replicaId && await ownership.isAlive(owner)) return owner
+    // The owner is gone and its backend with it (ARCHITECTURE.md 6). A legacy HTTP+SSE client's
+    // only stream died with it too, so that session is over; others carry on unless told not to.
+    if (record.transport === 'legacy' || this.#onOwnerLoss(record.server) === 'end') {
+      await this.#sessions.end(sid, 'owner replica gone')
+      throw new GW_ERR_SESSION_NOT_FOUND()
+    }
+    return await ownership.takeOver(record, owner)
+  }
+
+  #onOwnerLoss (server: string): 'carry-on' | 'end' {
+    const config = this.#o.live.servers[server]
+    return config !== undefined && 'onOwnerLoss' in config && config.onOwnerLoss === 'end' ? 'end' : 'carry-on'
+  }
+
+  /** Answers every request that was in flight on a lost owner with -32007 (exactly once: claimed). */
+  async #failOrphans (sid: string, server: string, reason: string, of?: string): Promise<void> {
+    const orphans = await this.#o.eventLog.claimOrphans(sid, of)
+    if (orphans.length === 0) return
+    this.#o.log.warn({ sid: shortHash(sid), requests: orphans.length, reason }, 'requests in flight on a lost owner answered with an error')
+    const err = new GW_ERR_BACKEND_LOST(server, reason)
+    for (const { streamId, id } of orphans) {
+      await this.#streams.append(sid, streamId, toJsonRpcError(err, id), true)
+        .catch(e => this.#o.log.warn({ err: e, sid: shortHash(sid) }, 'owner-loss error not appended'))
+    }
+  }
+
+  #deliverLocal (relay: Relay, message: JsonRpcMessage, streamId: string | null, trace?: TraceCarrier): void {
     this.#sessions.touch(relay.sid)
     if (isRequest(message) && message.method === 'initialize' && relay.legacy) {
       // A legacy session negotiates on a POST that may have landed on another replica, which
@@ -170,11 +316,11 @@ export class Router {
       const target = streamId ?? LEGACY_STREAM
       this.#o.store.get(relay.sid).then(record => {
         if (record !== null) relay.setClient(record.protocolVersion, capabilitiesOf(record.initializeParams))
-        relay.deliver(message, target)
+        relay.deliver(message, target, trace)
       }, err => { relay.refuse(message, target, err) })
       return
     }
-    relay.deliver(message, streamId)
+    relay.deliver(message, streamId, trace)
   }
 
   // ---- envelopes and upkeep ----------------------------------------------------------------
@@ -183,7 +329,13 @@ export class Router {
     switch (envelope.kind) {
       case 'deliver': {
         const relay = this.#ownership.local(envelope.sid)
-        if (relay !== undefined) { this.#deliverLocal(relay, envelope.message, envelope.streamId); return }
+        if (relay !== undefined) { this.#deliverLocal(relay, envelope.message, envelope.streamId, envelope.trace); return }
+        const opening = this.#ownership.opening(envelope.sid)
+        if (opening !== undefined) {
+          // A takeover in progress here: the message waits for the backend it starts.
+          opening.then(r => { this.#deliverLocal(r, envelope.message, envelope.streamId, envelope.trace) }, () => { this.#onEnvelope(envelope) })
+          return
+        }
         const message = envelope.message
         if (isRequest(message) && envelope.streamId !== null) {
           this.#streams.append(envelope.sid, envelope.streamId, toJsonRpcError(new GW_ERR_SESSION_NOT_FOUND(), message.id)).catch(() => {})
@@ -201,15 +353,59 @@ export class Router {
     }
   }
 
+  /**
+   * Every third of a heartbeat: the heartbeat itself, then the watch over the requests this
+   * replica's POST streams wait for. An owner found dead means their answers can never come: they
+   * get -32007 now (ARCHITECTURE.md 6). While the store is unreachable nothing can be appended or
+   * read, so every waiting request here is answered directly with an error.
+   */
+  async #onBeat (ttlMs: number): Promise<void> {
+    const { store, log } = this.#o
+    let beat = true
+    await store.heartbeat(this.replicaId, ttlMs).catch(() => { beat = false })
+    if (!beat || !store.isReady()) {
+      if (!this.#storeDown) log.warn('session store unreachable; answering waiting requests with an error')
+      this.#storeDown = true
+      const err = new GW_ERR_STORE_UNAVAILABLE('the session store became unreachable while this request was in flight')
+      this.#answeredWithoutLog.push(...this.#streams.failAwaiting(id => toJsonRpcError(err, id)))
+      return
+    }
+    this.#storeDown = false
+    // Those requests got their answer: a late one from the backend must not be written after it.
+    for (const { sid, streamId, id } of this.#answeredWithoutLog.splice(0)) await this.#o.eventLog.claim(sid, streamId, id, this.#idleMs).catch(() => {})
+    for (const sid of this.#streams.awaitingSessions()) {
+      if (this.#ownership.opening(sid) !== undefined) continue
+      const record = await store.get(sid)
+      if (record === null) continue
+      if (this.#ownership.isDirect(record.server)) {
+        // A direct session's requests were sent by the replica that took each POST: those sent
+        // by a replica that is gone died with its connection to the backend.
+        for (const replica of await this.#o.eventLog.pendingReplicas(sid)) {
+          if (replica === this.replicaId || await store.isAlive(replica)) continue
+          await this.#failOrphans(sid, record.server, `replica ${replica} is gone`, replica)
+        }
+        continue
+      }
+      if (this.#ownership.has(sid)) continue
+      const owner = await store.getOwner(sid)
+      if (owner === this.replicaId || (owner !== null && await store.isAlive(owner))) continue
+      await this.#failOrphans(sid, record.server, owner === null ? 'owner lease expired' : `replica ${owner} is gone`)
+    }
+  }
+
   async #onTick (): Promise<void> {
     const { store } = this.#o
     const ownership = this.#ownership
-    await store.heartbeat(this.replicaId, this.#leaseMs)
     this.#sessions.sweep()
     const { expired, leaseLost } = await ownership.renew()
     // Idle timeout reached (or deleted elsewhere): stop the backend (idle reaping).
     for (const sid of expired) await this.#sessions.end(sid, 'idle timeout')
-    for (const sid of leaseLost) await this.#sessions.endLocal(sid, 'owner lease lost')
+    // Another replica took the session over (it thought this one dead): only the backend stops
+    // here; the client's streams held here go on.
+    for (const sid of leaseLost) {
+      const server = ownership.local(sid)?.server ?? '?'
+      await ownership.drop(sid, new GW_ERR_BACKEND_LOST(server, 'another replica took the session over'))
+    }
     const held = await this.#streams.renew()
     for (const sid of held) {
       if (ownership.has(sid)) continue
@@ -219,11 +415,12 @@ export class Router {
       if (record !== null && ownership.isDirect(record.server) && record.backendSessionId !== null) {
         // The backend session outlives the replica: this one, serving the client's stream, takes it over.
         await ownership.claimLease(await ownership.openDirect(record))
-      } else {
-        // The owner died with its children: end the session now so the client re-initialises
-        // instead of waiting on a stream nothing will ever write to (ARCHITECTURE.md section 6).
+      } else if (record !== null && (record.transport === 'legacy' || ownership.isDirect(record.server) || this.#onOwnerLoss(record.server) === 'end')) {
+        // The owner died with its children and the session is not carried on: end it now so the
+        // client re-initialises instead of waiting on a stream nothing will ever write to.
         await this.#sessions.end(sid, 'owner replica gone')
       }
+      // Otherwise the session carries on: its next request, on any replica, takes it over.
     }
   }
 }

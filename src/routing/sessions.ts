@@ -9,11 +9,19 @@ import type { ReplicaContext } from './context.js'
 import type { Ownership } from './ownership.js'
 import { capabilitiesOf } from './relay.js'
 import type { ClientStreams } from './streams.js'
+import { subjectOfKey } from '../auth/principal.js'
+import { audit } from '../telemetry/audit.js'
+import { shortHash } from '../telemetry/logger.js'
 
 const SESSION_ID = /^[A-Za-z0-9_-]{16,64}$/
 
 export function isValidSessionId (sid: string): boolean {
   return SESSION_ID.test(sid)
+}
+
+/** Tenant and subject digest of a session, for audit lines. */
+function who (record: SessionRecord): { tenant: string | null, subject: string } {
+  return { tenant: record.tenant ?? null, subject: subjectOfKey(record.principal) }
 }
 
 export type NewSession = Omit<SessionRecord, 'id' | 'createdAt' | 'backendSessionId'>
@@ -23,6 +31,8 @@ export interface SessionsOptions extends ReplicaContext {
   streams: ClientStreams
   /** Whether the replica is stopping (no new sessions then). */
   stopping: () => boolean
+  /** Session quotas (auth/quotas.ts): takes a slot for a new record or throws 429. */
+  admit?: (record: SessionRecord) => Promise<void>
 }
 
 export class Sessions {
@@ -41,6 +51,15 @@ export class Sessions {
     if (this.#o.stopping()) throw new GW_ERR_SHUTTING_DOWN()
     const record: SessionRecord = { ...input, id: randomBytes(24).toString('base64url'), backendSessionId: null, createdAt: Date.now() }
     await this.#o.store.create(record, this.#idleMs)
+    // The quota slot is taken once the record exists (quotas.ts prunes slots whose record is gone).
+    if (this.#o.admit !== undefined) {
+      try {
+        await this.#o.admit(record)
+      } catch (err) {
+        await this.#o.store.delete(record.id).catch(() => {})
+        throw err
+      }
+    }
     await this.#o.ownership.claimNew(record.id)
     try {
       await this.#o.ownership.open(record, forwardedHeaders)
@@ -48,6 +67,7 @@ export class Sessions {
       await this.#o.store.delete(record.id).catch(() => {})
       throw err
     }
+    audit(this.#o.log, 'session.created', { ...who(record), server: record.server, transport: record.transport, session: shortHash(record.id) })
     return record
   }
 
@@ -71,9 +91,17 @@ export class Sessions {
   /** Ends a session everywhere (DELETE, legacy stream closed, backend gone, idle). */
   async end (sid: string, reason: string): Promise<void> {
     const { store, bus, replicaId } = this.#o
-    const owner = await store.getOwner(sid).catch(() => null)
-    const getHolder = await store.getHolder(sid, GET_STREAM).catch(() => null)
-    await store.delete(sid)
+    const [record, owner, getHolder] = await Promise.all([
+      store.get(sid).catch(() => null),
+      store.getOwner(sid).catch(() => null),
+      store.getHolder(sid, GET_STREAM).catch(() => null)
+    ])
+    const existed = await store.delete(sid)
+    // Once per session: a second end (another replica, a race) finds it deleted. A record that
+    // expired (idle timeout) is gone already: then the owner of its backend tells who it was.
+    const relay = this.#o.ownership.local(sid)
+    if (existed && record !== null) audit(this.#o.log, 'session.ended', { ...who(record), server: record.server, reason, session: shortHash(sid) })
+    else if (record === null && relay?.isOwner === true) audit(this.#o.log, 'session.ended', { ...relay.principal, server: relay.server, reason, session: shortHash(sid) })
     await this.#o.eventLog.deleteSession(sid)
     const envelope: Envelope = { kind: 'end-session', sid, reason }
     for (const replica of new Set([owner, getHolder])) {

@@ -6,26 +6,40 @@ import { randomBytes } from 'node:crypto'
 import type { ServerResponse } from 'node:http'
 import type { FastifyBaseLogger } from 'fastify'
 import { GW_ERR_CONFLICT } from '../core/errors.js'
-import type { JsonRpcMessage } from '../core/jsonrpc.js'
+import { isResponse, type JsonRpcMessage, type JsonRpcResponse, type RequestId } from '../core/jsonrpc.js'
 import { StreamWriter, type WriterEndReason, type WriterMode } from '../http/sse.js'
-import { GET_STREAM, LEGACY_STREAM } from '../state/event-log.js'
+import { GET_STREAM, LEGACY_STREAM, type PendingRequest } from '../state/event-log.js'
 import { shortHash } from '../telemetry/logger.js'
+import { tracing } from '../telemetry/tracing.js'
+import { streamKindOf, type StreamKind } from '../telemetry/metrics.js'
 import type { ReplicaContext } from './context.js'
+import { breathe } from './upkeep.js'
 
 /** How long a completed request stream's log stays for a late resume. */
 export const COMPLETED_STREAM_TTL_MS = 60_000
 
-/** Request stream ids say their kind and how many responses end them: `r1_xxxx`, `j3_xxxx`. */
+/** A per-process random prefix: stream ids are unique across replicas and restarts without a syscall each. */
+const STREAM_PREFIX = randomBytes(9).toString('base64url')
+let streamSeq = 0
+
+/**
+ * Request stream ids say their kind and how many responses end them: `r1_<prefix><seq>`,
+ * `j3_<prefix><seq>`. They need only be unique (a stream belongs to its session, which the
+ * principal check guards), so a counter after the process's random prefix does.
+ */
 export function newRequestStreamId (mode: 'sse' | 'json', responses: number): string {
-  return `${mode === 'sse' ? 'r' : 'j'}${responses}_${randomBytes(9).toString('base64url')}`
+  return `${mode === 'sse' ? 'r' : 'j'}${responses}_${STREAM_PREFIX}${(++streamSeq).toString(36)}`
+}
+
+/** Whether a stream is a POST's own stream (it carries the answers of that POST's requests). */
+export function isRequestStreamId (streamId: string): boolean {
+  return /^[rj]\d{1,4}_/.test(streamId)
 }
 
 export function expectedResponsesOf (streamId: string): number {
   const match = /^[rj](\d{1,4})_/.exec(streamId)
   return match === null ? Infinity : Number(match[1])
 }
-
-const writerKey = (sid: string, streamId: string): string => `${sid}\n${streamId}`
 
 export interface OpenStreamOptions {
   res: ServerResponse
@@ -38,6 +52,8 @@ export interface OpenStreamOptions {
   headers: Record<string, string>
   retryMs?: number
   preamble?: string
+  /** A POST stream: its requests' ids (answered directly if the store becomes unreachable). */
+  requestIds?: RequestId[]
   /** A new standalone GET stream: 409 if this replica already writes one (checked atomically). */
   exclusive?: boolean
   log: FastifyBaseLogger
@@ -52,7 +68,8 @@ export interface ClientStreamsOptions extends ReplicaContext {
 
 export class ClientStreams {
   readonly #o: ClientStreamsOptions
-  readonly #writers = new Map<string, StreamWriter>()
+  /** Writers by session, then stream: a session's streams are found without a scan of all. */
+  readonly #writers = new Map<string, Map<string, StreamWriter>>()
 
   constructor (options: ClientStreamsOptions) {
     this.#o = options
@@ -61,9 +78,16 @@ export class ClientStreams {
   get #leaseMs (): number { return this.#o.config.redis?.leaseMs ?? 10_000 }
   get #idleMs (): number { return this.#o.config.sessions.idleTimeoutMs }
 
-  /** Appends to a client stream's log and wakes its holder (local call, or a bus wake). */
-  async append (sid: string, streamId: string, message: JsonRpcMessage | null): Promise<string> {
-    const { entryId, holder } = await this.#o.eventLog.append(sid, streamId, message, this.#idleMs)
+  /**
+   * Appends to a client stream's log and wakes its holder (local call, or a bus wake). An answer
+   * on a POST stream is written only while its request is pending (EventLog.append `answers`):
+   * exactly one answer per request, whoever gives it. `claimed`: the caller took the request's
+   * marker already (claimOrphans). Returns '' when nothing was written.
+   */
+  async append (sid: string, streamId: string, message: JsonRpcMessage | null, claimed = false): Promise<string> {
+    const answers = !claimed && message !== null && isResponse(message) && message.id != null && isRequestStreamId(streamId) ? message.id : undefined
+    const { entryId, holder } = await this.#o.eventLog.append(sid, streamId, message, this.#idleMs, answers)
+    if (entryId === '') return entryId
     if (holder === this.#o.replicaId) {
       this.wake(sid, streamId)
     } else if (holder !== null) {
@@ -78,8 +102,7 @@ export class ClientStreams {
   async open (options: OpenStreamOptions): Promise<StreamWriter> {
     const { sid, streamId } = options
     const replicaId = this.#o.replicaId
-    const key = writerKey(sid, streamId)
-    const current = this.#writers.get(key)
+    const current = this.#get(sid, streamId)
     if (options.exclusive === true && current !== undefined && !current.ended) {
       throw new GW_ERR_CONFLICT('Only one GET stream is allowed per session')
     }
@@ -89,22 +112,23 @@ export class ClientStreams {
       eventLog: this.#o.eventLog,
       expectedResponses: expectedResponsesOf(streamId),
       keepAliveMs: this.#o.config.http.keepAliveMs,
+      metrics: this.#o.metrics.registry === null ? undefined : this.#o.metrics,
       onEnd: (w, reason) => { this.#onWriterEnd(w, reason) }
     })
-    this.#writers.set(key, writer)
+    this.#set(writer)
     let previous: string | null
     try {
       previous = await this.#o.store.claimHolder(sid, streamId, replicaId, this.#leaseMs)
     } catch (err) {
       // Not started, so nothing was written: forget it and let the error handler answer.
-      if (this.#writers.get(key) === writer) this.#writers.delete(key)
+      this.#delete(writer)
       throw err
     }
     if (options.exclusive === true && previous !== null && previous !== replicaId && await this.#o.isAlive(previous)) {
       // Another replica opened this session's GET stream at the same moment and is alive: hand the
       // stream back to it and refuse this one, as a local second GET is refused.
       await this.#o.store.claimHolder(sid, streamId, previous, this.#leaseMs).catch(() => {})
-      if (this.#writers.get(key) === writer) this.#writers.delete(key)
+      this.#delete(writer)
       throw new GW_ERR_CONFLICT('Only one GET stream is allowed per session')
     }
     if (previous !== null && previous !== replicaId) {
@@ -115,17 +139,23 @@ export class ClientStreams {
 
   /** New entries in a stream this replica holds: its writer pulls them. */
   wake (sid: string, streamId: string): void {
-    void this.#writers.get(writerKey(sid, streamId))?.wake()
+    void this.#get(sid, streamId)?.wake()
+  }
+
+  /** Whether this replica writes the stream now (it holds it and the writer is live). */
+  writes (sid: string, streamId: string): boolean {
+    const writer = this.#get(sid, streamId)
+    return writer !== undefined && !writer.ended
   }
 
   /** Another replica took the stream over: stop writing it. */
   release (sid: string, streamId: string): void {
-    this.#writers.get(writerKey(sid, streamId))?.end('released')
+    this.#get(sid, streamId)?.end('released')
   }
 
   /** Whether a live GET stream exists for the session (one standalone GET stream, H-GET-3). */
   async hasLive (sid: string, streamId: string): Promise<boolean> {
-    const local = this.#writers.get(writerKey(sid, streamId))
+    const local = this.#get(sid, streamId)
     if (local !== undefined && !local.ended) return true
     const holder = await this.#o.store.getHolder(sid, streamId)
     return holder !== null && holder !== this.#o.replicaId && await this.#o.store.isAlive(holder)
@@ -141,16 +171,55 @@ export class ClientStreams {
     return await this.#o.store.getCursor(sid, streamId)
   }
 
+  /** Streams written here, by kind (read when metrics are scraped). */
+  countByKind (): Map<StreamKind, number> {
+    const counts = new Map<StreamKind, number>()
+    for (const writers of this.#writers.values()) for (const writer of writers.values()) {
+      const kind = streamKindOf(writer.streamId)
+      counts.set(kind, (counts.get(kind) ?? 0) + 1)
+    }
+    return counts
+  }
+
+  /** Records a POST's requests as pending and appends its priming entry (when asked). */
+  async markPending (sid: string, streamId: string, ids: RequestId[], priming: boolean): Promise<string | null> {
+    return await this.#o.eventLog.markPending(sid, streamId, ids, this.#idleMs, priming, this.#o.replicaId)
+  }
+
+  /**
+   * Sessions with a POST stream open here (new, or resumed with Last-Event-ID): their owner is
+   * watched, since the answers those streams wait for can only come from it.
+   */
+  awaitingSessions (): Set<string> {
+    const sids = new Set<string>()
+    for (const [sid, writers] of this.#writers) {
+      for (const writer of writers.values()) if (!writer.ended && isRequestStreamId(writer.streamId)) { sids.add(sid); break }
+    }
+    return sids
+  }
+
+  /**
+   * The store is unreachable: every POST stream here answers its open requests with `answer`.
+   * Returns them, so their markers can be taken once the store is back (no second answer then).
+   */
+  failAwaiting (answer: (id: RequestId) => JsonRpcResponse): Array<PendingRequest & { sid: string }> {
+    const failed: Array<PendingRequest & { sid: string }> = []
+    for (const writer of this.#all()) {
+      if (!writer.awaitsAnswers) continue
+      for (const id of writer.failUnanswered(answer)) failed.push({ sid: writer.sid, streamId: writer.streamId, id })
+    }
+    return failed
+  }
+
   /** The session ended: its streams here end too. */
   endSession (sid: string): void {
-    for (const writer of [...this.#writers.values()]) {
-      if (writer.sid === sid) writer.end('session-ended')
-    }
+    const writers = this.#writers.get(sid)
+    if (writers !== undefined) for (const writer of [...writers.values()]) writer.end('session-ended')
   }
 
   /** Shutdown: every stream ends with a retry hint so its client reconnects elsewhere. */
   endAll (retryMs: number): void {
-    for (const writer of [...this.#writers.values()]) writer.end('shutdown', retryMs)
+    for (const writer of this.#all()) writer.end('shutdown', retryMs)
   }
 
   /**
@@ -162,7 +231,10 @@ export class ClientStreams {
   async renew (): Promise<Set<string>> {
     const store = this.#o.store
     const held = new Set<string>()
-    for (const writer of [...this.#writers.values()]) {
+    let i = 0
+    for (const writer of this.#all()) {
+      await breathe(i++)
+      if (writer.ended) continue
       const [alive, renewed] = await Promise.all([
         store.touch(writer.sid, this.#idleMs),
         store.renewHolder(writer.sid, writer.streamId, this.#o.replicaId, this.#leaseMs)
@@ -176,10 +248,38 @@ export class ClientStreams {
     return held
   }
 
+  #get (sid: string, streamId: string): StreamWriter | undefined {
+    return this.#writers.get(sid)?.get(streamId)
+  }
+
+  #set (writer: StreamWriter): void {
+    let writers = this.#writers.get(writer.sid)
+    if (writers === undefined) {
+      writers = new Map()
+      this.#writers.set(writer.sid, writers)
+    }
+    writers.set(writer.streamId, writer)
+  }
+
+  /** Forgets the writer if it is still the one registered for its stream. */
+  #delete (writer: StreamWriter): void {
+    const writers = this.#writers.get(writer.sid)
+    if (writers?.get(writer.streamId) !== writer) return
+    writers.delete(writer.streamId)
+    if (writers.size === 0) this.#writers.delete(writer.sid)
+  }
+
+  /** A snapshot of every writer (callers end some while iterating). */
+  #all (): StreamWriter[] {
+    const all: StreamWriter[] = []
+    for (const writers of this.#writers.values()) for (const writer of writers.values()) all.push(writer)
+    return all
+  }
+
   #onWriterEnd (writer: StreamWriter, reason: WriterEndReason): void {
     const { sid, streamId } = writer
-    const key = writerKey(sid, streamId)
-    if (this.#writers.get(key) === writer) this.#writers.delete(key)
+    this.#delete(writer)
+    if (tracing !== null) tracing.streamEnded(sid, streamId, reason)
     if (reason === 'released' || reason === 'session-ended') return
     const store = this.#o.store
     // Only a cursor the log gave: a client-sent Last-Event-ID never becomes the stored position.

@@ -5,6 +5,7 @@ import { pino } from 'pino'
 import { GW_ERR_BACKEND_UNAVAILABLE } from '../../src/core/errors.js'
 import type { JsonRpcMessage, JsonRpcRequest } from '../../src/core/jsonrpc.js'
 import { Relay, type RelayOptions } from '../../src/routing/relay.js'
+import { NO_METRICS } from '../../src/telemetry/metrics.js'
 
 interface Appended { sid: string, streamId: string, message: JsonRpcMessage }
 
@@ -34,6 +35,9 @@ function harness (t: Test, overrides: Partial<RelayOptions> = {}): Harness {
     requestTimeoutMs: 60_000,
     clientRequestTimeoutMs: 60_000,
     cancelOnTimeout: true,
+    backendTransport: 'stdio',
+    metrics: NO_METRICS.forSession('files', null),
+    createdAt: Date.now(),
     host: {
       append: async (sid, streamId, message) => { appended.push({ sid, streamId, message }) },
       endSession: async (_sid, reason) => { ended.push(reason) },
