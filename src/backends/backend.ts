@@ -34,6 +34,15 @@ export interface BackendConnection {
   readonly pid?: number | undefined
 }
 
+/**
+ * What one tenant's sessions of a server add upstream (config `tenants.<t>.servers.<s>.upstream`):
+ * headers for HTTP backends, variables for a stdio child. Never anything from the client.
+ */
+export interface TenantUpstream {
+  headers: Readonly<Record<string, string>>
+  env: Readonly<Record<string, string>>
+}
+
 export interface BackendOpenOptions {
   server: string
   config: ServerConfig
@@ -59,6 +68,8 @@ export interface BackendOpenOptions {
    * by re-initialising. A connection that sees the client's initialize remembers it itself.
    */
   initializeParams?: Record<string, unknown>
+  /** The session's tenant's upstream values, on top of the server's own headers/env. */
+  upstream?: TenantUpstream
 }
 
 export type BackendFactory = (options: BackendOpenOptions) => Promise<BackendConnection>

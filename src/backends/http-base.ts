@@ -63,11 +63,14 @@ export const LINGER_MS = 5000
 /** Upper bound for the DELETE sent on close(), so close() resolves promptly. */
 export const DELETE_TIMEOUT_MS = 5000
 
-// Headers the gateway sets itself or that describe one hop; never taken from the client.
+// Headers the gateway sets itself or that describe one hop; never taken from the client. The
+// client's credentials are among them whatever forwardHeaders says (A-UP-1, issue 8): a backend
+// gets the server's or the tenant's configured credentials, never the caller's.
 const RESERVED_HEADERS = new Set([
   'accept', 'content-type', 'content-length', 'transfer-encoding', 'connection', 'keep-alive',
   'host', 'upgrade', 'te', 'trailer', 'proxy-authorization', 'proxy-connection',
-  'mcp-session-id', 'mcp-protocol-version', 'last-event-id'
+  'mcp-session-id', 'mcp-protocol-version', 'last-event-id',
+  'authorization', 'x-api-key', 'cookie'
 ])
 
 
@@ -111,6 +114,7 @@ export abstract class HttpBackend implements HttpBackendConnection {
   /** The client (or a resumed session) completed the handshake: re-initialising makes sense. */
   protected initialized = false
   readonly #forwarded: Record<string, string>
+  readonly #upstream: Readonly<Record<string, string>>
   #closing: Promise<void> | null = null
   #exited = false
 
@@ -124,6 +128,7 @@ export abstract class HttpBackend implements HttpBackendConnection {
     this.streams = dispatcherFor(this.url.origin, null, config.connectTimeoutMs)
     this.initParams = options.initializeParams
     this.#forwarded = pickForwarded(config.forwardHeaders, options.forwardedHeaders)
+    this.#upstream = options.upstream?.headers ?? {}
   }
 
   abstract send (message: JsonRpcMessage): Promise<void>
@@ -170,10 +175,14 @@ export abstract class HttpBackend implements HttpBackendConnection {
     if (this.closed) throw new GW_ERR_BACKEND_UNAVAILABLE(this.server, 'the connection is closed')
   }
 
-  /** config.headers (already ${ENV}-expanded) over the forwarded client headers; no protocol headers. */
+  /**
+   * The tenant's upstream headers over config.headers (both already ${ENV}-expanded) over the
+   * forwarded client headers; no protocol headers.
+   */
   protected baseHeaders (): Record<string, string> {
     const headers: Record<string, string> = { ...this.#forwarded }
     for (const [name, value] of Object.entries(this.config.headers)) headers[name.toLowerCase()] = value
+    for (const [name, value] of Object.entries(this.#upstream)) headers[name.toLowerCase()] = value
     return headers
   }
 

@@ -406,7 +406,8 @@ export function createStdioBackendFactory (factoryOptions: StdioFactoryOptions =
   return async function openStdio (options) {
     const { server, config, handlers } = options
     if (!isStdio(config)) throw new GW_ERR_INTERNAL(`server '${server}' is not a stdio server`)
-    const env = childEnvironment(factoryOptions.baseEnv ?? process.env, config)
+    // The tenant's variables last: they are the most specific (issue 8). Nothing comes from the client.
+    const env = { ...childEnvironment(factoryOptions.baseEnv ?? process.env, config), ...options.upstream?.env }
     let child: ChildProcess
     try {
       // The command line comes from configuration only, never from a request (IO-10); no shell.

@@ -31,6 +31,7 @@ import type { ServerConfig } from '../config/schema.js'
 import { GW_ERR_BACKEND_UNAVAILABLE } from '../core/errors.js'
 import { isNotification, isRequest, isResponse, type JsonRpcMessage, type JsonRpcRequest, type RequestId } from '../core/jsonrpc.js'
 import type { BackendSession, StopOptions, SupervisedHandlers, SupervisedOpenOptions } from './supervisor.js'
+import type { EstablishedState } from '../state/session-store.js'
 
 /** Jittered exponential backoff: between half and all of min(maxMs, baseMs * 2^attempt). */
 export const restartDelay = (attempt: number, baseMs = 250, maxMs = 30_000): number => {
@@ -95,6 +96,39 @@ export class SupervisedSession implements BackendSession {
     this.#options = options
     this.#log = log
     this.#onEnd = onEnd
+    const takeOver = options.takeOver
+    if (takeOver !== undefined) {
+      // Taking over from a replica that died: what the client had established there is replayed.
+      this.#initParams = takeOver.initializeParams
+      const state = takeOver.established
+      this.#initialized = state?.initialized ?? true
+      this.#logLevel = state?.logLevel ?? undefined
+      for (const uri of state?.subscriptions ?? []) this.#subscriptions.add(uri)
+      this.#negotiatedVersion = state?.backendVersion ?? undefined
+    }
+  }
+
+  /**
+   * Initialises a freshly connected backend with what the client had established (a takeover
+   * from a replica that died); rejects when that fails, so the takeover fails.
+   */
+  async resume (): Promise<void> {
+    const conn = this.#conn
+    if (conn === null) throw new GW_ERR_BACKEND_UNAVAILABLE(this.server, 'not connected')
+    await this.#reinitialise(conn)
+    if (this.#state !== 'running') throw new GW_ERR_BACKEND_UNAVAILABLE(this.server, 'the new backend could not resume the session')
+  }
+
+  #established (): void {
+    const report = this.#options.onEstablished
+    if (report === undefined) return
+    const state: EstablishedState = {
+      initialized: this.#initialized,
+      logLevel: (this.#logLevel as Record<string, unknown> | undefined) ?? null,
+      subscriptions: [...this.#subscriptions],
+      backendVersion: this.#negotiatedVersion ?? null
+    }
+    this.#call('onEstablished', () => report(state))
   }
 
   setListening (listening: boolean, fromEventId?: string | null): void {
@@ -121,6 +155,7 @@ export class SupervisedSession implements BackendSession {
       ...(this.#options.initializeParams != null ? { initializeParams: this.#options.initializeParams } : {}),
       ...(this.#options.listen !== undefined ? { listen: this.#options.listen } : {}),
       ...(this.#options.getStreamLastEventId != null ? { getStreamLastEventId: this.#options.getStreamLastEventId } : {}),
+      ...(this.#options.upstream !== undefined ? { upstream: this.#options.upstream } : {}),
       handlers: {
         onMessage: msg => { if (generation === this.#generation) this.#fromBackend(msg) },
         onExit: exit => { if (generation === this.#generation) this.#crashed(exit) },
@@ -152,7 +187,7 @@ export class SupervisedSession implements BackendSession {
       }
       if (id !== undefined && id !== null && id === this.#initId && 'result' in msg) {
         const version = (msg.result as { protocolVersion?: unknown } | null)?.protocolVersion
-        if (typeof version === 'string') this.#negotiatedVersion = version
+        if (typeof version === 'string') { this.#negotiatedVersion = version; this.#established() }
       }
     }
     this.#call('onMessage', () => this.#handlers.onMessage(msg))
@@ -178,16 +213,17 @@ export class SupervisedSession implements BackendSession {
           break
         case 'logging/setLevel':
           this.#logLevel = params
+          this.#established()
           break
         case 'resources/subscribe':
-          if (uri !== undefined) this.#subscriptions.add(uri)
+          if (uri !== undefined) { this.#subscriptions.add(uri); this.#established() }
           break
         case 'resources/unsubscribe':
-          if (uri !== undefined) this.#subscriptions.delete(uri)
+          if (uri !== undefined && this.#subscriptions.delete(uri)) this.#established()
           break
       }
     } else if (isNotification(msg) && msg.method === 'notifications/initialized') {
-      this.#initialized = true
+      if (!this.#initialized) { this.#initialized = true; this.#established() }
     }
   }
 

@@ -4,8 +4,9 @@
 //
 // Idle reaping is not here: the router decides idleness from the session store and calls stop().
 import type { Logger } from 'pino'
-import type { BackendExit, BackendFactory } from './backend.js'
+import type { BackendExit, BackendFactory, TenantUpstream } from './backend.js'
 import type { ServerConfig } from '../config/schema.js'
+import type { ServerSource } from '../config/live.js'
 import {
   GW_ERR_BACKEND_CAPACITY,
   GW_ERR_BACKEND_UNAVAILABLE,
@@ -15,6 +16,7 @@ import {
   type GatewayError
 } from '../core/errors.js'
 import type { JsonRpcMessage } from '../core/jsonrpc.js'
+import type { EstablishedState } from '../state/session-store.js'
 import { shortHash } from '../telemetry/logger.js'
 import { SupervisedSession } from './supervised-session.js'
 
@@ -26,7 +28,8 @@ export const CAPACITY_RETRY_AFTER_S = 5
 type Transport = ServerConfig['transport']
 
 export interface SupervisorOptions {
-  servers: Record<string, ServerConfig>
+  /** The servers as configured now (live reload): read at each open, so a session keeps the settings it opened with. */
+  config: ServerSource
   log: Logger
   /** One factory per transport; the HTTP ones are plugged in by app.ts. */
   factories: Partial<Record<Transport, BackendFactory>>
@@ -62,6 +65,16 @@ export interface SupervisedOpenOptions {
   onGetStreamEventId?: (eventId: string) => void
   /** HTTP backends: the protocol version the backend negotiated. */
   onBackendProtocolVersion?: (version: string) => void
+  /** The session's tenant's upstream headers (HTTP) or env (stdio); kept across restarts. */
+  upstream?: TenantUpstream
+  /**
+   * Take over a session whose backend died with another replica: the new backend is initialised
+   * with the client's initialize params and what it had established, before open() resolves
+   * (the crash re-initialisation of supervised-session.ts, across replicas).
+   */
+  takeOver?: { initializeParams: Record<string, unknown>, established: EstablishedState | null }
+  /** What the client establishes (initialized, log level, subscriptions), for a replica that takes over. */
+  onEstablished?: (state: EstablishedState) => void
 }
 
 export interface StopOptions {
@@ -87,7 +100,7 @@ export interface BackendSession {
 }
 
 export class Supervisor {
-  readonly #servers: Record<string, ServerConfig>
+  readonly #config: ServerSource
   readonly #log: Logger
   readonly #factories: Partial<Record<Transport, BackendFactory>>
   readonly #sessions = new Map<string, SupervisedSession>()
@@ -98,7 +111,7 @@ export class Supervisor {
   #shuttingDown = false
 
   constructor (options: SupervisorOptions) {
-    this.#servers = options.servers
+    this.#config = options.config
     this.#log = options.log
     this.#factories = options.factories
   }
@@ -106,7 +119,8 @@ export class Supervisor {
   /** Starts a backend connection for a client session. */
   async open (sid: string, server: string, handlers: SupervisedHandlers, options: SupervisedOpenOptions = {}): Promise<BackendSession> {
     if (this.#shuttingDown) throw new GW_ERR_SHUTTING_DOWN()
-    const config = Object.hasOwn(this.#servers, server) ? this.#servers[server] : undefined
+    const servers = this.#config.servers
+    const config = Object.hasOwn(servers, server) ? servers[server] : undefined
     if (config === undefined) throw new GW_ERR_SERVER_NOT_FOUND(server)
     const factory = this.#factories[config.transport]
     if (factory === undefined) throw new GW_ERR_BACKEND_UNAVAILABLE(server, `no factory for transport '${config.transport}'`)
@@ -133,6 +147,7 @@ export class Supervisor {
     this.#sessions.set(sid, session)
     try {
       await session.connect()
+      if (options.takeOver !== undefined) await session.resume()
     } catch (err) {
       await session.stop()
       if (this.#shuttingDown) throw new GW_ERR_SHUTTING_DOWN()
@@ -162,6 +177,15 @@ export class Supervisor {
   /** Live sessions of one server on this replica (those starting included). */
   count (server: string): number {
     return this.#perServer.get(server) ?? 0
+  }
+
+  /** stdio children running now, by server (a restarting session has none). */
+  childrenByServer (): Map<string, number> {
+    const counts = new Map<string, number>()
+    for (const session of this.#sessions.values()) {
+      if (session.pid !== undefined) counts.set(session.server, (counts.get(session.server) ?? 0) + 1)
+    }
+    return counts
   }
 
   * sessions (): IterableIterator<string> {

@@ -1,6 +1,8 @@
 // HTTP backends (src/backends/streamable-http.ts, legacy-sse.ts) against real upstreams on 127.0.0.1: the SDK's
 // StreamableHTTPServerTransport and SSEServerTransport, server-everything in its
 // streamableHttp mode, and raw node:http servers that misbehave on purpose.
+// Over 500 lines on purpose: both transports share the upstream fixtures and helpers set up above
+// the tests, and the "failures" block compares them case by case.
 import { spawn } from 'node:child_process'
 import { once } from 'node:events'
 import { createRequire } from 'node:module'

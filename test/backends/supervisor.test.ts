@@ -41,7 +41,7 @@ function recorder (): Recorder {
 
 function supervisor (t: Test, servers: Record<string, ServerConfig>): { sup: Supervisor, lines: LogLine[] } {
   const { log, lines } = collectingLogger()
-  const sup = new Supervisor({ servers, log, factories: { stdio: openStdioBackend } })
+  const sup = new Supervisor({ config: { servers }, log, factories: { stdio: openStdioBackend } })
   t.teardown(async () => await sup.stopAll())
   return { sup, lines }
 }
