@@ -1,11 +1,12 @@
 // The only place services are built and plugins registered, in order (STYLE.md habit 4).
-import Fastify, { LogController, type FastifyBaseLogger, type FastifyError, type FastifyInstance } from 'fastify'
+import Fastify, { LogController, type FastifyBaseLogger, type FastifyError, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify'
 import type { Logger } from 'pino'
 import { httpBackendFactory } from './backends/http.js'
 import { openStdioBackend } from './backends/stdio.js'
 import { MemoryBus, MemoryBusHub } from './state/bus-memory.js'
 import type { Bus } from './state/bus.js'
 import type { Config } from './config/schema.js'
+import { LiveConfig } from './config/live.js'
 import {
   GW_ERR_INTERNAL, GW_ERR_PAYLOAD_TOO_LARGE, GW_ERR_PARSE, GW_ERR_UNSUPPORTED_MEDIA_TYPE, GW_ERR_BAD_REQUEST,
   isGatewayError, toJsonRpcError, type GatewayError
@@ -14,10 +15,19 @@ import { MemoryEventLog } from './state/event-log-memory.js'
 import type { EventLog } from './state/event-log.js'
 import { registerJsonParser } from './http/request.js'
 import httpGuard from './http/guard.js'
+import httpAuthenticate from './http/authenticate.js'
+import { TenantDirectory } from './auth/tenants.js'
+import { JwtVerifier } from './auth/jwt.js'
+import httpOauthMetadata from './http/oauth-metadata.js'
 import httpLegacySse from './http/legacy-sse.js'
+import httpMetrics from './http/metrics.js'
+import httpLimits from './http/limits.js'
 import httpOps from './http/ops.js'
 import httpStreamable from './http/streamable.js'
 import { createLogger } from './telemetry/logger.js'
+import { startTracing, stopTracing } from './telemetry/tracing.js'
+import { createMetrics, type GatewayMetrics } from './telemetry/metrics.js'
+import type { BackendFactory } from './backends/backend.js'
 import { newReplicaId } from './core/replica.js'
 import { RedisBus } from './state/bus-redis.js'
 import { RedisEventLog } from './state/event-log-redis.js'
@@ -27,6 +37,13 @@ import { RedisSessionStore } from './state/session-store-redis.js'
 import { MemorySessionStore } from './state/session-store-memory.js'
 import type { SessionStore } from './state/session-store.js'
 import { Supervisor } from './backends/supervisor.js'
+import { audit } from './telemetry/audit.js'
+import { toolPolicies } from './auth/tool-policy.js'
+import { MemoryRateLimiter, RedisRateLimiter, type RateLimiter } from './auth/rate-limit.js'
+import { MemorySessionQuotas, QuotaGate, RedisSessionQuotas, type SessionQuotas } from './auth/quotas.js'
+
+/** How long a tenant's quota sets outlive their last new session, at least (a day). */
+const QUOTA_SET_TTL_MS = 86_400_000
 
 export interface GatewayOptions {
   log?: Logger
@@ -34,13 +51,20 @@ export interface GatewayOptions {
   /** Memory mode: apps sharing one hub reach each other over the in-process bus (tests). */
   hub?: MemoryBusHub
   /** Memory mode: apps sharing one store and log act as replicas of one gateway (tests). */
-  memory?: { store: MemorySessionStore, eventLog: MemoryEventLog }
+  memory?: { store: MemorySessionStore, eventLog: MemoryEventLog, limiter?: MemoryRateLimiter, quotas?: MemorySessionQuotas }
 }
 
 export interface Gateway {
   app: FastifyInstance
+  /** With `metrics.listen`: the listener serving only /metrics (main.ts starts it; closed with app). */
+  metricsApp: FastifyInstance | null
+  metrics: GatewayMetrics
   router: Router
+  /** The config being served; `live.apply()` (config/reload.ts) replaces its routing settings. */
+  live: LiveConfig
   replicaId: string
+  /** The tenant table; a config reload calls its replace(). */
+  tenants: TenantDirectory
   /** Starts draining: /readyz answers 503 from now on; requests are still served. */
   drain: () => void
   /** Graceful stop: streams ended with a retry hint, backends stopped, connections closed. */
@@ -51,26 +75,34 @@ interface Services {
   store: SessionStore
   eventLog: EventLog
   bus: Bus
+  /** Tenants' request budgets and session quotas (auth/rate-limit.ts, auth/quotas.ts). */
+  limiter: RateLimiter
+  quotas: SessionQuotas
   close: () => Promise<void>
 }
 
-function memoryServices (config: Readonly<Config>, options: GatewayOptions): Services {
+function memoryServices (config: Readonly<Config>, options: GatewayOptions, metrics: GatewayMetrics): Services {
   const store = options.memory?.store ?? new MemorySessionStore()
   const eventLog = options.memory?.eventLog ?? new MemoryEventLog(store, config.sessions.eventLogMaxLen)
   const shared = options.memory !== undefined
   return {
     store,
     eventLog,
-    bus: new MemoryBus(options.hub ?? new MemoryBusHub()),
+    bus: metrics.instrumentBus(new MemoryBus(options.hub ?? new MemoryBusHub())),
+    limiter: options.memory?.limiter ?? new MemoryRateLimiter(),
+    quotas: options.memory?.quotas ?? new MemorySessionQuotas(),
     close: async () => { if (!shared) await store.close() }
   }
 }
 
 /** Redis mode: every replica shares sessions, logs and inboxes through one Redis. */
-async function redisServices (config: Readonly<Config>, log: Logger, replicaId: string): Promise<Services> {
+async function redisServices (config: Readonly<Config>, log: Logger, replicaId: string, metrics: GatewayMetrics): Promise<Services> {
   const settings = config.redis
   if (settings === undefined) throw new Error('redis settings missing')
-  const redis = createRedis(settings.url, { log, connectionName: `mcpgw:${replicaId}`, commandTimeoutMs: settings.connectTimeoutMs })
+  const target = { url: settings.url, sentinels: settings.sentinels, name: settings.name, cluster: settings.cluster }
+  const redis = createRedis(target, { log, connectionName: `mcpgw:${replicaId}`, commandTimeoutMs: settings.connectTimeoutMs })
+  // Only the command connection: the bus's blocking XREAD would read as latency.
+  metrics.instrumentRedis(redis)
   try {
     await redisReady(redis, settings.connectTimeoutMs)
   } catch (err) {
@@ -78,14 +110,17 @@ async function redisServices (config: Readonly<Config>, log: Logger, replicaId: 
     throw err
   }
   const prefix = settings.keyPrefix
-  const bus = new RedisBus(redis, () => createRedis(settings.url, { log, blocking: true, connectionName: `mcpgw:${replicaId}:inbox` }), prefix, {
+  const bus = new RedisBus(redis, () => createRedis(target, { log, blocking: true, connectionName: `mcpgw:${replicaId}:inbox` }), prefix, {
     inboxTtlMs: settings.leaseMs * 6,
     log
   })
   return {
     store: new RedisSessionStore(redis, prefix),
     eventLog: new RedisEventLog(redis, prefix, config.sessions.eventLogMaxLen),
-    bus,
+    bus: metrics.instrumentBus(bus),
+    limiter: new RedisRateLimiter(redis, prefix),
+    // The sets' TTL only bounds how long an idle tenant's sets linger (quotas.ts prunes by liveness).
+    quotas: new RedisSessionQuotas(redis, prefix, Math.max(QUOTA_SET_TTL_MS, config.sessions.idleTimeoutMs * 2)),
     close: async () => { closeRedis(redis) }
   }
 }
@@ -107,16 +142,94 @@ function asGatewayError (err: Error & { code?: string, statusCode?: number }, bo
   return new GW_ERR_INTERNAL('unexpected error', { cause: err })
 }
 
+/** Counts stdio children started and crashed (an exit nobody asked for), by server. */
+function countingChildren (factory: BackendFactory, metrics: GatewayMetrics): BackendFactory {
+  if (metrics.registry === null) return factory
+  return async options => {
+    const { server, handlers } = options
+    const conn = await factory({ ...options, handlers: { ...handlers, onExit: exit => { metrics.childCrashed(server); handlers.onExit(exit) } } })
+    metrics.childStarted(server)
+    return conn
+  }
+}
+
+/**
+ * Renders errors as JSON-RPC error bodies with the typed error's status, and counts every refusal
+ * by status and reason (so refusals added later, auth or limits, are counted without more code).
+ */
+function errorHandler (config: Readonly<Config>, metrics: GatewayMetrics) {
+  return (error: FastifyError, req: FastifyRequest, reply: FastifyReply): void => {
+    const err = asGatewayError(error, config.http.bodyLimit)
+    const status = err.statusCode ?? 500
+    metrics.httpRefusal(status, err.code)
+    if (status >= 500 && status !== 503) req.log.error({ err: error }, 'request failed')
+    else if (status === 503) req.log.warn({ code: err.code, status }, 'request refused (unavailable)')
+    else req.log.info({ code: err.code, status }, 'request rejected')
+    if (err.retryAfter !== undefined) reply.header('retry-after', String(err.retryAfter))
+    if (err.wwwAuthenticate !== undefined) reply.header('www-authenticate', err.wwwAuthenticate)
+    reply.code(status).type('application/json').send(toJsonRpcError(err, req.jsonRpcId ?? null))
+  }
+}
+
+/** `metrics.listen`: a listener of its own that serves /metrics and nothing else. */
+async function metricsListener (config: Readonly<Config>, metrics: GatewayMetrics, log: Logger): Promise<FastifyInstance | null> {
+  if (metrics.registry === null || config.metrics.listen === undefined) return null
+  const app = Fastify({ loggerInstance: log as FastifyBaseLogger, logController: new LogController({ disableRequestLogging: true }), exposeHeadRoutes: false })
+  app.setErrorHandler(errorHandler(config, metrics))
+  await app.register(httpMetrics, { metrics, token: config.metrics.token })
+  return app
+}
+
 export async function buildGateway (config: Readonly<Config>, options: GatewayOptions = {}): Promise<Gateway> {
   const replicaId = options.replicaId ?? newReplicaId()
   const log = options.log ?? createLogger(config.log.level, replicaId)
-  const services = config.redis === undefined ? memoryServices(config, options) : await redisServices(config, log, replicaId)
+  const metrics = createMetrics({ enabled: config.metrics.enabled, servers: Object.keys(config.servers), tenants: Object.keys(config.tenants ?? {}) })
+  const services = config.redis === undefined ? memoryServices(config, options, metrics) : await redisServices(config, log, replicaId, metrics)
+  // Tracing is per process (the facade in telemetry/tracing.ts); the SDK loads only when configured.
+  if (config.tracing !== undefined) await startTracing(config.tracing, replicaId, log)
+  // Routing settings (servers, auth, tenants) are read through `live`, which a reload replaces;
+  // process settings are read from `config`, fixed for the life of the process.
+  const live = new LiveConfig(config)
   const supervisor = new Supervisor({
-    servers: config.servers,
+    config: live,
     log,
-    factories: { stdio: openStdioBackend, 'streamable-http': httpBackendFactory, sse: httpBackendFactory }
+    factories: { stdio: countingChildren(openStdioBackend, metrics), 'streamable-http': httpBackendFactory, sse: httpBackendFactory }
   })
-  const router = new Router({ replicaId, config, store: services.store, eventLog: services.eventLog, bus: services.bus, backends: supervisor, log })
+  const tenants = new TenantDirectory(config)
+  const quotaGate = new QuotaGate(tenant => tenants.limits(tenant), services.quotas, async sid => await services.store.get(sid) !== null)
+  const router = new Router({
+    replicaId,
+    config,
+    live,
+    store: services.store,
+    eventLog: services.eventLog,
+    bus: services.bus,
+    backends: supervisor,
+    upstream: (tenant, server) => tenants.upstream(tenant, server),
+    toolPolicy: toolPolicies(tenants),
+    log,
+    metrics,
+    admitSession: async record => {
+      try {
+        await quotaGate.admit(record.id, record.tenant, record.subjectDigest)
+      } catch (err) {
+        if (isGatewayError(err) && err.code === 'GW_ERR_SESSION_QUOTA') {
+          audit(log, 'request.refused', { tenant: record.tenant, subject: record.subjectDigest, server: record.server, status: 429, reason: 'session quota' })
+        }
+        throw err
+      }
+    }
+  })
+  metrics.observe({ sessions: () => router.ownedSessions(), streams: () => router.openStreams(), children: () => supervisor.childrenByServer() })
+  live.onChange(async change => {
+    // Tenants and auth first: a revoked key is refused from the next request on.
+    if (change.auth || change.tenants.added.length + change.tenants.changed.length + change.tenants.removed.length > 0) {
+      tenants.replace(change.current)
+    }
+    metrics.reconfigure(Object.keys(change.current.servers), Object.keys(change.current.tenants ?? {}))
+    const ended = await router.endSessionsOf(change.servers.removed, 'server removed from the config')
+    if (ended > 0) log.info({ servers: change.servers.removed, sessions: ended }, 'sessions of removed servers ended')
+  })
 
   const app = Fastify({
     loggerInstance: log as FastifyBaseLogger,
@@ -129,33 +242,40 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
     requestTimeout: 30_000
   })
   registerJsonParser(app)
-  app.setErrorHandler((error: FastifyError, req, reply) => {
-    const err = asGatewayError(error, config.http.bodyLimit)
-    const status = err.statusCode ?? 500
-    if (status >= 500 && status !== 503) req.log.error({ err: error }, 'request failed')
-    else if (status === 503) req.log.warn({ code: err.code, status }, 'request refused (unavailable)')
-    else req.log.info({ code: err.code, status }, 'request rejected')
-    if (err.retryAfter !== undefined) reply.header('retry-after', String(err.retryAfter))
-    reply.code(status).type('application/json').send(toJsonRpcError(err, req.jsonRpcId ?? null))
-  })
+  app.setErrorHandler(errorHandler(config, metrics))
   app.setNotFoundHandler((req, reply) => {
+    metrics.httpRefusal(404, '')
     reply.code(404).type('application/json').send({ jsonrpc: '2.0', id: null, error: { code: -32000, message: `Not Found: ${req.method} ${req.url.split('?')[0] ?? ''}`, data: { source: 'gateway' } } })
   })
+  // The access line is at debug: at info it was a synchronous write per request, a tenth or more of
+  // the gateway's own cost per call (issue 10). `log.level: debug` brings it back.
   app.addHook('onResponse', async (req, reply) => {
-    req.log.info({ method: req.method, route: req.routeOptions.url, status: reply.statusCode, ms: Math.round(reply.elapsedTime) }, 'request')
+    req.log.debug({ method: req.method, route: req.routeOptions.url, status: reply.statusCode, ms: Math.round(reply.elapsedTime) }, 'request')
   })
 
   await app.register(httpGuard, { config })
+  await app.register(httpAuthenticate, { tenants, jwt: new JwtVerifier(tenants).check })
+  await app.register(httpOauthMetadata, { tenants })
   let draining = false
   await app.register(httpOps, { router, store: services.store, draining: () => draining })
-  await app.register(httpStreamable, { config, router })
-  await app.register(httpLegacySse, { config, router })
+  // /metrics: on the main listener unless it has an address of its own; never under /mcp.
+  const metricsApp = await metricsListener(config, metrics, log)
+  if (metricsApp === null) await app.register(httpMetrics, { metrics, token: config.metrics.token })
+  // After httpAuthenticate: both are onRequest hooks, run in registration order.
+  await app.register(httpLimits, { tenants, limiter: services.limiter })
+  await app.register(httpStreamable, { config, live, router })
+  await app.register(httpLegacySse, { live, router })
 
   // SSE responses end in preClose, before Fastify waits for open requests (STYLE.md habit 8).
   app.addHook('preClose', async () => { await router.stop() })
-  app.addHook('onClose', async () => { await services.close() })
+  app.addHook('onClose', async () => {
+    await metricsApp?.close()
+    await services.close()
+    // Spans still buffered are exported before the process goes.
+    if (config.tracing !== undefined) await stopTracing()
+  })
 
   await router.start()
   log.info({ servers: Object.keys(config.servers), store: config.redis === undefined ? 'memory' : 'redis' }, 'gateway built')
-  return { app, router, replicaId, drain: () => { draining = true }, close: async () => { await app.close() } }
+  return { app, metricsApp, metrics, router, live, replicaId, tenants, drain: () => { draining = true }, close: async () => { await app.close() } }
 }

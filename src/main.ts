@@ -1,14 +1,27 @@
 // Process entry: load config (or only check it), build the gateway, listen, stop gracefully.
 // SIGTERM drains first (/readyz 503 for shutdown.drainMs while requests are still served), then
 // stops; SIGINT (Ctrl-C) and a second signal skip the drain. shutdown.deadlineMs bounds the stop.
+// SIGHUP re-reads the config file (and so, with reload.watch, does a change on disk): see
+// config/reload.ts.
 import { buildGateway } from './app.js'
 import { closeHttpDispatchers } from './backends/http.js'
 import { stopAllChildren } from './backends/stdio.js'
 import { loadConfig, parseArgs, USAGE } from './config/load.js'
+import { ConfigReloader } from './config/reload.js'
 import { createLogger } from './telemetry/logger.js'
 import { newReplicaId } from './core/replica.js'
+import { keyCommand } from './auth/key-command.js'
 
 async function main (): Promise<void> {
+  if (process.argv[2] === 'key') {
+    try {
+      process.stdout.write(keyCommand(process.argv.slice(3)))
+    } catch (err) {
+      process.stderr.write(`mcp-gateway: ${err instanceof Error ? err.message : String(err)}`)
+      process.exitCode = 2
+    }
+    return
+  }
   let configPath: string
   let checkOnly: boolean
   try {
@@ -45,13 +58,23 @@ async function main (): Promise<void> {
     void stopAllChildren().finally(() => process.exit(1))
   })
 
+  // Installed before the (slow) build: SIGHUP's default action would end the process.
+  let reloader: ConfigReloader | undefined
+  process.on('SIGHUP', () => {
+    if (reloader === undefined) { log.warn('SIGHUP ignored: still starting'); return }
+    void reloader.reload('SIGHUP')
+  })
+
   const gateway = await buildGateway(config, { log, replicaId })
+  reloader = new ConfigReloader({ path: configPath, live: gateway.live, log })
+  if (config.reload.watch) await reloader.watch(config.reload.debounceMs)
   const { drainMs, deadlineMs } = config.shutdown
   let stopping = false
   let skipDrain: (() => void) | undefined
   const stop = (signal: string): void => {
     if (stopping) { skipDrain?.(); return }
     stopping = true
+    reloader?.close()
     gateway.drain()
     const drain = signal === 'SIGTERM' ? drainMs : 0
     log.info({ signal, drainMs: drain }, 'shutting down')
@@ -76,7 +99,9 @@ async function main (): Promise<void> {
   process.on('SIGINT', () => { stop('SIGINT') })
   try {
     const address = await gateway.app.listen({ host: config.listen.host, port: config.listen.port })
-    log.info({ address, servers: Object.keys(config.servers) }, 'mcp-gateway listening')
+    const metricsAt = config.metrics.listen
+    const metricsAddress = gateway.metricsApp === null || metricsAt === undefined ? undefined : await gateway.metricsApp.listen({ host: metricsAt.host, port: metricsAt.port })
+    log.info({ address, metricsAddress, servers: Object.keys(config.servers) }, 'mcp-gateway listening')
   } catch (err) {
     log.fatal({ err }, 'could not listen')
     await gateway.close().catch(() => {})

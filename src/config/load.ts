@@ -19,6 +19,7 @@ import { Ajv, type ErrorObject } from 'ajv'
 import { parseDocument } from 'yaml'
 import { configSchema, type Config } from './schema.js'
 import { GW_ERR_CONFIG_INVALID } from '../core/errors.js'
+import { isLoopbackAddress } from '../core/loopback.js'
 
 export type { Config }
 
@@ -26,12 +27,17 @@ export const DEFAULT_CONFIG_PATH = 'config/gateway.yaml'
 
 export const USAGE = `Usage: mcp-gateway [--config FILE]
        mcp-gateway --check-config FILE
+       mcp-gateway key TENANT ID
 
 Options:
   -c, --config FILE        configuration file, YAML or JSON (default: ${DEFAULT_CONFIG_PATH})
       --check-config FILE  validate FILE (every problem listed), print the result and exit:
                            0 valid, 1 invalid; nothing is started
   -h, --help               print this help and exit
+
+Commands:
+  key TENANT ID            print a new API key for TENANT (key id ID) and the config line
+                           holding its SHA-256; the key itself is stored nowhere
 `
 
 export interface CliArgs {
@@ -233,10 +239,13 @@ const MANAGED_HEADERS = new Set([
   'content-length', 'host', 'mcp-session-id', 'mcp-protocol-version', 'last-event-id'
 ])
 const TOKEN = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/
+// The client's own credentials never go upstream (SPEC.md A-UP-1, issue 8); the backends drop them too.
+const CLIENT_CREDENTIALS = new Set(['authorization', 'x-api-key', 'cookie', 'proxy-authorization'])
 
 /** Checks the schema cannot express. Each names the path only, never the value. */
 function checkSemantics (config: Config, problems: Problems): void {
   if (config.redis !== undefined && !isUrl(config.redis.url)) problems.add('/redis/url', 'must be a valid URL')
+  if (config.tracing !== undefined && !isUrl(config.tracing.otlpEndpoint)) problems.add('/tracing/otlpEndpoint', 'must be a valid URL')
   for (const [name, server] of Object.entries(config.servers)) {
     const base = pointer('/servers', name)
     if (server.transport === 'stdio') {
@@ -245,26 +254,84 @@ function checkSemantics (config: Config, problems: Problems): void {
       if (server.command.includes('\0')) problems.add(`${base}/command`, 'must not contain NUL')
       if (server.cwd?.includes('\0') === true) problems.add(`${base}/cwd`, 'must not contain NUL')
       server.args.forEach((arg, i) => { if (arg.includes('\0')) problems.add(`${base}/args/${i}`, 'must not contain NUL') })
-      for (const [key, value] of Object.entries(server.env)) {
-        if (key === '' || key.includes('=') || key.includes('\0')) problems.add(pointer(`${base}/env`, key), 'is not a valid variable name')
-        if (value.includes('\0')) problems.add(pointer(`${base}/env`, key), 'must not contain NUL')
-      }
+      checkEnv(`${base}/env`, server.env, problems)
     } else {
       checkDelays(`${base}/reconnect`, server.reconnect, problems)
       if (!isUrl(server.url)) problems.add(`${base}/url`, 'must be a valid URL')
-      for (const [key, value] of Object.entries(server.headers)) {
-        const at = pointer(`${base}/headers`, key)
-        if (!TOKEN.test(key)) problems.add(at, 'is not a valid header name')
-        else if (MANAGED_HEADERS.has(key.toLowerCase())) problems.add(at, 'is set by the gateway and cannot be configured')
-        // CR/LF would split the request; a placeholder's value is the usual way one sneaks in.
-        if (/[\r\n\0]/.test(value)) problems.add(at, 'value must not contain CR, LF or NUL')
-      }
+      checkHeaders(`${base}/headers`, server.headers, problems)
       server.forwardHeaders.forEach((key, i) => {
         const at = `${base}/forwardHeaders/${i}`
         if (!TOKEN.test(key)) problems.add(at, 'is not a valid header name')
         else if (MANAGED_HEADERS.has(key.toLowerCase())) problems.add(at, 'is set by the gateway and cannot be forwarded')
+        else if (CLIENT_CREDENTIALS.has(key.toLowerCase())) problems.add(at, 'is a client credential and never goes upstream (set upstream credentials in headers, or per tenant)')
       })
     }
+  }
+  checkAuth(config, problems)
+}
+
+/**
+ * Who may call. Without tenants nobody is authenticated, so the gateway may listen beyond
+ * loopback only when `auth.anonymous` says so. With tenants, `auth.publicUrl` is required: each
+ * endpoint's resource URL (RFC 9728 metadata, the 401 challenge, the default JWT audience) derives
+ * from it, and deriving it from a request's Host header would let a caller choose it.
+ */
+function checkAuth (config: Config, problems: Problems): void {
+  const tenants = config.tenants
+  if (tenants === undefined) {
+    if (!config.auth.anonymous && !isLoopbackAddress(config.listen.host)) {
+      problems.add('/listen/host', 'is not a loopback address and no tenants are configured, so anyone reaching it could use every server: configure tenants, or set auth.anonymous: true to allow it')
+    }
+    return
+  }
+  if (config.auth.anonymous) problems.add('/auth/anonymous', 'must be false when tenants are configured (every MCP endpoint then needs a credential)')
+  if (config.auth.publicUrl === undefined) problems.add('/auth/publicUrl', 'is required when tenants are configured (resource URLs and the 401 challenge derive from it)')
+  else if (!isUrl(config.auth.publicUrl)) problems.add('/auth/publicUrl', 'must be a valid URL')
+  for (const [name, tenant] of Object.entries(tenants)) {
+    const base = pointer('/tenants', name)
+    const ids = new Set<string>()
+    tenant.apiKeys.forEach((key, i) => {
+      if (ids.has(key.id)) problems.add(`${base}/apiKeys/${i}/id`, 'is used twice in this tenant')
+      ids.add(key.id)
+    })
+    tenant.jwt.forEach((jwt, i) => {
+      const at = `${base}/jwt/${i}`
+      let url: URL | undefined
+      try { url = new URL(jwt.jwksUri) } catch { problems.add(`${at}/jwksUri`, 'must be a valid URL') }
+      // Keys fetched over plain HTTP could be swapped by anyone on the path.
+      if (url !== undefined && url.protocol === 'http:' && !isLoopbackAddress(url.hostname)) problems.add(`${at}/jwksUri`, 'must be https (http only for a loopback host)')
+      if (jwt.algorithms.length === 0) problems.add(`${at}/algorithms`, 'must list at least one algorithm')
+    })
+    for (const [server, settings] of Object.entries(tenant.servers)) {
+      const at = pointer(`${base}/servers`, server)
+      const target = Object.hasOwn(config.servers, server) ? config.servers[server] : undefined
+      if (target === undefined) { problems.add(at, 'names no configured server'); continue }
+      const { headers, env } = settings.upstream
+      if (target.transport === 'stdio') {
+        if (Object.keys(headers).length > 0) problems.add(`${at}/upstream/headers`, 'applies to HTTP servers only (use upstream.env for a stdio server)')
+        checkEnv(`${at}/upstream/env`, env, problems)
+      } else {
+        if (Object.keys(env).length > 0) problems.add(`${at}/upstream/env`, 'applies to stdio servers only (use upstream.headers for an HTTP server)')
+        checkHeaders(`${at}/upstream/headers`, headers, problems)
+      }
+    }
+  }
+}
+
+function checkEnv (path: string, env: Record<string, string>, problems: Problems): void {
+  for (const [key, value] of Object.entries(env)) {
+    if (key === '' || key.includes('=') || key.includes('\0')) problems.add(pointer(path, key), 'is not a valid variable name')
+    if (value.includes('\0')) problems.add(pointer(path, key), 'must not contain NUL')
+  }
+}
+
+function checkHeaders (path: string, headers: Record<string, string>, problems: Problems): void {
+  for (const [key, value] of Object.entries(headers)) {
+    const at = pointer(path, key)
+    if (!TOKEN.test(key)) problems.add(at, 'is not a valid header name')
+    else if (MANAGED_HEADERS.has(key.toLowerCase())) problems.add(at, 'is set by the gateway and cannot be configured')
+    // CR/LF would split the request; a placeholder's value is the usual way one sneaks in.
+    if (/[\r\n\0]/.test(value)) problems.add(at, 'value must not contain CR, LF or NUL')
   }
 }
 

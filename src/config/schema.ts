@@ -18,6 +18,14 @@ const restartSchema = {
   }
 } as const
 
+/**
+ * When the replica running a session's backend dies: 'carry-on' starts the backend again on the
+ * replica that gets the session's next request, replaying the client's initialize, log level and
+ * subscriptions (the backend's in-memory state is lost); 'end' ends the session (404, the client
+ * re-initialises).
+ */
+const onOwnerLossSchema = { enum: ['carry-on', 'end'], default: 'carry-on' } as const
+
 const stdioServerSchema = {
   type: 'object',
   additionalProperties: false,
@@ -35,7 +43,8 @@ const stdioServerSchema = {
     requestTimeoutMs: { type: 'integer', minimum: 1, default: 60_000 },
     maxLineBytes: { type: 'integer', minimum: 1024, default: 10_485_760 },
     stopGraceMs: { type: 'integer', minimum: 0, default: 2000 },
-    restart: restartSchema
+    restart: restartSchema,
+    onOwnerLoss: onOwnerLossSchema
   }
 } as const
 
@@ -55,6 +64,8 @@ const httpServerSchema = {
     requestTimeoutMs: { type: 'integer', minimum: 1, default: 60_000 },
     /** Upstream connections kept per origin. */
     connections: { type: 'integer', minimum: 1, default: 64 },
+    /** Legacy `sse` upstreams only (a Streamable HTTP backend session outlives any replica). */
+    onOwnerLoss: onOwnerLossSchema,
     reconnect: {
       type: 'object',
       additionalProperties: false,
@@ -63,6 +74,105 @@ const httpServerSchema = {
         maxAttempts: { type: 'integer', minimum: 0, default: 5 },
         baseDelayMs: { type: 'integer', minimum: 0, default: 500 },
         maxDelayMs: { type: 'integer', minimum: 0, default: 30_000 }
+      }
+    }
+  }
+} as const
+
+
+const toolPolicySchema = {
+  type: 'object',
+  additionalProperties: false,
+  properties: {
+    /** Tool names (glob `*`) the tenant may see and call; absent: all. */
+    allow: { type: 'array', items: { type: 'string', minLength: 1 } },
+    /** Tool names (glob `*`) refused even when allowed. */
+    deny: { type: 'array', items: { type: 'string', minLength: 1 }, default: [] }
+  }
+} as const
+
+const tenantServerSchema = {
+  type: 'object',
+  additionalProperties: false,
+  default: {},
+  properties: {
+    tools: toolPolicySchema,
+    /** Added to this tenant's sessions only: headers for HTTP servers, env for stdio servers. */
+    upstream: {
+      type: 'object',
+      additionalProperties: false,
+      default: {},
+      properties: {
+        headers: { type: 'object', additionalProperties: { type: 'string' }, default: {} },
+        env: { type: 'object', additionalProperties: { type: 'string' }, default: {} }
+      }
+    }
+  }
+} as const
+
+const tenantSchema = {
+  type: 'object',
+  additionalProperties: false,
+  required: ['servers'],
+  properties: {
+    /** API keys, as the hex SHA-256 of each key (never the key itself). */
+    apiKeys: {
+      type: 'array',
+      default: [],
+      items: {
+        type: 'object',
+        additionalProperties: false,
+        required: ['id', 'sha256'],
+        properties: {
+          id: { type: 'string', pattern: '^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$' },
+          sha256: { type: 'string', pattern: '^[0-9a-fA-F]{64}$' }
+        }
+      }
+    },
+    /** JWT issuers whose tokens this tenant accepts. */
+    jwt: {
+      type: 'array',
+      default: [],
+      items: {
+        type: 'object',
+        additionalProperties: false,
+        required: ['issuer', 'jwksUri'],
+        properties: {
+          issuer: { type: 'string', minLength: 1 },
+          /** https, or http only for a loopback host. */
+          jwksUri: { type: 'string', pattern: '^https?://' },
+          /** Accepted `aud` values; empty: the endpoint's resource URL (RFC 8707). */
+          audience: { type: 'array', items: { type: 'string' }, default: [] },
+          /** Claim values that must match exactly. */
+          claims: { type: 'object', additionalProperties: { anyOf: [{ type: 'string' }, { type: 'number' }, { type: 'boolean' }] }, default: {} },
+          /** Accepted signing algorithms. */
+          algorithms: { type: 'array', items: { enum: ['RS256', 'RS384', 'RS512', 'PS256', 'PS384', 'PS512', 'ES256', 'ES384', 'ES512', 'EdDSA'] }, default: ['RS256', 'ES256', 'EdDSA'] },
+          /** Claim whose value is the subject. */
+          subjectClaim: { type: 'string', default: 'sub' },
+          /** Least time between two fetches of the key set for tokens naming an unknown key (kid). */
+          jwksCooldownMs: { type: 'integer', minimum: 0, default: 30_000 }
+        }
+      }
+    },
+    /** The servers this tenant may use; any other does not exist for it. */
+    servers: { type: 'object', propertyNames: { pattern: serverName }, additionalProperties: tenantServerSchema },
+    limits: {
+      type: 'object',
+      additionalProperties: false,
+      default: {},
+      properties: {
+        /** Sustained request rate per tenant (every POST/GET/DELETE on an MCP endpoint). */
+        requestsPerSecond: { type: 'number', exclusiveMinimum: 0 },
+        /** Requests allowed at once before the rate applies; default: requestsPerSecond (at least 1). */
+        burst: { type: 'integer', minimum: 1 },
+        /** Same budget per subject inside the tenant. */
+        requestsPerSecondPerSubject: { type: 'number', exclusiveMinimum: 0 },
+        /** Burst of the per-subject budget; default: requestsPerSecondPerSubject (at least 1). */
+        burstPerSubject: { type: 'integer', minimum: 1 },
+        /** Open sessions per tenant. */
+        sessions: { type: 'integer', minimum: 1 },
+        /** Open sessions per subject. */
+        sessionsPerSubject: { type: 'integer', minimum: 1 }
       }
     }
   }
@@ -136,17 +246,88 @@ export const configSchema = {
         deadlineMs: { type: 'integer', minimum: 1000, default: 15_000 }
       }
     },
+    /** Live reload of the routing settings (servers, auth, tenants); SIGHUP always reloads. */
+    reload: {
+      type: 'object',
+      additionalProperties: false,
+      default: {},
+      properties: {
+        /** Also reload when the config file changes on disk (a rename-over by an editor included). */
+        watch: { type: 'boolean', default: false },
+        /** Quiet time after the last change on disk before the file is read. */
+        debounceMs: { type: 'integer', minimum: 0, maximum: 60_000, default: 500 }
+      }
+    },
+    /** GET /metrics (Prometheus text): on by default, optionally behind a bearer token or on its own address. */
+    metrics: {
+      type: 'object',
+      additionalProperties: false,
+      default: {},
+      properties: {
+        enabled: { type: 'boolean', default: true },
+        /** Bearer token a scraper must send (compared in constant time); use a ${ENV} placeholder. */
+        token: { type: 'string', minLength: 16 },
+        /** Serve /metrics only on this address, and not on the main listener. */
+        listen: {
+          type: 'object',
+          additionalProperties: false,
+          required: ['port'],
+          properties: {
+            host: { type: 'string', default: '127.0.0.1' },
+            port: { type: 'integer', minimum: 0, maximum: 65535 }
+          }
+        }
+      }
+    },
     redis: {
       type: 'object',
       additionalProperties: false,
       required: ['url'],
       properties: {
         url: { type: 'string', pattern: '^rediss?://' },
+        /**
+         * Redis Sentinel: the sentinels' URLs; the store is the primary they monitor as `name`,
+         * found again after a failover. `url` then gives only credentials, TLS and database.
+         */
+        sentinels: { type: 'array', items: { type: 'string', pattern: '^rediss?://' }, default: [] },
+        name: { type: 'string', minLength: 1, default: 'mymaster' },
+        /** Redis Cluster: seed nodes' URLs (every key of one session shares a hash slot). `url` gives credentials and TLS. */
+        cluster: { type: 'array', items: { type: 'string', pattern: '^rediss?://' }, default: [] },
         keyPrefix: { type: 'string', pattern: '^[A-Za-z0-9_.-]+$', default: 'mcpgw' },
-        /** Lease of a replica's heartbeat, of an owner and of a stream holder. */
+        /** Lease of an owner and of a stream holder; a replica's heartbeat lives min(leaseMs, 3000) ms. */
         leaseMs: { type: 'integer', minimum: 500, default: 10_000 },
         connectTimeoutMs: { type: 'integer', minimum: 100, default: 5000 }
       }
+    },
+    /** OpenTelemetry tracing; absent: off, and the SDK is not loaded. */
+    tracing: {
+      type: 'object',
+      additionalProperties: false,
+      required: ['otlpEndpoint'],
+      properties: {
+        /** OTLP/HTTP collector URL; `/v1/traces` is appended unless the URL ends with it. */
+        otlpEndpoint: { type: 'string', pattern: '^https?://' },
+        /** Share of new traces recorded (a client's sampled flag is followed as it is). */
+        sampleRatio: { type: 'number', minimum: 0, maximum: 1, default: 1 },
+        serviceName: { type: 'string', minLength: 1, default: 'mcp-gateway' }
+      }
+    },
+    auth: {
+      type: 'object',
+      additionalProperties: false,
+      default: {},
+      properties: {
+        /** The origin clients use (scheme://host[:port]); resource URLs derive from it. */
+        publicUrl: { type: 'string', pattern: '^https?://[^/?#]+/?$' },
+        /** Without tenants, allow listening on a non-loopback address with no authentication. */
+        anonymous: { type: 'boolean', default: false }
+      }
+    },
+    /** Who may call: with tenants, every MCP endpoint needs a credential. */
+    tenants: {
+      type: 'object',
+      propertyNames: { pattern: serverName },
+      additionalProperties: tenantSchema
     },
     servers: {
       type: 'object',
@@ -169,18 +350,42 @@ type Defaulted<T, Opt extends keyof T = never> = Required<Omit<T, Opt>> & Partia
 
 type RawStdio = FromSchema<typeof stdioServerSchema>
 type RawHttp = FromSchema<typeof httpServerSchema>
-export type StdioServerConfig = Defaulted<Omit<RawStdio, 'restart'>, 'cwd'> & { restart: Required<NonNullable<RawStdio['restart']>> }
-export type HttpServerConfig = Defaulted<Omit<RawHttp, 'reconnect'>> & { reconnect: Required<NonNullable<RawHttp['reconnect']>> }
+export type StdioServerConfig = Defaulted<Omit<RawStdio, 'restart'>, 'cwd' | 'onOwnerLoss'> & { restart: Required<NonNullable<RawStdio['restart']>> }
+export type HttpServerConfig = Defaulted<Omit<RawHttp, 'reconnect'>, 'onOwnerLoss'> & { reconnect: Required<NonNullable<RawHttp['reconnect']>> }
 export type ServerConfig = StdioServerConfig | HttpServerConfig
 
+type RawTenant = FromSchema<typeof tenantSchema>
+type RawTenantServer = FromSchema<typeof tenantServerSchema>
+export type ToolPolicyConfig = FromSchema<typeof toolPolicySchema>
+export type TenantServerConfig = { tools?: ToolPolicyConfig, upstream: { headers: Record<string, string>, env: Record<string, string> } } & Omit<RawTenantServer, 'tools' | 'upstream'>
+export type TenantJwtConfig = Required<NonNullable<RawTenant['jwt']>[number]>
+export type TenantLimitsConfig = NonNullable<RawTenant['limits']>
+export interface TenantConfig {
+  apiKeys: Array<{ id: string, sha256: string }>
+  jwt: TenantJwtConfig[]
+  servers: Record<string, TenantServerConfig>
+  limits: TenantLimitsConfig
+}
+
 type RawConfig = FromSchema<typeof configSchema>
+export interface MetricsConfig {
+  enabled: boolean
+  token?: string
+  listen?: { host: string, port: number }
+}
+
 /** The validated configuration: defaults applied, so every defaulted key is present. */
-export type Config = Required<Omit<RawConfig, 'servers' | 'redis'>> & {
+export type Config = Required<Omit<RawConfig, 'servers' | 'redis' | 'tenants' | 'auth' | 'tracing' | 'metrics'>> & {
+  metrics: MetricsConfig
+  auth: { publicUrl?: string, anonymous: boolean }
+  tenants?: Record<string, TenantConfig>
   listen: Required<NonNullable<RawConfig['listen']>>
   log: Required<NonNullable<RawConfig['log']>>
   http: Required<NonNullable<RawConfig['http']>>
   sessions: Required<NonNullable<RawConfig['sessions']>>
   shutdown: Required<NonNullable<RawConfig['shutdown']>>
+  reload: Required<NonNullable<RawConfig['reload']>>
   redis?: Required<NonNullable<RawConfig['redis']>>
+  tracing?: Required<NonNullable<RawConfig['tracing']>>
   servers: Record<string, ServerConfig>
 }

@@ -19,11 +19,28 @@ export const GW_ERR_UNSUPPORTED_PROTOCOL_VERSION = createError('GW_ERR_UNSUPPORT
 export const GW_ERR_NOT_ACCEPTABLE = createError('GW_ERR_NOT_ACCEPTABLE', 'Not Acceptable: %s', 406)
 export const GW_ERR_UNSUPPORTED_MEDIA_TYPE = createError('GW_ERR_UNSUPPORTED_MEDIA_TYPE', 'Unsupported Media Type: %s', 415)
 export const GW_ERR_PAYLOAD_TOO_LARGE = createError('GW_ERR_PAYLOAD_TOO_LARGE', 'Payload Too Large: the body exceeds %d bytes', 413)
+export const GW_ERR_METRICS_UNAUTHORIZED = createError('GW_ERR_METRICS_UNAUTHORIZED', 'Unauthorized: /metrics needs its bearer token', 401)
 export const GW_ERR_FORBIDDEN = createError('GW_ERR_FORBIDDEN', 'Forbidden: %s', 403)
+export const GW_ERR_UNAUTHORIZED = createError('GW_ERR_UNAUTHORIZED', 'Unauthorized: %s', 401)
+export const GW_ERR_INVALID_TOKEN = createError('GW_ERR_INVALID_TOKEN', 'Unauthorized: invalid credential (%s)', 401)
+export const GW_ERR_SERVER_NOT_ALLOWED = createError('GW_ERR_SERVER_NOT_ALLOWED', "Forbidden: server '%s' is not available to this tenant", 403)
+export const GW_ERR_AUTH_UNAVAILABLE = createError('GW_ERR_AUTH_UNAVAILABLE', 'Credential cannot be checked now: %s', 503)
 export const GW_ERR_METHOD_NOT_ALLOWED = createError('GW_ERR_METHOD_NOT_ALLOWED', 'Method Not Allowed', 405)
 export const GW_ERR_CONFLICT = createError('GW_ERR_CONFLICT', 'Conflict: %s', 409)
+/** A tenant's (or subject's) request budget is spent; carries retryAfter (integer seconds). */
+export const GW_ERR_RATE_LIMITED = createError('GW_ERR_RATE_LIMITED', 'Too Many Requests: request rate limit reached; retry after %d s', 429)
+/** initialize beyond the tenant's (or subject's) open-session quota; a DELETE or expiry frees a slot. */
+export const GW_ERR_SESSION_QUOTA = createError('GW_ERR_SESSION_QUOTA', 'Too Many Requests: the %s quota of %d open sessions is reached', 429)
+/**
+ * tools/call of a tool the tenant's policy denies. Worded and coded as MCP's unknown tool
+ * (-32602), so a tenant cannot tell a denied tool from a missing one; it arrives as the JSON-RPC
+ * answer of the call (HTTP 200 on the request's stream), so the status here is nominal.
+ */
+export const GW_ERR_UNKNOWN_TOOL = createError('GW_ERR_UNKNOWN_TOOL', 'Unknown tool: %s', 404)
 export const GW_ERR_BACKEND_CAPACITY = createError('GW_ERR_BACKEND_CAPACITY', "Backend '%s' is at its limit of %d sessions", 503)
 export const GW_ERR_BACKEND_UNAVAILABLE = createError('GW_ERR_BACKEND_UNAVAILABLE', "Backend '%s' is unavailable: %s", 502)
+/** A request was in flight on a replica that died (or lost the session): its backend went with it. */
+export const GW_ERR_BACKEND_LOST = createError('GW_ERR_BACKEND_LOST', "Backend '%s' was lost with the replica running it (%s); the session goes on with a restarted backend, this request was not completed", 502)
 export const GW_ERR_BACKEND_TIMEOUT = createError('GW_ERR_BACKEND_TIMEOUT', "Backend '%s' did not answer within %d ms", 504)
 export const GW_ERR_STORE_UNAVAILABLE = createError('GW_ERR_STORE_UNAVAILABLE', 'Session store unavailable: %s', 503)
 export const GW_ERR_SHUTTING_DOWN = createError('GW_ERR_SHUTTING_DOWN', 'The gateway is shutting down', 503)
@@ -41,11 +58,20 @@ export const JSONRPC_CODE: Record<string, number> = {
   GW_ERR_NOT_ACCEPTABLE: -32000,
   GW_ERR_UNSUPPORTED_MEDIA_TYPE: -32000,
   GW_ERR_PAYLOAD_TOO_LARGE: -32000,
+  GW_ERR_METRICS_UNAUTHORIZED: -32000,
   GW_ERR_FORBIDDEN: -32000,
+  GW_ERR_UNAUTHORIZED: -32000,
+  GW_ERR_INVALID_TOKEN: -32000,
+  GW_ERR_SERVER_NOT_ALLOWED: -32000,
+  GW_ERR_AUTH_UNAVAILABLE: -32000,
   GW_ERR_METHOD_NOT_ALLOWED: -32000,
   GW_ERR_CONFLICT: -32000,
+  GW_ERR_RATE_LIMITED: -32000,
+  GW_ERR_SESSION_QUOTA: -32000,
+  GW_ERR_UNKNOWN_TOOL: -32602,
   GW_ERR_BACKEND_CAPACITY: -32007,
   GW_ERR_BACKEND_UNAVAILABLE: -32007,
+  GW_ERR_BACKEND_LOST: -32007,
   GW_ERR_BACKEND_TIMEOUT: -32006,
   GW_ERR_STORE_UNAVAILABLE: -32000,
   GW_ERR_SHUTTING_DOWN: -32000,
@@ -57,8 +83,10 @@ export const JSONRPC_CODE: Record<string, number> = {
 export interface GatewayError extends Error {
   code: string
   statusCode?: number
-  /** Seconds, sent as Retry-After on 503. */
+  /** Whole seconds, sent as Retry-After (503, 429). */
   retryAfter?: number
+  /** Sent as WWW-Authenticate (401 challenges, RFC 6750 section 3). */
+  wwwAuthenticate?: string
 }
 
 export function isGatewayError (err: unknown): err is GatewayError {

@@ -31,16 +31,16 @@ export function allowsPriming (version: string): boolean {
 }
 
 /**
- * Checks a request's MCP-Protocol-Version header against the session (H-PV-1..3): a present value
- * must be supported and must match what was negotiated; an absent one means the stored version.
+ * Checks a request's MCP-Protocol-Version header on a session (H-PV-1..3): a present value must be
+ * a supported version; it need not be the negotiated one (the spec asks 400 only for an invalid or
+ * unsupported version, and the conformance suite sends 2025-03-26 on 2025-11-25 sessions). The
+ * session's negotiated version still decides behaviour (priming, batches); an absent header
+ * means that version too.
  */
-export function checkVersionHeader (header: string | string[] | undefined, sessionVersion: string): void {
+export function checkVersionHeader (header: string | string[] | undefined): void {
   if (header === undefined) return
   const value = Array.isArray(header) ? header[0] : header
   if (!isSupportedVersion(value)) {
     throw new GW_ERR_UNSUPPORTED_PROTOCOL_VERSION(`Unsupported protocol version: ${String(value).slice(0, 40)} (supported: ${SUPPORTED_VERSIONS.join(', ')})`)
-  }
-  if (value !== sessionVersion) {
-    throw new GW_ERR_UNSUPPORTED_PROTOCOL_VERSION(`MCP-Protocol-Version ${value} does not match the session's negotiated version ${sessionVersion}`)
   }
 }

@@ -2,14 +2,14 @@
 // Origin must be allowed (403 otherwise); the Host header must be allowed too when the gateway
 // listens on loopback (the SDK's localhost host validation). CORS and the Origin check use the
 // same allow-list so they can never disagree.
-import { isIP } from 'node:net'
 import cors from '@fastify/cors'
 import type { FastifyInstance, FastifyRequest } from 'fastify'
 import fp from 'fastify-plugin'
 import type { Config } from '../config/schema.js'
 import { GW_ERR_FORBIDDEN } from '../core/errors.js'
+import { isLoopbackAddress } from '../core/loopback.js'
 
-const LOOPBACK_HOSTS = new Set(['localhost', '127.0.0.1', '[::1]', '::1'])
+export { isLoopbackAddress }
 
 export interface HttpGuardOptions {
   config: Readonly<Config>
@@ -19,11 +19,6 @@ function hostName (hostHeader: string): string {
   // "[::1]:8080" -> "[::1]", "localhost:8080" -> "localhost"
   if (hostHeader.startsWith('[')) return hostHeader.slice(0, hostHeader.indexOf(']') + 1).toLowerCase()
   return (hostHeader.split(':')[0] ?? '').toLowerCase()
-}
-
-/** A loopback name or address literal. A hostname merely starting with "127." is not one. */
-export function isLoopbackAddress (host: string): boolean {
-  return LOOPBACK_HOSTS.has(host.toLowerCase()) || (isIP(host) === 4 && host.startsWith('127.'))
 }
 
 export function makeOriginCheck (config: Readonly<Config>): (origin: string) => boolean {
@@ -58,7 +53,7 @@ export default fp<HttpGuardOptions>(async function httpGuard (app: FastifyInstan
   await app.register(cors, {
     origin: (origin, cb) => { cb(null, origin === undefined ? false : originAllowed(origin)) },
     methods: ['GET', 'POST', 'DELETE', 'OPTIONS'],
-    allowedHeaders: ['Content-Type', 'Accept', 'Authorization', 'Mcp-Session-Id', 'MCP-Protocol-Version', 'Last-Event-ID', 'Mcp-Method', 'Mcp-Name'],
+    allowedHeaders: ['Content-Type', 'Accept', 'Authorization', 'X-API-Key', 'Mcp-Session-Id', 'MCP-Protocol-Version', 'Last-Event-ID', 'Mcp-Method', 'Mcp-Name'],
     exposedHeaders: ['Mcp-Session-Id', 'WWW-Authenticate'],
     maxAge: 600
   })

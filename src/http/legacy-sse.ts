@@ -2,16 +2,17 @@
 // GET /sse/<server> opens the session's only stream and names the messages URL in an
 // `endpoint` event; POSTs there answer 202 and their answers flow into that stream.
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
-import type { Config } from '../config/schema.js'
+import type { ServerSource } from '../config/live.js'
 import { GW_ERR_BAD_REQUEST, GW_ERR_INVALID_REQUEST, GW_ERR_SESSION_NOT_FOUND } from '../core/errors.js'
 import { LEGACY_STREAM } from '../state/event-log.js'
-import { ANONYMOUS, clientHeaders, decodeBody, replyHeaders, serverOf } from './request.js'
+import { clientHeaders, decodeBody, replyHeaders, serverOf } from './request.js'
 import { isRequest } from '../core/jsonrpc.js'
 import { LEGACY_SSE_VERSION, negotiateVersion } from '../core/protocol-version.js'
 import type { Router } from '../routing/router.js'
 
 export interface HttpLegacySseOptions {
-  config: Readonly<Config>
+  /** The servers as configured now (live reload). */
+  live: ServerSource
   router: Router
 }
 
@@ -19,13 +20,15 @@ interface ServerParams { server: string }
 interface MessagesQuery { sessionId?: string }
 
 export default async function httpLegacySse (app: FastifyInstance, opts: HttpLegacySseOptions): Promise<void> {
-  const { config, router } = opts
+  const { live, router } = opts
 
   app.get('/sse/:server', async (req: FastifyRequest<{ Params: ServerParams }>, reply: FastifyReply) => {
-    const server = serverOf(config, req)
+    const server = serverOf(live, req)
     const record = await router.createSession({
       server,
-      principal: ANONYMOUS,
+      principal: req.principal.key,
+      tenant: req.principal.tenant,
+      subjectDigest: req.principal.subjectDigest,
       transport: 'legacy',
       protocolVersion: LEGACY_SSE_VERSION,
       initializeParams: null
@@ -48,10 +51,10 @@ export default async function httpLegacySse (app: FastifyInstance, opts: HttpLeg
   })
 
   app.post('/sse/:server/messages', async (req: FastifyRequest<{ Params: ServerParams, Querystring: MessagesQuery }>, reply: FastifyReply) => {
-    const server = serverOf(config, req)
+    const server = serverOf(live, req)
     const sid = req.query.sessionId
     if (sid === undefined || sid === '') throw new GW_ERR_BAD_REQUEST('sessionId query parameter is required')
-    const record = await router.getSession(sid, ANONYMOUS)
+    const record = await router.getSession(sid, req.principal.key)
     if (record === null || record.server !== server || record.transport !== 'legacy') throw new GW_ERR_SESSION_NOT_FOUND()
     const { messages } = decodeBody(req, false)
     const message = messages[0]
@@ -61,7 +64,7 @@ export default async function httpLegacySse (app: FastifyInstance, opts: HttpLeg
       const params = (typeof message.params === 'object' && message.params !== null && !Array.isArray(message.params)) ? message.params : {}
       await router.updateSession(record.id, { protocolVersion: negotiateVersion(params.protocolVersion), initializeParams: params })
     }
-    await router.fromClient(record, message, isRequest(message) ? LEGACY_STREAM : null)
+    await router.fromClient(record, message, isRequest(message) ? LEGACY_STREAM : null, undefined, req.headers)
     reply.code(202).type('text/plain').send('Accepted')
   })
 }

@@ -1,9 +1,12 @@
 // Pieces both client-facing transports share: header reading, Accept checks, body decoding
 // into classified JSON-RPC messages, and the request decoration the error handler reads.
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
-import type { Config } from '../config/schema.js'
-import { GW_ERR_INVALID_REQUEST, GW_ERR_NOT_ACCEPTABLE, GW_ERR_PARSE, GW_ERR_SERVER_NOT_FOUND } from '../core/errors.js'
+import type { ServerSource } from '../config/live.js'
+import {
+  GW_ERR_INVALID_REQUEST, GW_ERR_NOT_ACCEPTABLE, GW_ERR_PARSE, GW_ERR_SERVER_NOT_FOUND, GW_ERR_UNSUPPORTED_MEDIA_TYPE
+} from '../core/errors.js'
 import { classify, type JsonRpcMessage, type RequestId } from '../core/jsonrpc.js'
+import { ANONYMOUS_PRINCIPAL, type Principal } from '../auth/principal.js'
 
 declare module 'fastify' {
   interface FastifyRequest {
@@ -29,9 +32,6 @@ export function depthExceeds (value: unknown, limit: number): boolean {
   return false
 }
 
-/** Who is calling. Auth is not configured in this build: everyone is one principal. */
-export const ANONYMOUS = 'anonymous'
-
 export function header (req: FastifyRequest, name: string): string | undefined {
   const value = req.headers[name]
   return Array.isArray(value) ? value[0] : value
@@ -48,13 +48,21 @@ export function checkAccept (req: FastifyRequest, types: string[]): void {
 /**
  * Registers the JSON body parser: strict UTF-8 (J-1), JSON.parse errors become -32700, and
  * the body limit comes from config (413 is mapped by the error handler).
+ *
+ * Only a POST carries a message. Fastify parses DELETE (and PUT, PATCH, OPTIONS) bodies too, and
+ * the Python SDK sends `content-type: application/json` with an empty body on its DELETE: such a
+ * body, of any type, is read (within the limit) and ignored, never an error.
  */
 export function registerJsonParser (app: FastifyInstance): void {
   app.decorateRequest('jsonRpcId', null)
+  // Fastify refuses object defaults on decorations (they would be shared); the hook sets it.
+  app.decorateRequest('principal', null as unknown as Principal)
+  app.addHook('onRequest', (req, _reply, done) => { req.principal = ANONYMOUS_PRINCIPAL; done() })
   const decoder = new TextDecoder('utf-8', { fatal: true })
   // Only JSON bodies: Fastify's built-in text/plain parser would let other types through (415).
   app.removeAllContentTypeParsers()
-  app.addContentTypeParser('application/json', { parseAs: 'buffer' }, (_req, body, done) => {
+  app.addContentTypeParser('application/json', { parseAs: 'buffer' }, (req, body, done) => {
+    if (req.method !== 'POST') { done(null, undefined); return }
     let text: string
     try {
       text = decoder.decode(body as Buffer)
@@ -75,6 +83,10 @@ export function registerJsonParser (app: FastifyInstance): void {
       return
     }
     done(null, value)
+  })
+  app.addContentTypeParser('*', { parseAs: 'buffer' }, (req, _body, done) => {
+    if (req.method === 'POST') done(new GW_ERR_UNSUPPORTED_MEDIA_TYPE('Content-Type must be application/json'), undefined)
+    else done(null, undefined)
   })
 }
 
@@ -115,8 +127,8 @@ export function clientHeaders (req: FastifyRequest): Record<string, string> {
   return headers
 }
 
-/** The configured server a route's `:server` names; 404 for any other name. */
-export function serverOf (config: Readonly<Config>, req: FastifyRequest<{ Params: { server: string } }>): string {
+/** The configured server a route's `:server` names (as configured now: live reload); 404 for any other name. */
+export function serverOf (config: ServerSource, req: FastifyRequest<{ Params: { server: string } }>): string {
   const server = req.params.server
   if (!Object.hasOwn(config.servers, server)) throw new GW_ERR_SERVER_NOT_FOUND(server.slice(0, 64))
   return server

@@ -6,7 +6,9 @@ import { once } from 'node:events'
 import type { ServerResponse } from 'node:http'
 import type { FastifyBaseLogger } from 'fastify'
 import { compareEntryIds, formatEventId, type EventLog, type LogEntry } from '../state/event-log.js'
-import { isResponse, type JsonRpcMessage, type JsonRpcResponse } from '../core/jsonrpc.js'
+import { isResponse, type JsonRpcMessage, type JsonRpcResponse, type RequestId } from '../core/jsonrpc.js'
+import { tracing } from '../telemetry/tracing.js'
+import { streamKindOf, type GatewayMetrics } from '../telemetry/metrics.js'
 
 const PAGE = 100
 
@@ -30,6 +32,8 @@ export interface StreamWriterOptions {
   cursor: string | null
   /** Responses after which the stream ends; Infinity for GET and legacy streams. */
   expectedResponses: number
+  /** A POST stream: the ids of its requests, so they can be answered here if the log is unreachable. */
+  requestIds?: RequestId[]
   /** JSON mode: answer with an array (the POST was a batch). */
   batch?: boolean
   /**
@@ -47,6 +51,8 @@ export interface StreamWriterOptions {
   /** Called exactly once when the writer stops, with its last written entry id. */
   onEnd: (writer: StreamWriter, reason: WriterEndReason) => void
   log: FastifyBaseLogger
+  /** When set, entries trimmed from the log before this writer delivered them are counted. */
+  metrics?: GatewayMetrics | undefined
 }
 
 export class StreamWriter {
@@ -60,8 +66,17 @@ export class StreamWriter {
   #ended = false
   #started = false
   #advanced = false
-  readonly #closed = new AbortController()
+  /**
+   * Ordinal (LogEntry.seq) of the last entry delivered, so a jump means entries were trimmed
+   * unseen: 0 for a stream read from its start, 1 after a new stream's priming entry, null while
+   * unknown (a resume: asked of the log in start()).
+   */
+  #lastSeq: number | null
+  /** Built only when a write must wait for drain (rare): it stops that wait when the writer ends. */
+  #closed: AbortController | undefined
   readonly #collected: JsonRpcResponse[] = []
+  /** Request ids of a POST stream answered so far. */
+  readonly #answered = new Set<RequestId>()
   #keepAlive: NodeJS.Timeout | undefined
 
   constructor (options: StreamWriterOptions) {
@@ -70,6 +85,7 @@ export class StreamWriter {
     this.streamId = options.streamId
     this.#cursor = options.cursor
     this.#remaining = options.expectedResponses
+    this.#lastSeq = options.cursor === null ? 0 : options.fresh === true ? 1 : null
   }
 
   get cursor (): string | null { return this.#cursor }
@@ -110,6 +126,16 @@ export class StreamWriter {
       }
       if (this.#remaining <= 0) { this.#finish('complete'); return }
     }
+    if (this.#o.metrics !== undefined && this.#lastSeq === null && this.#cursor !== null) {
+      // Marked as pumping meanwhile, so a wake now is left to the wake() below (which a resumed,
+      // non-fresh stream always runs) and never reads with the ordinal still unknown.
+      this.#pumping = true
+      try {
+        this.#lastSeq = await this.#o.eventLog.seqOf(this.sid, this.streamId, this.#cursor).catch(() => null)
+      } finally {
+        this.#pumping = false
+      }
+    }
     if (this.#o.fresh === true && !this.#again) return
     await this.wake()
   }
@@ -126,12 +152,17 @@ export class StreamWriter {
         page = await this.#o.eventLog.readAfter(this.sid, this.streamId, this.#cursor, PAGE)
         for (const entry of page) {
           if (this.#ended) return
+          if (this.#o.metrics !== undefined) this.#countLost(entry.seq)
           await this.#emit(entry)
           this.#cursor = entry.entryId
           this.#advanced = true
-          if (entry.message !== null && isResponse(entry.message) && --this.#remaining <= 0) {
-            this.#complete()
-            return
+          if (entry.message !== null && isResponse(entry.message)) {
+            // Tracing on: the SERVER span of the request this answers ends here.
+            if (tracing !== null) tracing.responded(this.sid, this.streamId, entry.message)
+            if (--this.#remaining <= 0) {
+              this.#complete()
+              return
+            }
           }
         }
       } while (!this.#ended && (this.#again || page.length === PAGE))
@@ -159,14 +190,52 @@ export class StreamWriter {
     this.#finish(reason)
   }
 
+  #countLost (seq: number): void {
+    const metrics = this.#o.metrics
+    const last = this.#lastSeq
+    this.#lastSeq = seq
+    if (metrics === undefined) return
+    // A resume from an entry the log no longer has: some messages were lost, how many is unknown.
+    if (last === null) { if (seq > 1) metrics.resumeCursorMissing(streamKindOf(this.streamId)); return }
+    if (seq > last + 1) metrics.eventLogLost(streamKindOf(this.streamId), seq - last - 1)
+  }
+
+  /** Whether this is a POST stream with requests still unanswered. */
+  get awaitsAnswers (): boolean {
+    return !this.#ended && (this.#o.requestIds ?? []).some(id => !this.#answered.has(id))
+  }
+
+  /**
+   * The log cannot be reached (Redis is away): every request of this POST stream not yet answered
+   * gets `answer(id)` written directly (no event id: it is not in the log), and the stream ends.
+   * Never silence, even when the store is gone.
+   */
+  failUnanswered (answer: (id: RequestId) => JsonRpcResponse): RequestId[] {
+    if (this.#ended || !this.#started) return []
+    const { res, mode } = this.#o
+    const failed: RequestId[] = []
+    for (const id of this.#o.requestIds ?? []) {
+      if (this.#answered.has(id)) continue
+      this.#answered.add(id)
+      failed.push(id)
+      const message = answer(id)
+      if (mode === 'json') this.#collected.push(message)
+      else res.write(`data: ${JSON.stringify(message)}\n\n`)
+    }
+    this.#complete()
+    return failed
+  }
+
   async #emit (entry: LogEntry): Promise<void> {
     const { mode, res } = this.#o
+    if (entry.message !== null && isResponse(entry.message) && entry.message.id !== null && entry.message.id !== undefined) this.#answered.add(entry.message.id)
     if (mode === 'json') {
       if (entry.message !== null && isResponse(entry.message)) this.#collected.push(entry.message)
       return
     }
     const frame = this.#frame(entry)
     if (!res.write(frame)) {
+      this.#closed ??= new AbortController()
       await once(res, 'drain', { signal: this.#closed.signal }).catch(() => {})
     }
   }
@@ -196,7 +265,7 @@ export class StreamWriter {
     if (this.#ended) return
     this.#ended = true
     clearInterval(this.#keepAlive)
-    this.#closed.abort()
+    this.#closed?.abort()
     const { res } = this.#o
     if (!res.writableEnded) res.end()
     this.#o.onEnd(this, reason)

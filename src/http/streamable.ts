@@ -2,12 +2,13 @@
 // (SPEC.md section 5; ARCHITECTURE.md flows 1, 4, 5).
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
 import type { Config } from '../config/schema.js'
+import type { ServerSource } from '../config/live.js'
 import {
   GW_ERR_BAD_REQUEST, GW_ERR_CONFLICT, GW_ERR_INVALID_REQUEST, GW_ERR_METHOD_NOT_ALLOWED,
   GW_ERR_SESSION_NOT_FOUND, GW_ERR_SESSION_REQUIRED, isGatewayError, toJsonRpcError, GW_ERR_INTERNAL
 } from '../core/errors.js'
 import { formatEventId, GET_STREAM, parseEventId } from '../state/event-log.js'
-import { ANONYMOUS, checkAccept, clientHeaders, decodeBody, header, replyHeaders, serverOf } from './request.js'
+import { checkAccept, clientHeaders, decodeBody, header, replyHeaders, serverOf } from './request.js'
 import { isRequest, type JsonRpcMessage, type JsonRpcRequest } from '../core/jsonrpc.js'
 import { allowsBatches, allowsPriming, checkVersionHeader, negotiateVersion } from '../core/protocol-version.js'
 import type { Router } from '../routing/router.js'
@@ -16,18 +17,20 @@ import type { SessionRecord } from '../state/session-store.js'
 
 export interface HttpStreamableOptions {
   config: Readonly<Config>
+  /** The servers as configured now (live reload). */
+  live: ServerSource
   router: Router
 }
 
 interface ServerParams { server: string }
 
 export default async function httpStreamable (app: FastifyInstance, opts: HttpStreamableOptions): Promise<void> {
-  const { config, router } = opts
+  const { config, live, router } = opts
 
   async function sessionOf (req: FastifyRequest, server: string): Promise<SessionRecord> {
     const sid = header(req, 'mcp-session-id')
     if (sid === undefined || sid === '') throw new GW_ERR_SESSION_REQUIRED()
-    const record = await router.getSession(sid, ANONYMOUS)
+    const record = await router.getSession(sid, req.principal.key)
     // Unknown, expired, another principal's, another server's: all the same 404 (H-SES-3, G-5).
     if (record === null || record.server !== server || record.transport !== 'streamable') throw new GW_ERR_SESSION_NOT_FOUND()
     return record
@@ -39,10 +42,13 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
     const mode = config.http.responseMode
     const streamId = newRequestStreamId(mode, requests.length)
     const priming = mode === 'sse' && allowsPriming(record.protocolVersion)
-    // Store calls come before hijack: if the store is down the error handler still answers 503.
+    // Everything that can fail comes before hijack, so the error handler still answers with an
+    // HTTP status: the route (a session whose owner is gone is taken over, or is a plain 404),
+    // then the requests recorded as pending (each gets exactly one answer, whatever fails later).
     // The priming entry is appended before the stream has a holder, so nobody is woken to read
     // it back: its frame is written directly with the id the log gave it (H-POST-7).
-    const primingId = priming ? await router.append(record.id, streamId, null) : null
+    const route = await router.admit(record)
+    const primingId = await router.markPending(record.id, streamId, requests.map(r => r.id), priming)
     const writer = await router.openStream({
       res: reply.raw,
       sid: record.id,
@@ -51,6 +57,7 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
       cursor: primingId,
       fresh: true,
       batch,
+      requestIds: requests.map(r => r.id),
       headers: replyHeaders(reply, { 'mcp-session-id': record.id }),
       ...(primingId !== null ? { preamble: `id: ${formatEventId(streamId, primingId)}\nretry: ${config.http.retryMs}\ndata: \n\n` } : {}),
       log: req.log
@@ -58,19 +65,22 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
     reply.hijack()
     try {
       await writer.start()
-      for (const message of messages) await router.fromClient(record, message, isRequest(message) ? streamId : null)
+      for (const message of messages) await router.fromClient(record, message, isRequest(message) ? streamId : null, route, req.headers)
     } catch (err) {
-      // The stream is open: answer each request on it rather than leave the client waiting.
+      // The stream is open: answer each request on it rather than leave the client waiting. An
+      // answer is written only while its request is pending (a deleted session has none left).
       const gwErr = isGatewayError(err) ? err : new GW_ERR_INTERNAL('message not delivered', { cause: err })
       req.log.warn({ err }, 'message not delivered')
       for (const request of requests) {
-        await router.append(record.id, streamId, toJsonRpcError(gwErr, request.id)).catch(() => writer.end('error'))
+        await router.append(record.id, streamId, toJsonRpcError(gwErr, request.id)).catch(() => {
+          writer.failUnanswered(id => toJsonRpcError(gwErr, id))
+        })
       }
     }
   }
 
   async function post (req: FastifyRequest<{ Params: ServerParams }>, reply: FastifyReply): Promise<void> {
-    const server = serverOf(config, req)
+    const server = serverOf(live, req)
     checkAccept(req, ['application/json', 'text/event-stream'])
     const { messages, batch } = decodeBody(req, true)
     const initialize = messages.find((m): m is JsonRpcRequest => isRequest(m) && m.method === 'initialize')
@@ -80,7 +90,9 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
       const params = (typeof initialize.params === 'object' && initialize.params !== null && !Array.isArray(initialize.params)) ? initialize.params : {}
       const record = await router.createSession({
         server,
-        principal: ANONYMOUS,
+        principal: req.principal.key,
+        tenant: req.principal.tenant,
+        subjectDigest: req.principal.subjectDigest,
         transport: 'streamable',
         protocolVersion: negotiateVersion(params.protocolVersion),
         initializeParams: params
@@ -90,7 +102,7 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
       return
     }
     const record = await sessionOf(req, server)
-    checkVersionHeader(req.headers['mcp-protocol-version'], record.protocolVersion)
+    checkVersionHeader(req.headers['mcp-protocol-version'])
     if (batch && !allowsBatches(record.protocolVersion)) {
       throw new GW_ERR_INVALID_REQUEST(`JSON-RPC batches are not supported in protocol version ${record.protocolVersion}`)
     }
@@ -99,7 +111,8 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
     if (batch && messages.length > maxBatch) throw new GW_ERR_INVALID_REQUEST(`a batch holds at most ${maxBatch} messages`)
     if (!messages.some(isRequest)) {
       // Only notifications and responses: accepted with 202 and no body (H-POST-3).
-      for (const message of messages) await router.fromClient(record, message, null)
+      const route = await router.admit(record)
+      for (const message of messages) await router.fromClient(record, message, null, route)
       reply.code(202).send()
       return
     }
@@ -107,10 +120,10 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
   }
 
   async function get (req: FastifyRequest<{ Params: ServerParams }>, reply: FastifyReply): Promise<void> {
-    const server = serverOf(config, req)
+    const server = serverOf(live, req)
     checkAccept(req, ['text/event-stream'])
     const record = await sessionOf(req, server)
-    checkVersionHeader(req.headers['mcp-protocol-version'], record.protocolVersion)
+    checkVersionHeader(req.headers['mcp-protocol-version'])
     const lastEventId = header(req, 'last-event-id')
     let streamId = GET_STREAM
     let cursor: string | null
@@ -146,9 +159,9 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
   }
 
   async function del (req: FastifyRequest<{ Params: ServerParams }>, reply: FastifyReply): Promise<void> {
-    const server = serverOf(config, req)
+    const server = serverOf(live, req)
     const record = await sessionOf(req, server)
-    checkVersionHeader(req.headers['mcp-protocol-version'], record.protocolVersion)
+    checkVersionHeader(req.headers['mcp-protocol-version'])
     await router.endSession(record.id, 'client DELETE')
     req.log.info({ server }, 'session deleted by client')
     reply.code(200).send()

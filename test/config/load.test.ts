@@ -43,7 +43,7 @@ t.test('defaults are applied everywhere the schema has one', async t => {
   t.same(config.log, { level: 'info' })
   t.same(config.http, { bodyLimit: 4_194_304, allowedOrigins: [], allowedHosts: [], responseMode: 'sse', keepAliveMs: 15_000, retryMs: 1000 })
   t.same(config.sessions, { idleTimeoutMs: 1_800_000, eventLogMaxLen: 1000, clientRequestTimeoutMs: 300_000 })
-  t.same(config.redis, { url: 'redis://127.0.0.1:6379', keyPrefix: 'mcpgw', leaseMs: 10_000, connectTimeoutMs: 5000 })
+  t.same(config.redis, { url: 'redis://127.0.0.1:6379', sentinels: [], name: 'mymaster', cluster: [], keyPrefix: 'mcpgw', leaseMs: 10_000, connectTimeoutMs: 5000 })
   t.same(config.servers.x, {
     transport: 'stdio',
     command: 'node',
@@ -54,7 +54,8 @@ t.test('defaults are applied everywhere the schema has one', async t => {
     requestTimeoutMs: 60_000,
     maxLineBytes: 10_485_760,
     stopGraceMs: 2000,
-    restart: { maxRestarts: 3, windowMs: 60_000, baseDelayMs: 250, maxDelayMs: 30_000 }
+    restart: { maxRestarts: 3, windowMs: 60_000, baseDelayMs: 250, maxDelayMs: 30_000 },
+    onOwnerLoss: 'carry-on'
   })
   t.notOk('cwd' in (config.servers.x as StdioServerConfig), 'cwd has no default: the gateway\'s working directory applies')
   t.same(config.servers.h, {
@@ -66,6 +67,7 @@ t.test('defaults are applied everywhere the schema has one', async t => {
     connectTimeoutMs: 10_000,
     requestTimeoutMs: 60_000,
     connections: 64,
+    onOwnerLoss: 'carry-on',
     reconnect: { maxAttempts: 5, baseDelayMs: 500, maxDelayMs: 30_000 }
   })
 })
@@ -277,6 +279,7 @@ t.test('semantic checks the schema cannot express', async t => {
       }
     }), { TOKEN: `${secret}\r\nX-Injected: 1` }))
     t.same(lines, [
+      '/servers/h/forwardHeaders/0: is a client credential and never goes upstream (set upstream credentials in headers, or per tenant)',
       '/servers/h/forwardHeaders/1: is set by the gateway and cannot be forwarded',
       '/servers/h/forwardHeaders/2: is not a valid header name',
       '/servers/h/headers/Authorization: value must not contain CR, LF or NUL',
@@ -294,6 +297,66 @@ t.test('semantic checks the schema cannot express', async t => {
 
   t.test('a server name with "/" or "~" is escaped in the path', async t => {
     t.same(problemsOf(() => parseConfig(minimal({ 'a/b~c': stdio }), {})), ['/servers/a~1b~0c: name must match pattern "^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"'])
+  })
+})
+
+t.test('auth and tenants: cross-checks', async t => {
+  const digest = 'a'.repeat(64)
+  const http = { transport: 'streamable-http', url: 'http://127.0.0.1:9/mcp' }
+
+  t.test('without tenants, a non-loopback listen address needs auth.anonymous', async t => {
+    t.same(problemsOf(() => parseConfig({ ...minimal(), listen: { host: '0.0.0.0' } }, {})), [
+      '/listen/host: is not a loopback address and no tenants are configured, so anyone reaching it could use every server: configure tenants, or set auth.anonymous: true to allow it'
+    ])
+    t.equal(parseConfig({ ...minimal(), listen: { host: '0.0.0.0' }, auth: { anonymous: true } }, {}).listen.host, '0.0.0.0')
+    for (const host of ['127.0.0.1', '127.0.0.2', 'localhost', '::1']) t.equal(parseConfig({ ...minimal(), listen: { host } }, {}).listen.host, host)
+  })
+
+  t.test('with tenants: publicUrl required, servers must exist, anonymous contradicts', async t => {
+    t.same(problemsOf(() => parseConfig({
+      ...minimal(),
+      listen: { host: '0.0.0.0' },
+      auth: { anonymous: true },
+      tenants: { acme: { apiKeys: [{ id: 'k', sha256: digest }, { id: 'k', sha256: digest }], servers: { x: {}, nosuch: {} } } }
+    }, {})), [
+      '/auth/anonymous: must be false when tenants are configured (every MCP endpoint then needs a credential)',
+      '/auth/publicUrl: is required when tenants are configured (resource URLs and the 401 challenge derive from it)',
+      '/tenants/acme/apiKeys/1/id: is used twice in this tenant',
+      '/tenants/acme/servers/nosuch: names no configured server'
+    ])
+    const config = parseConfig({ ...minimal(), listen: { host: '0.0.0.0' }, auth: { publicUrl: 'https://mcp.example.com' }, tenants: { acme: { apiKeys: [{ id: 'k', sha256: digest }], servers: { x: {} } } } }, {})
+    t.same(config.tenants?.acme?.servers.x, { upstream: { headers: {}, env: {} } })
+    t.same(config.tenants?.acme?.limits, {})
+  })
+
+  t.test('jwksUri: https, or http for a loopback host only', async t => {
+    const jwt = (jwksUri: string): Record<string, unknown> => ({ issuer: 'https://login.example.com/', jwksUri })
+    t.same(problemsOf(() => parseConfig({
+      ...minimal(),
+      auth: { publicUrl: 'https://mcp.example.com' },
+      tenants: { acme: { jwt: [jwt('http://login.example.com/jwks'), jwt('http://127.0.0.1:9/jwks'), jwt('https://login.example.com/jwks'), jwt('http://localhost/jwks')], servers: { x: {} } } }
+    }, {})), ['/tenants/acme/jwt/0/jwksUri: must be https (http only for a loopback host)'])
+  })
+
+  t.test('upstream: headers for HTTP servers, env for stdio servers, both checked like the server\'s own', async t => {
+    t.same(problemsOf(() => parseConfig({
+      ...minimal({ x: stdio, h: http }),
+      auth: { publicUrl: 'https://mcp.example.com' },
+      tenants: {
+        acme: {
+          servers: {
+            x: { upstream: { headers: { A: 'b' }, env: { 'A=B': 'c' } } },
+            h: { upstream: { env: { A: 'b' }, headers: { 'Mcp-Session-Id': 'x', Authorization: 'Bearer ${T}' } } }
+          }
+        }
+      }
+    }, { T: 'x\r\ny' })), [
+      '/tenants/acme/servers/h/upstream/env: applies to stdio servers only (use upstream.headers for an HTTP server)',
+      '/tenants/acme/servers/h/upstream/headers/Authorization: value must not contain CR, LF or NUL',
+      '/tenants/acme/servers/h/upstream/headers/Mcp-Session-Id: is set by the gateway and cannot be configured',
+      '/tenants/acme/servers/x/upstream/env/A=B: is not a valid variable name',
+      '/tenants/acme/servers/x/upstream/headers: applies to HTTP servers only (use upstream.env for a stdio server)'
+    ])
   })
 })
 
@@ -373,6 +436,7 @@ t.test('the shipped configs validate', async t => {
   t.test('config/gateway.docker.yaml needs REDIS_URL', async t => {
     const config = await loadConfig(shipped('gateway.docker.yaml'), { REDIS_URL: 'redis://redis:6379/0' })
     t.same(config.listen, { host: '0.0.0.0', port: 8080 })
+    t.equal(config.auth.anonymous, true, 'no tenants on 0.0.0.0: said explicitly')
     t.equal(config.redis?.url, 'redis://redis:6379/0')
     t.equal(config.servers.everything?.transport, 'stdio')
     t.same((await problemsOfAsync(() => loadConfig(shipped('gateway.docker.yaml'), {}))).lines, ['/redis/url: environment variable REDIS_URL is not set'])
@@ -391,7 +455,7 @@ t.test('the shipped configs validate', async t => {
 
   t.test('config/gateway.example.yaml validates with every switched-off option enabled', async t => {
     const dir = t.testdir({ 'all.yaml': enable(await readFile(shipped('gateway.example.yaml'), 'utf8')) })
-    const env = { REDIS_URL: 'redis://127.0.0.1:6379/0', REMOTE_TOKEN: 'r', LEGACY_API_KEY: 'l' }
+    const env = { REDIS_URL: 'redis://127.0.0.1:6379/0', REMOTE_TOKEN: 'r', LEGACY_API_KEY: 'l', METRICS_TOKEN: 'metrics-token-0123456789' }
     const config = await loadConfig(join(dir, 'all.yaml'), env)
     t.same(Object.keys(config.servers), ['everything', 'remote', 'legacy'])
     t.equal(config.redis?.url, env.REDIS_URL)
@@ -403,7 +467,7 @@ t.test('the shipped configs validate', async t => {
   t.test('config/gateway.example.yaml shows every option of the schema, each at its default', async t => {
     const { parse } = await import('yaml')
     const raw = parse(enable(await readFile(shipped('gateway.example.yaml'), 'utf8'))) as Record<string, unknown>
-    interface Node { properties?: Record<string, Node>, default?: unknown, then?: Node, else?: Node, additionalProperties?: Node | boolean }
+    interface Node { properties?: Record<string, Node>, default?: unknown, then?: Node, else?: Node, additionalProperties?: Node | boolean, items?: Node }
     const missing: string[] = []
     const notDefault: string[] = []
     const walk = (schema: Node, value: unknown, path: string): void => {
@@ -420,6 +484,14 @@ t.test('the shipped configs validate', async t => {
     const serverSchema = root.properties?.servers?.additionalProperties as Node
     walk(serverSchema.then as Node, servers.everything, '/servers/everything')
     walk(serverSchema.else as Node, servers.remote, '/servers/remote')
+    // A tenant: its own keys, one JWT issuer and one server's settings. Tool policy and limits
+    // are documented by their own part of issue 8.
+    const tenantSchema = root.properties?.tenants?.additionalProperties as Node
+    const without = (node: Node, ...keys: string[]): Node => ({ properties: Object.fromEntries(Object.entries(node.properties ?? {}).filter(([k]) => !keys.includes(k))) })
+    const acme = (raw.tenants as Record<string, Record<string, unknown>>).acme ?? {}
+    walk(without(tenantSchema, 'limits'), acme, '/tenants/acme')
+    walk(tenantSchema.properties?.jwt?.items as Node, (acme.jwt as unknown[])[0], '/tenants/acme/jwt/0')
+    walk(without(tenantSchema.properties?.servers?.additionalProperties as Node, 'tools'), (acme.servers as Record<string, unknown>).everything, '/tenants/acme/servers/everything')
     t.same(missing, [], 'options missing from the example')
     t.same(notDefault, [], 'options shown with a value other than their default')
   })

@@ -17,6 +17,8 @@ export interface ReplicaProcess {
   name: string
   url: string
   child: ChildProcess
+  /** The config file it was started with (a test may rewrite it and send SIGHUP). */
+  file: string
   /** Every log line the replica printed (JSON). */
   logs: Array<Record<string, unknown>>
   /** SIGKILL: the replica dies at once, without its shutdown path. */
@@ -59,7 +61,7 @@ export async function startReplica (t: Test, name: string, config: Record<string
     if (!await waitExit(child, 10_000)) await kill()
   }
   t.teardown(async () => { await stop(); await rm(dir, { recursive: true, force: true }) })
-  return { name, url, child, logs, kill, stop }
+  return { name, url, child, file, logs, kill, stop }
 }
 
 export interface RoundRobinProxy {
@@ -91,6 +93,10 @@ export async function startRoundRobinProxy (t: Test, initial: string[]): Promise
     }, up => {
       res.writeHead(up.statusCode ?? 502, up.headers)
       up.pipe(res)
+      // A replica that dies mid-response resets its socket: the client's connection breaks too,
+      // as behind a real load balancer (pipe() alone would leave it open and silent forever).
+      up.on('error', () => { res.destroy() })
+      up.on('close', () => { if (!up.complete) res.destroy() })
     })
     upstream.on('error', () => {
       if (!res.headersSent) res.writeHead(502, { 'content-type': 'application/json' })

@@ -229,7 +229,7 @@ t.test('a backend that never answers: -32006 after requestTimeoutMs, and the bac
       silent: stdioFixture('hostile-silent', [], { requestTimeoutMs: 500 }),
       // full-server can report the cancellations it saw; it gets a longer timeout so its
       // slower start (the SDK loads) never trips the initialize request.
-      full: stdioFixture('full-server', [], { requestTimeoutMs: 1500 })
+      full: stdioFixture('full-server', [], { requestTimeoutMs: 5000 })
     }
   })
 

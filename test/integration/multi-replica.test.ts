@@ -19,12 +19,12 @@ import { eventually, textOf } from '../helpers/wait.js'
 
 const LEASE_MS = 1500
 
-async function cluster (t: Test, n = 3, redis?: RedisServer): Promise<{ redis: RedisServer, prefix: string, replicas: ReplicaProcess[], proxy: Awaited<ReturnType<typeof startRoundRobinProxy>> }> {
+async function cluster (t: Test, n = 3, redis?: RedisServer, serverOptions: Record<string, unknown> = {}): Promise<{ redis: RedisServer, prefix: string, replicas: ReplicaProcess[], proxy: Awaited<ReturnType<typeof startRoundRobinProxy>> }> {
   const server = redis ?? await startRedis(t)
   const prefix = randomPrefix()
   const config = {
     redis: { url: server.url, keyPrefix: prefix, leaseMs: LEASE_MS, connectTimeoutMs: 2000 },
-    servers: { full: stdioFixture('full-server') }
+    servers: { full: stdioFixture('full-server', [], serverOptions) }
   }
   const replicas = await Promise.all(['A', 'B', 'C', 'D'].slice(0, n).map(async name => await startReplica(t, name, config)))
   const proxy = await startRoundRobinProxy(t, replicas.map(r => r.url))
@@ -157,8 +157,9 @@ t.test('a stream dropped on one replica resumes on another with Last-Event-ID, n
   t.ok(rest.messages().some(m => m.id === 7 && 'result' in m), 'the result came on the resumed stream')
 })
 
-t.test('owner replica killed: its sessions get 404 quickly, other sessions are unaffected', async t => {
-  const { replicas } = await cluster(t, 3)
+t.test('owner replica killed with onOwnerLoss: end: its sessions get 404 quickly, other sessions are unaffected', async t => {
+  // The default (carry-on) is tested in failover.test.ts.
+  const { replicas } = await cluster(t, 3, undefined, { onOwnerLoss: 'end' })
   const [a, b] = replicas as [ReplicaProcess, ReplicaProcess]
   const onA = await connect(t, a.url) // initialize on A: A owns its child
   const onB = await connect(t, b.url)
