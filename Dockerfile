@@ -4,9 +4,10 @@
 # The default config (config/gateway.docker.yaml) needs REDIS_URL; mount another file over it or
 # pass `node dist/src/main.js --config FILE` as the command to change it.
 
-# Node 24 LTS: the newest line CI tests the gateway on (20.18+, 22, 24; tools/runtimes). Node 20
-# reached end of life in April 2026. Another supported line: --build-arg NODE_IMAGE=node:22-bookworm-slim.
-ARG NODE_IMAGE=node:24-bookworm-slim
+# Node 26, the Active LTS line since October 2026 (CI runs the runtime-heavy tests on it; the whole
+# suite runs on 20.18+, 22 and 24, tools/runtimes). Node 20 reached end of life in April 2026.
+# Another supported line: --build-arg NODE_IMAGE=node:24-bookworm-slim (or node:22-bookworm-slim).
+ARG NODE_IMAGE=node:26-bookworm-slim
 
 # ---- build: compile TypeScript to dist/ ----
 FROM ${NODE_IMAGE} AS build
