@@ -3,7 +3,7 @@
 import type { IdleResult, StreamsResult } from './idle.js'
 import type { SequentialResult, ThroughputResult } from './measure.js'
 import { fmt, ratio, stats, table } from './stats.js'
-import { COMPARE_SUFFIX, type Goals } from './targets.js'
+import { COMPARE_SUFFIX, FEATURE_COSTS, type Goals } from './targets.js'
 
 export interface TargetResult {
   name: string
@@ -137,6 +137,20 @@ function compareLines (results: TargetResult[], byName: Map<string, TargetResult
   return lines
 }
 
+/** Feature on over feature off, same run: the overall p50 ratio and the median of per-round ratios. */
+function featureCostLines (byName: Map<string, TargetResult>): string[] {
+  const lines: string[] = []
+  for (const c of FEATURE_COSTS) {
+    const on = byName.get(c.on)?.sequential
+    const off = byName.get(c.off)?.sequential
+    if (on == null || off == null) continue
+    const x = ratio(on.latency.p50, off.latency.p50)
+    const perRound = stats(roundRatios(on.roundP50, off.roundP50))
+    lines.push(`${c.feature}: ${c.on} / ${c.off}: sequential p50 ${fmt(x)}x, per-round median ${fmt(perRound.p50)}x (target ≤ ${c.seqP50Max}x) ${mark(x, c.seqP50Max, true)}`)
+  }
+  return lines
+}
+
 function idleTable (idle: IdleResult[]): string {
   const rows = [[
     'idle', 'sessions', 'failed', 'heap KiB/session', 'goal', '', 'RSS KiB/session', 'external KiB/session',
@@ -233,6 +247,8 @@ export function report (header: RunHeader, results: TargetResult[], idle: IdleRe
   }
   const goals = goalLines(results, byName, idle, streams)
   if (goals.length > 0) lines.push('', 'Issue 10 targets:', ...goals.map(l => `  ${l}`))
+  const costs = featureCostLines(byName)
+  if (costs.length > 0) lines.push('', 'Optional features, on over off (issue 11):', ...costs.map(l => `  ${l}`))
   const compare = compareLines(results, byName)
   if (compare.length > 0) lines.push('', 'This build over BENCH_COMPARE_MAIN:', ...compare.map(l => `  ${l}`))
   const errors = [

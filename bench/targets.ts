@@ -198,6 +198,8 @@ export function targetSpecs (compareMain: string | undefined): TargetSpec[] {
     gatewayTarget('gateway-memory', { goals: MEMORY_GOALS }),
     gatewayTarget('gateway-redis-local', { redis: 'local', goals: REDIS_LOCAL_GOALS }),
     gatewayTarget('gateway-redis-cross', { redis: 'cross', goals: { seqP50Max: 1.5 } }),
+    // The same gateway with an optional feature off: the report divides on by off (FEATURE_COSTS).
+    gatewayTarget('gateway-no-metrics', { config: { metrics: { enabled: false } } }),
     directHttpTarget,
     gatewayTarget('gateway-http-backend', { backend: 'http', compareTo: 'direct-http' })
   ]
@@ -209,6 +211,20 @@ export function targetSpecs (compareMain: string | undefined): TargetSpec[] {
   }
   return specs
 }
+
+/**
+ * What an optional feature costs, from two targets run interleaved in the same run: the one with
+ * the feature on over the one with it off (issue 11: metrics on cost at most 3 % of sequential p50).
+ */
+export interface FeatureCost {
+  feature: string
+  on: string
+  off: string
+  seqP50Max: number
+}
+export const FEATURE_COSTS: FeatureCost[] = [
+  { feature: 'metrics', on: 'gateway-memory', off: 'gateway-no-metrics', seqP50Max: 1.03 }
+]
 
 /** The suffix of targets started from BENCH_COMPARE_MAIN; the report pairs them with their twin. */
 export const COMPARE_SUFFIX = '@compare'
