@@ -349,7 +349,7 @@ export class Router {
         this.#streams.release(envelope.sid, envelope.streamId)
         return
       case 'end-session':
-        this.#sessions.endLocal(envelope.sid, envelope.reason).catch(err => this.#o.log.error({ err }, 'local session end failed'))
+        this.#sessions.endLocal(envelope.sid, envelope.reason, envelope.server).catch(err => this.#o.log.error({ err }, 'local session end failed'))
     }
   }
 

@@ -103,19 +103,24 @@ export class Sessions {
     if (existed && record !== null) audit(this.#o.log, 'session.ended', { ...who(record), server: record.server, reason, session: shortHash(sid) })
     else if (record === null && relay?.isOwner === true) audit(this.#o.log, 'session.ended', { ...relay.principal, server: relay.server, reason, session: shortHash(sid) })
     await this.#o.eventLog.deleteSession(sid)
-    const envelope: Envelope = { kind: 'end-session', sid, reason }
+    const server = record?.server ?? relay?.server
+    const envelope: Envelope = { kind: 'end-session', sid, reason, server }
     for (const replica of new Set([owner, getHolder])) {
       if (replica !== null && replica !== replicaId) await bus.send(replica, envelope).catch(() => {})
     }
-    await this.endLocal(sid, reason)
+    await this.endLocal(sid, reason, server)
   }
 
-  /** Ends what this replica holds of a session: its streams, and its backend if owned here. */
-  async endLocal (sid: string, reason: string): Promise<void> {
-    this.#o.streams.endSession(sid)
-    this.#lastTouch.delete(sid)
+  /**
+   * Ends what this replica holds of a session: its streams, and its backend if owned here. A
+   * request still waiting on a stream here gets its one answer first, an error saying why.
+   */
+  async endLocal (sid: string, reason: string, server?: string): Promise<void> {
     const relay = this.#o.ownership.local(sid)
-    if (await this.#o.ownership.drop(sid, new GW_ERR_BACKEND_UNAVAILABLE(relay?.server ?? '?', `session ended: ${reason}`))) {
+    const err = new GW_ERR_BACKEND_UNAVAILABLE(server ?? relay?.server ?? '?', `session ended: ${reason}`)
+    this.#o.streams.endSession(sid, err)
+    this.#lastTouch.delete(sid)
+    if (await this.#o.ownership.drop(sid, err)) {
       relay?.log.info({ reason }, 'session ended')
     }
   }

@@ -5,7 +5,7 @@
 import { randomBytes } from 'node:crypto'
 import type { ServerResponse } from 'node:http'
 import type { FastifyBaseLogger } from 'fastify'
-import { GW_ERR_CONFLICT } from '../core/errors.js'
+import { GW_ERR_CONFLICT, GW_ERR_SESSION_NOT_FOUND, toJsonRpcError, type GatewayError } from '../core/errors.js'
 import { isResponse, type JsonRpcMessage, type JsonRpcResponse, type RequestId } from '../core/jsonrpc.js'
 import { StreamWriter, type WriterEndReason, type WriterMode } from '../http/sse.js'
 import { GET_STREAM, LEGACY_STREAM, type PendingRequest } from '../state/event-log.js'
@@ -211,10 +211,18 @@ export class ClientStreams {
     return failed
   }
 
-  /** The session ended: its streams here end too. */
-  endSession (sid: string): void {
+  /**
+   * The session ended: its streams here end too. A POST stream's requests still unanswered get
+   * `err` first (every accepted request gets exactly one answer; none can come any more).
+   */
+  endSession (sid: string, err: GatewayError): void {
     const writers = this.#writers.get(sid)
-    if (writers !== undefined) for (const writer of [...writers.values()]) writer.end('session-ended')
+    if (writers !== undefined) for (const writer of [...writers.values()]) this.#endWithSession(writer, err)
+  }
+
+  #endWithSession (writer: StreamWriter, err: GatewayError): void {
+    if (writer.awaitsAnswers) writer.failUnanswered(id => toJsonRpcError(err, id))
+    writer.end('session-ended')
   }
 
   /** Shutdown: every stream ends with a retry hint so its client reconnects elsewhere. */
@@ -239,7 +247,7 @@ export class ClientStreams {
         store.touch(writer.sid, this.#idleMs),
         store.renewHolder(writer.sid, writer.streamId, this.#o.replicaId, this.#leaseMs)
       ])
-      if (!alive) writer.end('session-ended')
+      if (!alive) this.#endWithSession(writer, new GW_ERR_SESSION_NOT_FOUND())
       // Another replica holds the stream now (it resumed it, or won a race for it): wakes go there,
       // so this writer would starve; end it and let the client reconnect.
       else if (!renewed && !writer.ended) writer.end('released', this.#o.config.http.retryMs)

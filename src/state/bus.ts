@@ -11,7 +11,7 @@ export type Envelope =
   /** Another replica took the stream (resume elsewhere): stop writing it. */
   | { kind: 'release', sid: string, streamId: string }
   /** The session was deleted or expired: stop its backend and end its streams. */
-  | { kind: 'end-session', sid: string, reason: string }
+  | { kind: 'end-session', sid: string, reason: string, server?: string }
 
 export type EnvelopeHandler = (envelope: Envelope) => void
 
