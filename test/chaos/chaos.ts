@@ -50,6 +50,8 @@ interface Session {
   client: Client
   sent: Set<string | number>
   answered: Map<string | number, number>
+  /** The first answer of each id, for the log line of a duplicate. */
+  firstAnswers: Map<string | number, string>
   createdBeforeChaos: boolean
   renewed: boolean
 }
@@ -88,7 +90,7 @@ export async function runChaos (t: Test, options: ChaosOptions): Promise<ChaosFi
         await sleep(250)
       }
     }
-    const session: Session = { index, http, client, sent: new Set(), answered: new Map(), createdBeforeChaos, renewed: false }
+    const session: Session = { index, http, client, sent: new Set(), answered: new Map(), firstAnswers: new Map(), createdBeforeChaos, renewed: false }
     // Every response the transport hands the client is counted by id: twice is a duplicate,
     // an id this client never sent is misrouted.
     const deliver = transport.onmessage
@@ -98,7 +100,11 @@ export async function runChaos (t: Test, options: ChaosOptions): Promise<ChaosFi
         if (!session.sent.has(id)) figures.misrouted++
         const seen = (session.answered.get(id) ?? 0) + 1
         session.answered.set(id, seen)
-        if (seen === 2) figures.duplicated++
+        if (seen === 1) session.firstAnswers.set(id, JSON.stringify(message).slice(0, 300))
+        if (seen === 2) {
+          figures.duplicated++
+          log(`duplicate answer on session ${index}, id ${id}: first ${session.firstAnswers.get(id) ?? '?'}, then ${JSON.stringify(message).slice(0, 300)}`)
+        }
       }
       deliver?.call(transport, message)
     }
