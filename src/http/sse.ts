@@ -5,7 +5,7 @@
 import { once } from 'node:events'
 import type { ServerResponse } from 'node:http'
 import type { FastifyBaseLogger } from 'fastify'
-import { compareEntryIds, formatEventId, type EventLog, type LogEntry } from '../state/event-log.js'
+import { ANSWERED_DIRECTLY, compareEntryIds, formatEventId, type EventLog, type LogEntry } from '../state/event-log.js'
 import { isResponse, type JsonRpcMessage, type JsonRpcResponse, type RequestId } from '../core/jsonrpc.js'
 import { tracing } from '../telemetry/tracing.js'
 import { streamKindOf, type GatewayMetrics } from '../telemetry/metrics.js'
@@ -115,6 +115,11 @@ export class StreamWriter {
       }, this.#o.keepAliveMs)
       this.#keepAlive.unref()
     }
+    if (this.#cursor === ANSWERED_DIRECTLY) {
+      // Resumed after answers written outside the log: nothing is left for this stream.
+      this.#finish('complete')
+      return
+    }
     if (this.#cursor !== null && Number.isFinite(this.#remaining) && this.#o.fresh !== true) {
       // A resumed POST stream: responses at or before the cursor were already delivered.
       try {
@@ -207,7 +212,8 @@ export class StreamWriter {
 
   /**
    * The log cannot be reached (Redis is away): every request of this POST stream not yet answered
-   * gets `answer(id)` written directly (no event id: it is not in the log), and the stream ends.
+   * gets `answer(id)` written directly (not in the log: its event id is ANSWERED_DIRECTLY, so a
+   * client resuming from it gets nothing twice), and the stream ends.
    * Never silence, even when the store is gone.
    */
   failUnanswered (answer: (id: RequestId) => JsonRpcResponse): RequestId[] {
@@ -220,7 +226,7 @@ export class StreamWriter {
       failed.push(id)
       const message = answer(id)
       if (mode === 'json') this.#collected.push(message)
-      else res.write(`data: ${JSON.stringify(message)}\n\n`)
+      else res.write(`id: ${formatEventId(this.streamId, ANSWERED_DIRECTLY)}\ndata: ${JSON.stringify(message)}\n\n`)
     }
     this.#complete()
     return failed

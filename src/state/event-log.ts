@@ -86,6 +86,14 @@ export function formatEventId (streamId: string, entryId: string): string {
   return `${streamId}.${entryId}`
 }
 
+/**
+ * The entry id of answers written straight to a POST stream, not through the log (the store was
+ * unreachable, or the session ended). Neither twin mints it (the Redis twin's milliseconds would
+ * be 300,000 years from now). A client resuming from it has every answer of that stream already:
+ * clients resume after an error answer too (the v1 SDK does), and must not get a second one.
+ */
+export const ANSWERED_DIRECTLY = '9999999999999999'
+
 /** Strict parse of a client-sent Last-Event-ID; null when it is not one the gateway minted. */
 export function parseEventId (value: string): { streamId: string, entryId: string } | null {
   if (value.length > 128) return null

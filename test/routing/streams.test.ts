@@ -7,13 +7,14 @@ import { NO_METRICS } from '../../src/telemetry/metrics.js'
 import { createServer, type ServerResponse } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import { GW_ERR_BACKEND_UNAVAILABLE } from '../../src/core/errors.js'
-import t from 'tap'
+import t, { type Test } from 'tap'
 import { parseConfig } from '../../src/config/load.js'
-import { ClientStreams, newRequestStreamId } from '../../src/routing/streams.js'
+import { ClientStreams, newRequestStreamId, type OpenStreamOptions } from '../../src/routing/streams.js'
+import type { StreamWriter } from '../../src/http/sse.js'
 import { UPKEEP_SLICE } from '../../src/routing/upkeep.js'
 import { MemoryBus } from '../../src/state/bus-memory.js'
 import { MemoryEventLog } from '../../src/state/event-log-memory.js'
-import { GET_STREAM } from '../../src/state/event-log.js'
+import { ANSWERED_DIRECTLY, formatEventId, GET_STREAM } from '../../src/state/event-log.js'
 import { MemorySessionStore } from '../../src/state/session-store-memory.js'
 import { createLogger } from '../../src/telemetry/logger.js'
 
@@ -44,7 +45,10 @@ t.test('renew walks every held stream and yields to the event loop between slice
   t.ok(spinsDuringWalk >= 3, `the event loop turned during the walk (${spinsDuringWalk} turns)`)
 })
 
-t.test('a session that ends answers the requests still waiting on its POST streams, once', async t => {
+interface Frame { id: number, result?: unknown, error?: { code: number } }
+
+/** ClientStreams over the memory twins, with one session and a real HTTP server for its streams. */
+async function harness (t: Test): Promise<{ streams: ClientStreams, sid: string, serve: (open: Omit<OpenStreamOptions, 'res' | 'sid' | 'headers' | 'log' | 'mode'>) => Promise<{ writer: StreamWriter, body: Promise<string> }> }> {
   const config = parseConfig({ servers: { s: { transport: 'stdio', command: 'true' } } })
   const store = new MemorySessionStore()
   t.teardown(() => store.close())
@@ -57,26 +61,67 @@ t.test('a session that ends answers the requests still waiting on its POST strea
   })
   const sid = 'session-000000000001'
   await store.create({ id: sid, server: 's', principal: 'anonymous', transport: 'streamable', protocolVersion: '2025-11-25', initializeParams: null, backendSessionId: null, createdAt: 0 }, 60_000)
-  const streamId = newRequestStreamId('sse', 2)
-  const opened = new Promise<void>(resolve => {
-    const server = createServer((_req, res) => {
-      streams.open({ res, sid, streamId, mode: 'sse', cursor: null, fresh: true, headers: {}, requestIds: [1, 2], log })
-        .then(async writer => { await writer.start(); resolve() }, (err: unknown) => { t.fail(String(err)) })
+  let next: ((res: ServerResponse) => void) | undefined
+  const server = createServer((_req, res) => { next?.(res) })
+  await new Promise<void>(resolve => server.listen(0, '127.0.0.1', resolve))
+  t.teardown(() => { server.closeAllConnections(); server.close() })
+  const { port } = server.address() as AddressInfo
+  const serve = async (open: Omit<OpenStreamOptions, 'res' | 'sid' | 'headers' | 'log' | 'mode'>): Promise<{ writer: StreamWriter, body: Promise<string> }> => {
+    const started = new Promise<StreamWriter>((resolve, reject) => {
+      next = res => {
+        streams.open({ ...open, res, sid, mode: 'sse', headers: {}, log })
+          .then(async writer => { await writer.start(); resolve(writer) }, reject)
+      }
     })
-    server.listen(0, '127.0.0.1', () => {
-      const { port } = server.address() as AddressInfo
-      t.teardown(() => { server.closeAllConnections(); server.close() })
-      body = fetch(`http://127.0.0.1:${port}/`).then(async res => await res.text())
-    })
+    const body = fetch(`http://127.0.0.1:${port}/`).then(async res => await res.text())
+    return { writer: await started, body }
+  }
+  return { streams, sid, serve }
+}
+
+function framesOf (body: string): Array<{ eventId: string | undefined, message: Frame }> {
+  return body.split('\n\n').filter(block => block.includes('data: {')).map(block => {
+    const lines = block.split('\n')
+    return {
+      eventId: lines.find(line => line.startsWith('id: '))?.slice(4),
+      message: JSON.parse(lines.find(line => line.startsWith('data: '))?.slice(6) ?? 'null') as Frame
+    }
   })
-  let body: Promise<string> | undefined
-  await opened
+}
+
+t.test('a session that ends answers the requests still waiting on its POST streams, once', async t => {
+  const { streams, sid, serve } = await harness(t)
+  const streamId = newRequestStreamId('sse', 2)
+  const { body } = await serve({ streamId, cursor: null, fresh: true, requestIds: [1, 2] })
   // Request 1 is answered through the log; request 2 is still waiting when the session ends.
   await streams.append(sid, streamId, { jsonrpc: '2.0', id: 1, result: {} })
   await new Promise(resolve => setTimeout(resolve, 50))
   streams.endSession(sid, new GW_ERR_BACKEND_UNAVAILABLE('s', 'session ended: owner replica gone'))
-  const frames = (await body ?? '').split('\n').filter(line => line.startsWith('data: ')).map(line => JSON.parse(line.slice(6)) as { id: number, result?: unknown, error?: { code: number } })
+  const frames = framesOf(await body).map(f => f.message)
   t.same(frames.map(f => f.id), [1, 2], 'each request answered exactly once, and the stream ended')
   t.ok('result' in (frames[0] ?? {}), 'the answer that came is kept')
   t.equal(frames[1]?.error?.code, -32007, 'the waiting request gets -32007, not silence')
+})
+
+t.test('an answer written outside the log (store away) is never given twice to a client that resumes', async t => {
+  const { streams, sid, serve } = await harness(t)
+  const streamId = newRequestStreamId('sse', 1)
+  await streams.markPending(sid, streamId, [7], true)
+  const { body } = await serve({ streamId, cursor: null, fresh: true, requestIds: [7] })
+  streams.failAwaiting(id => ({ jsonrpc: '2.0', id, error: { code: -32000, message: 'Session store unavailable' } }))
+  const first = framesOf(await body)
+  t.same(first.map(f => f.message.id), [7], 'the request is answered directly')
+  t.equal(first[0]?.eventId, formatEventId(streamId, ANSWERED_DIRECTLY), 'with an event id a resume can name')
+  // The client (the v1 SDK resumes after an error answer) comes back with the id it was given:
+  // before anything reached the log, and after another replica found the request orphaned and
+  // answered it through the log. Neither waits for an answer, neither gives a second one.
+  const within = async (body: Promise<string>): Promise<string> => await Promise.race([body, new Promise<string>(resolve => setTimeout(() => resolve('(still open after 2 s)'), 2000))])
+  const early = await serve({ streamId, cursor: ANSWERED_DIRECTLY, requestIds: [7] })
+  const earlyBody = await within(early.body)
+  t.not(earlyBody, '(still open after 2 s)', 'resumed before the log has an answer: over at once, not waiting for one already given')
+  t.same(framesOf(earlyBody), [], 'with nothing in it')
+  await streams.append(sid, streamId, { jsonrpc: '2.0', id: 7, error: { code: -32007, message: 'lost' } })
+  const late = await serve({ streamId, cursor: ANSWERED_DIRECTLY, requestIds: [7] })
+  t.same(framesOf(await within(late.body)), [], 'resumed after an orphan answer reached the log: no second answer')
+  t.ok(late.writer.ended, 'and it is over')
 })
