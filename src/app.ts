@@ -33,6 +33,9 @@ import { RedisBus } from './state/bus-redis.js'
 import { RedisEventLog } from './state/event-log-redis.js'
 import { closeRedis, createRedis, redisReady } from './state/redis/client.js'
 import { Router } from './routing/router.js'
+import { ConnectionPool } from './routing/pool.js'
+import { ParkedCalls } from './routing/mrtr.js'
+import { ModernFace } from './http/modern.js'
 import { RedisSessionStore } from './state/session-store-redis.js'
 import { MemorySessionStore } from './state/session-store-memory.js'
 import type { SessionStore } from './state/session-store.js'
@@ -41,6 +44,9 @@ import { audit } from './telemetry/audit.js'
 import { toolPolicies } from './auth/tool-policy.js'
 import { MemoryRateLimiter, RedisRateLimiter, type RateLimiter } from './auth/rate-limit.js'
 import { MemorySessionQuotas, QuotaGate, RedisSessionQuotas, type SessionQuotas } from './auth/quotas.js'
+
+/** How long a call parked for an input_required round waits for the client's retry. */
+const PARKED_CALL_TTL_MS = 60_000
 
 /** How long a tenant's quota sets outlive their last new session, at least (a day). */
 const QUOTA_SET_TTL_MS = 86_400_000
@@ -220,6 +226,20 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
       }
     }
   })
+  // 2026-07-28 requests: pooled backend connections, and calls parked between input_required rounds.
+  const pool = new ConnectionPool({
+    replicaId,
+    config,
+    live,
+    backends: supervisor,
+    log,
+    metrics,
+    upstream: (tenant, server) => tenants.upstream(tenant, server),
+    toolPolicy: toolPolicies(tenants),
+    onServerEvent: (server, tenant, message) => { modern.onServerEvent(server, tenant, message) }
+  })
+  const parked = new ParkedCalls({ replicaId, ttlMs: PARKED_CALL_TTL_MS })
+  const modern = new ModernFace({ pool, parked, metrics, toolPolicy: toolPolicies(tenants) })
   metrics.observe({ sessions: () => router.ownedSessions(), streams: () => router.openStreams(), children: () => supervisor.childrenByServer() })
   live.onChange(async change => {
     // Tenants and auth first: a revoked key is refused from the next request on.
@@ -227,6 +247,7 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
       tenants.replace(change.current)
     }
     metrics.reconfigure(Object.keys(change.current.servers), Object.keys(change.current.tenants ?? {}))
+    await pool.endServers([...change.servers.removed, ...change.servers.changed], 'server removed or changed in the config')
     const ended = await router.endSessionsOf(change.servers.removed, 'server removed from the config')
     if (ended > 0) log.info({ servers: change.servers.removed, sessions: ended }, 'sessions of removed servers ended')
   })
@@ -263,11 +284,16 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
   if (metricsApp === null) await app.register(httpMetrics, { metrics, token: config.metrics.token })
   // After httpAuthenticate: both are onRequest hooks, run in registration order.
   await app.register(httpLimits, { tenants, limiter: services.limiter })
-  await app.register(httpStreamable, { config, live, router })
+  await app.register(httpStreamable, { config, live, router, modern })
   await app.register(httpLegacySse, { live, router })
 
   // SSE responses end in preClose, before Fastify waits for open requests (STYLE.md habit 8).
-  app.addHook('preClose', async () => { await router.stop() })
+  app.addHook('preClose', async () => {
+    modern.endListeners()
+    parked.clear()
+    await pool.stop()
+    await router.stop()
+  })
   app.addHook('onClose', async () => {
     await metricsApp?.close()
     await services.close()

@@ -40,6 +40,8 @@ const stdioServerSchema = {
     /** Names of the gateway's own variables the child inherits, beyond the safe base set. */
     inheritEnv: { type: 'array', items: { type: 'string', pattern: '^[A-Za-z_][A-Za-z0-9_]*$' }, default: [] },
     maxSessions: { type: 'integer', minimum: 1, default: 100 },
+    /** Initialised backend connections kept for 2026-07-28 (stateless) requests, per tenant. */
+    poolSize: { type: 'integer', minimum: 1, maximum: 64, default: 4 },
     requestTimeoutMs: { type: 'integer', minimum: 1, default: 60_000 },
     maxLineBytes: { type: 'integer', minimum: 1024, default: 10_485_760 },
     stopGraceMs: { type: 'integer', minimum: 0, default: 2000 },
@@ -60,6 +62,8 @@ const httpServerSchema = {
     /** Client request headers passed upstream; none by default (no token passthrough). */
     forwardHeaders: { type: 'array', items: { type: 'string' }, default: [] },
     maxSessions: { type: 'integer', minimum: 1, default: 1000 },
+    /** Initialised backend sessions kept for 2026-07-28 (stateless) requests, per tenant. */
+    poolSize: { type: 'integer', minimum: 1, maximum: 64, default: 4 },
     connectTimeoutMs: { type: 'integer', minimum: 1, default: 10_000 },
     requestTimeoutMs: { type: 'integer', minimum: 1, default: 60_000 },
     /** Upstream connections kept per origin. */
@@ -350,8 +354,8 @@ type Defaulted<T, Opt extends keyof T = never> = Required<Omit<T, Opt>> & Partia
 
 type RawStdio = FromSchema<typeof stdioServerSchema>
 type RawHttp = FromSchema<typeof httpServerSchema>
-export type StdioServerConfig = Defaulted<Omit<RawStdio, 'restart'>, 'cwd' | 'onOwnerLoss'> & { restart: Required<NonNullable<RawStdio['restart']>> }
-export type HttpServerConfig = Defaulted<Omit<RawHttp, 'reconnect'>, 'onOwnerLoss'> & { reconnect: Required<NonNullable<RawHttp['reconnect']>> }
+export type StdioServerConfig = Defaulted<Omit<RawStdio, 'restart'>, 'cwd' | 'onOwnerLoss' | 'poolSize'> & { restart: Required<NonNullable<RawStdio['restart']>> }
+export type HttpServerConfig = Defaulted<Omit<RawHttp, 'reconnect'>, 'onOwnerLoss' | 'poolSize'> & { reconnect: Required<NonNullable<RawHttp['reconnect']>> }
 export type ServerConfig = StdioServerConfig | HttpServerConfig
 
 type RawTenant = FromSchema<typeof tenantSchema>

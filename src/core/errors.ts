@@ -6,6 +6,9 @@
 //   -32000 transport-level rejection (header, media type, size, origin …), as the SDK does
 //   -32001 session not found (the SDK's code for 404)
 //   -32006 backend timeout        -32007 backend connection error (unreachable, exited, overloaded)
+// The 2026-07-28 face (http/modern.ts) also answers with the spec's own codes: -32601 (removed or
+// unknown method, HTTP 404), -32602 (bad `_meta` envelope or requestState), -32020 (a header does not
+// match the body), -32021 (a capability the request did not declare), -32022 (unsupported version).
 import createError from '@fastify/error'
 import { errorResponse, type JsonRpcFailure, type RequestId } from './jsonrpc.js'
 
@@ -46,6 +49,12 @@ export const GW_ERR_STORE_UNAVAILABLE = createError('GW_ERR_STORE_UNAVAILABLE', 
 export const GW_ERR_SHUTTING_DOWN = createError('GW_ERR_SHUTTING_DOWN', 'The gateway is shutting down', 503)
 export const GW_ERR_INTERNAL = createError('GW_ERR_INTERNAL', 'Internal error: %s', 500)
 export const GW_ERR_CONFIG_INVALID = createError('GW_ERR_CONFIG_INVALID', 'Invalid configuration: %s', 500)
+// The 2026-07-28 face (SPEC.md section 4 and 5.7); each carries the data the spec names in `data`.
+export const GW_ERR_INVALID_PARAMS = createError('GW_ERR_INVALID_PARAMS', 'Invalid params: %s', 400)
+export const GW_ERR_METHOD_NOT_FOUND = createError('GW_ERR_METHOD_NOT_FOUND', 'Method not found: %s', 404)
+export const GW_ERR_HEADER_MISMATCH = createError('GW_ERR_HEADER_MISMATCH', 'Header mismatch: %s', 400)
+export const GW_ERR_MISSING_CAPABILITY = createError('GW_ERR_MISSING_CAPABILITY', 'Missing required client capability: %s', 400)
+export const GW_ERR_VERSION_UNSUPPORTED = createError('GW_ERR_VERSION_UNSUPPORTED', 'Unsupported protocol version: %s', 400)
 
 export const JSONRPC_CODE: Record<string, number> = {
   GW_ERR_PARSE: -32700,
@@ -76,7 +85,12 @@ export const JSONRPC_CODE: Record<string, number> = {
   GW_ERR_STORE_UNAVAILABLE: -32000,
   GW_ERR_SHUTTING_DOWN: -32000,
   GW_ERR_INTERNAL: -32603,
-  GW_ERR_CONFIG_INVALID: -32603
+  GW_ERR_CONFIG_INVALID: -32603,
+  GW_ERR_INVALID_PARAMS: -32602,
+  GW_ERR_METHOD_NOT_FOUND: -32601,
+  GW_ERR_HEADER_MISMATCH: -32020,
+  GW_ERR_MISSING_CAPABILITY: -32021,
+  GW_ERR_VERSION_UNSUPPORTED: -32022
 }
 
 /** The shape @fastify/error instances have; what the error handler and the router read. */
@@ -87,6 +101,14 @@ export interface GatewayError extends Error {
   retryAfter?: number
   /** Sent as WWW-Authenticate (401 challenges, RFC 6750 section 3). */
   wwwAuthenticate?: string
+  /** Fields the spec puts in the JSON-RPC error's `data` (e.g. `supported`, `requiredCapabilities`). */
+  data?: Record<string, unknown>
+}
+
+/** Attaches spec-defined `data` fields to a gateway error (the 2026-07-28 codes carry some). */
+export function withData<E extends GatewayError> (err: E, data: Record<string, unknown>): E {
+  err.data = data
+  return err
 }
 
 export function isGatewayError (err: unknown): err is GatewayError {
@@ -99,5 +121,5 @@ export function jsonRpcCodeOf (err: GatewayError): number {
 
 /** Renders a gateway error as the JSON-RPC error a client sees. */
 export function toJsonRpcError (err: GatewayError, id: RequestId | null): JsonRpcFailure {
-  return errorResponse(id, jsonRpcCodeOf(err), err.message, { source: 'gateway', code: err.code })
+  return errorResponse(id, jsonRpcCodeOf(err), err.message, { ...err.data, source: 'gateway', code: err.code })
 }

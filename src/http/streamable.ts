@@ -14,18 +14,22 @@ import { allowsBatches, allowsPriming, checkVersionHeader, negotiateVersion } fr
 import type { Router } from '../routing/router.js'
 import { newRequestStreamId } from '../routing/streams.js'
 import type { SessionRecord } from '../state/session-store.js'
+import { classifyPost } from './modern-rules.js'
+import { modernHeaders, type ModernFace } from './modern.js'
 
 export interface HttpStreamableOptions {
   config: Readonly<Config>
   /** The servers as configured now (live reload). */
   live: ServerSource
   router: Router
+  /** The 2026-07-28 face: POSTs classified modern are served there, statelessly. */
+  modern: ModernFace
 }
 
 interface ServerParams { server: string }
 
 export default async function httpStreamable (app: FastifyInstance, opts: HttpStreamableOptions): Promise<void> {
-  const { config, live, router } = opts
+  const { config, live, router, modern } = opts
 
   async function sessionOf (req: FastifyRequest, server: string): Promise<SessionRecord> {
     const sid = header(req, 'mcp-session-id')
@@ -82,6 +86,12 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
   async function post (req: FastifyRequest<{ Params: ServerParams }>, reply: FastifyReply): Promise<void> {
     const server = serverOf(live, req)
     checkAccept(req, ['application/json', 'text/event-stream'])
+    // Body first, as the SDKs classify (SPEC.md M-14): a modern request carries no session.
+    if (classifyPost(req.body, modernHeaders(req)).era === 'modern') {
+      const [message] = decodeBody(req, false).messages
+      if (message !== undefined) await modern.serve(req, reply, server, message)
+      return
+    }
     const { messages, batch } = decodeBody(req, true)
     const initialize = messages.find((m): m is JsonRpcRequest => isRequest(m) && m.method === 'initialize')
     if (initialize !== undefined) {

@@ -1,0 +1,472 @@
+// The 2026-07-28 (modern, stateless) face on /mcp/<server> (SPEC.md sections 4 and 5.7): a POST
+// that http/streamable.ts classifies as modern (modern-rules.ts) is served here, with no session.
+//
+// In front of a legacy backend (every backend today) a request runs on a pooled, initialised
+// backend connection (routing/pool.ts) and its answer is made a modern result (resultType,
+// caching hints, serverInfo). `server/discover` is answered from what the pool learned when it
+// initialised the backend. Progress reaches the request that carries the token; backend log lines
+// only a request that asked for them (`logLevel`), at or above that level. A backend's mid-call
+// sampling, elicitation or roots request becomes an `input_required` result (for capabilities the
+// request declared; else -32021), the call is parked (routing/mrtr.ts) and the retry's
+// `inputResponses` answer the backend, round after round. Closing the response cancels the call
+// upstream (M-11).
+//
+// The response is lazy: JSON when the answer is the first thing to send (one write, and an HTTP
+// status for the spec's 400/404 errors), SSE as soon as a notification comes first.
+import type { FastifyReply, FastifyRequest } from 'fastify'
+import type { ServerResponse } from 'node:http'
+import type { ToolPolicyLookup } from '../auth/tool-policy.js'
+import { toolNameOf } from '../auth/tool-policy.js'
+import {
+  GW_ERR_INVALID_PARAMS, GW_ERR_MISSING_CAPABILITY, GW_ERR_INTERNAL, GW_ERR_UNKNOWN_TOOL,
+  isGatewayError, toJsonRpcError, withData, type GatewayError
+} from '../core/errors.js'
+import {
+  isNotification, isRequest, isResponse, type JsonRpcMessage, type JsonRpcRequest, type JsonRpcResponse, type RequestId
+} from '../core/jsonrpc.js'
+import type { ConnectionPool, PoolSink, PooledCall } from '../routing/pool.js'
+import type { InputRequest, ParkedCall, ParkedCalls } from '../routing/mrtr.js'
+import { audit } from '../telemetry/audit.js'
+import type { GatewayMetrics } from '../telemetry/metrics.js'
+import {
+  checkModernNotification, checkModernRequest, completeResult, legacyParams, logPasses, META_SUBSCRIPTION_ID, MODERN_VERSIONS,
+  trimOws, type Envelope, type ModernHeaders
+} from './modern-rules.js'
+import { header, replyHeaders } from './request.js'
+
+/** Methods that may answer with `input_required` (M-8); elsewhere a backend's request is refused. */
+const MRTR_METHODS = new Set(['tools/call', 'prompts/get', 'resources/read'])
+/** Server-to-client requests and the client capability each needs. */
+const NEEDS_CAPABILITY: Record<string, string> = { 'sampling/createMessage': 'sampling', 'elicitation/create': 'elicitation', 'roots/list': 'roots' }
+/** Server requests that arrive this close together are handed to the client in one round. */
+const ROUND_GATHER_MS = 15
+const KEEPALIVE_MS = 15_000
+
+export interface ModernFaceOptions {
+  pool: ConnectionPool
+  parked: ParkedCalls
+  metrics: GatewayMetrics
+  toolPolicy?: ToolPolicyLookup
+}
+
+export function modernHeaders (req: FastifyRequest): ModernHeaders {
+  return {
+    protocolVersion: trimOws(header(req, 'mcp-protocol-version')),
+    method: trimOws(header(req, 'mcp-method')),
+    name: trimOws(header(req, 'mcp-name'))
+  }
+}
+
+/**
+ * One modern response: JSON until something other than the answer must be sent, then SSE. Ends
+ * exactly once; after the client went away nothing is written.
+ */
+class ModernResponse {
+  readonly #res: ServerResponse
+  readonly #headers: Record<string, string>
+  #sse = false
+  #done = false
+  #keepAlive: NodeJS.Timeout | undefined
+  onClientGone: (() => void) | undefined
+
+  constructor (res: ServerResponse, headers: Record<string, string>) {
+    this.#res = res
+    this.#headers = headers
+    res.on('close', () => {
+      if (this.#done) return
+      this.#done = true
+      clearInterval(this.#keepAlive)
+      this.onClientGone?.()
+    })
+  }
+
+  get done (): boolean { return this.#done }
+  get streaming (): boolean { return this.#sse }
+
+  notify (message: JsonRpcMessage): void {
+    if (this.#done) return
+    if (!this.#sse) {
+      this.#sse = true
+      this.#res.writeHead(200, { ...this.#headers, 'content-type': 'text/event-stream', 'cache-control': 'no-cache, no-transform', 'x-accel-buffering': 'no' })
+      this.#keepAlive = setInterval(() => { if (!this.#done) this.#res.write(': keepalive\n\n') }, KEEPALIVE_MS)
+      this.#keepAlive.unref()
+    }
+    this.#res.write(`event: message\ndata: ${JSON.stringify(message)}\n\n`)
+  }
+
+  /** The final message; `status` applies only while nothing was streamed yet. */
+  finish (message: JsonRpcMessage, status = 200): void {
+    if (this.#done) return
+    this.#done = true
+    clearInterval(this.#keepAlive)
+    const text = JSON.stringify(message)
+    if (this.#sse) {
+      this.#res.end(`event: message\ndata: ${text}\n\n`)
+      return
+    }
+    this.#res.writeHead(status, { ...this.#headers, 'content-type': 'application/json', 'content-length': String(Buffer.byteLength(text)) })
+    this.#res.end(text)
+  }
+
+  fail (err: GatewayError, id: RequestId | null): void {
+    this.finish(toJsonRpcError(err, id), err.statusCode ?? 500)
+  }
+}
+
+function isRecord (value: unknown): value is Record<string, unknown> {
+  return typeof value === 'object' && value !== null && !Array.isArray(value)
+}
+
+/** The notification kinds a listen filter can ask for, and the backend capability each needs. */
+const LIST_CHANGED: Record<string, { method: string, capability: string }> = {
+  toolsListChanged: { method: 'notifications/tools/list_changed', capability: 'tools' },
+  promptsListChanged: { method: 'notifications/prompts/list_changed', capability: 'prompts' },
+  resourcesListChanged: { method: 'notifications/resources/list_changed', capability: 'resources' }
+}
+
+/** One open `subscriptions/listen` stream (M-9). */
+interface Listener {
+  /** The notification methods it asked for and the backend can send. */
+  methods: Set<string>
+  send: (message: JsonRpcMessage) => void
+  /** Graceful end (shutdown): a complete result tagged with the subscription id, then the end. */
+  end: () => void
+}
+
+export class ModernFace {
+  readonly #o: ModernFaceOptions
+  /** Listen streams by (server, tenant). */
+  readonly #listeners = new Map<string, Set<Listener>>()
+
+  constructor (options: ModernFaceOptions) {
+    this.#o = options
+  }
+
+  /** A backend's session-level notification (list_changed): to the listen streams that asked for it. */
+  onServerEvent (server: string, tenant: string | null, message: JsonRpcMessage): void {
+    if (!isNotification(message)) return
+    for (const listener of this.#listeners.get(`${server}\0${tenant ?? ''}`) ?? []) {
+      if (listener.methods.has(message.method)) listener.send(message)
+    }
+  }
+
+  /** Shutdown: every listen stream ends gracefully. */
+  endListeners (): void {
+    for (const set of this.#listeners.values()) for (const listener of [...set]) listener.end()
+    this.#listeners.clear()
+  }
+
+  /** `subscriptions/listen`: the acknowledgement first, then the notifications the filter names. */
+  async #listen (req: FastifyRequest, reply: FastifyReply, server: string, request: JsonRpcRequest): Promise<void> {
+    const tenant = req.principal.tenant
+    const info = await this.#o.pool.info(server, tenant)
+    const params = isRecord(request.params) ? request.params : {}
+    const filter = isRecord(params.notifications) ? params.notifications : {}
+    const honoured: Record<string, unknown> = {}
+    const methods = new Set<string>()
+    for (const [field, kind] of Object.entries(LIST_CHANGED)) {
+      const capability = info.capabilities[kind.capability]
+      if (filter[field] === true && isRecord(capability) && capability.listChanged === true) {
+        honoured[field] = true
+        methods.add(kind.method)
+      }
+    }
+    const release = await this.#o.pool.hold(server, tenant)
+    const subscriptionId = request.id
+    const tag = (message: JsonRpcMessage): JsonRpcMessage => {
+      const p = 'params' in message && isRecord(message.params) ? message.params : {}
+      return { ...message, params: { ...p, _meta: { ...(isRecord(p._meta) ? p._meta : {}), [META_SUBSCRIPTION_ID]: subscriptionId } } } as JsonRpcMessage
+    }
+    reply.hijack()
+    const res = reply.raw
+    res.writeHead(200, { ...replyHeaders(reply), 'content-type': 'text/event-stream', 'cache-control': 'no-cache, no-transform', 'x-accel-buffering': 'no' })
+    const write = (message: JsonRpcMessage): void => { if (!res.writableEnded) res.write(`event: message\ndata: ${JSON.stringify(message)}\n\n`) }
+    write(tag({ jsonrpc: '2.0', method: 'notifications/subscriptions/acknowledged', params: { notifications: honoured } }))
+    const key = `${server}\0${tenant ?? ''}`
+    let set = this.#listeners.get(key)
+    if (set === undefined) this.#listeners.set(key, set = new Set())
+    const keepAlive = setInterval(() => { if (!res.writableEnded) res.write(': keepalive\n\n') }, KEEPALIVE_MS)
+    keepAlive.unref()
+    const listener: Listener = {
+      methods,
+      send: message => { write(tag(message)) },
+      end: () => {
+        if (res.writableEnded) return
+        res.end(`event: message\ndata: ${JSON.stringify({ jsonrpc: '2.0', id: subscriptionId, result: { resultType: 'complete', _meta: { [META_SUBSCRIPTION_ID]: subscriptionId } } })}\n\n`)
+      }
+    }
+    set.add(listener)
+    res.on('close', () => {
+      clearInterval(keepAlive)
+      set.delete(listener)
+      if (set.size === 0 && this.#listeners.get(key) === set) this.#listeners.delete(key)
+      release()
+    })
+  }
+
+  /** Serves one classified modern POST. Throws (before anything is written) for HTTP-level refusals. */
+  async serve (req: FastifyRequest, reply: FastifyReply, server: string, message: JsonRpcMessage): Promise<void> {
+    const headers = modernHeaders(req)
+    if (isNotification(message)) {
+      // No client-to-server notification exists over HTTP in 2026-07-28: accepted and ignored (H-26-6).
+      checkModernNotification(message, headers)
+      reply.code(202).send()
+      return
+    }
+    if (!isRequest(message)) return
+    const envelope = checkModernRequest(message, headers)
+    const tenant = req.principal.tenant
+    if (message.method === 'subscriptions/listen') {
+      await this.#listen(req, reply, server, message)
+      return
+    }
+    if (message.method === 'server/discover') {
+      reply.type('application/json').send({ jsonrpc: '2.0', id: message.id, result: await this.#discover(server, tenant) })
+      return
+    }
+    if (message.method === 'tools/call') {
+      const policy = this.#o.toolPolicy?.(tenant, server) ?? null
+      const tool = toolNameOf(message.params) ?? ''
+      if (policy !== null && !policy.allows(tool)) {
+        audit(req.log, 'tools.call', { tenant, subject: req.principal.subjectDigest, server, tool: tool.slice(0, 128), outcome: 'denied', ms: 0 })
+        reply.type('application/json').send(toJsonRpcError(new GW_ERR_UNKNOWN_TOOL(tool), message.id))
+        return
+      }
+    }
+    const params = isRecord(message.params) ? message.params : {}
+    const retry = params.requestState !== undefined || params.inputResponses !== undefined
+    // A retry's state is checked before the response starts, so a refusal is an HTTP 400.
+    const parked = retry ? this.#takeParked(message, params, req.principal.key) : null
+    const info = await this.#o.pool.info(server, tenant)
+    reply.hijack()
+    const out = new ModernResponse(reply.raw, replyHeaders(reply))
+    const exchange = new Exchange(this.#o, out, message, envelope, server, req.principal.key, info.serverInfo)
+    if (parked !== null) {
+      exchange.resume(parked, params.inputResponses)
+      return
+    }
+    const base = legacyParams(isRecord(message.params) ? message.params : undefined)
+    try {
+      const call = await this.#o.pool.call(server, tenant, key => {
+        const outgoing: Record<string, unknown> = { ...base }
+        delete outgoing.inputResponses
+        delete outgoing.requestState
+        const meta = isRecord(outgoing._meta) ? { ...outgoing._meta } : undefined
+        if (meta?.progressToken !== undefined) outgoing._meta = { ...meta, progressToken: key }
+        return { jsonrpc: '2.0', id: key, method: message.method, params: outgoing }
+      }, exchange)
+      exchange.start(call)
+    } catch (err) {
+      out.fail(isGatewayError(err) ? err : new GW_ERR_INTERNAL('request not delivered', { cause: err }), message.id)
+    }
+  }
+
+  #takeParked (request: JsonRpcRequest, params: Record<string, unknown>, principal: string): ParkedCall {
+    if (params.requestState === undefined) throw new GW_ERR_INVALID_PARAMS('inputResponses without the requestState of the input_required result they answer')
+    const parked = this.#o.parked.take(params.requestState, principal)
+    if (parked.method !== request.method) {
+      parked.onExpire()
+      throw new GW_ERR_INVALID_PARAMS(`requestState was issued for ${parked.method}, not ${request.method}`)
+    }
+    if (params.inputResponses !== undefined && !isRecord(params.inputResponses)) {
+      parked.onExpire()
+      throw new GW_ERR_INVALID_PARAMS('inputResponses must be an object')
+    }
+    return parked
+  }
+
+  async #discover (server: string, tenant: string | null): Promise<Record<string, unknown>> {
+    const info = await this.#o.pool.info(server, tenant)
+    const result: Record<string, unknown> = {
+      supportedVersions: [...MODERN_VERSIONS],
+      capabilities: modernCapabilities(info.capabilities),
+      ...(info.instructions !== undefined ? { instructions: info.instructions } : {})
+    }
+    return completeResult('server/discover', result, info.serverInfo)
+  }
+}
+
+/** A legacy server's capabilities as a modern server states them (no session-only features). */
+function modernCapabilities (legacy: Record<string, unknown>): Record<string, unknown> {
+  const out: Record<string, unknown> = {}
+  for (const [name, value] of Object.entries(legacy)) {
+    if (name === 'resources' && isRecord(value)) {
+      const { subscribe: _s, ...rest } = value
+      out[name] = rest
+    } else {
+      out[name] = value
+    }
+  }
+  return out
+}
+
+/**
+ * One client request and its answer: relays what the pooled call sends, turns the backend's
+ * server-to-client requests into `input_required` rounds, and parks the call between rounds.
+ */
+class Exchange implements PoolSink {
+  readonly #o: ModernFaceOptions
+  readonly #out: ModernResponse
+  readonly #request: JsonRpcRequest
+  readonly #envelope: Envelope
+  readonly #server: string
+  readonly #principal: string
+  readonly #serverInfo: Record<string, unknown>
+  readonly #progressToken: RequestId | undefined
+  #call: PooledCall | null = null
+  /** Server requests gathered for the next input_required round, by the key the client sees. */
+  readonly #pending = new Map<string, InputRequest>()
+  #gather: NodeJS.Timeout | undefined
+  #parked = false
+
+  constructor (options: ModernFaceOptions, out: ModernResponse, request: JsonRpcRequest, envelope: Envelope, server: string, principal: string, serverInfo: Record<string, unknown>) {
+    this.#o = options
+    this.#out = out
+    this.#request = request
+    this.#envelope = envelope
+    this.#server = server
+    this.#principal = principal
+    this.#serverInfo = serverInfo
+    const meta = isRecord(request.params) && isRecord(request.params._meta) ? request.params._meta : undefined
+    const token = meta?.progressToken
+    this.#progressToken = typeof token === 'string' || typeof token === 'number' ? token : undefined
+    out.onClientGone = () => {
+      clearTimeout(this.#gather)
+      // Closing the response stream cancels the request (M-11), unless it waits parked for a retry.
+      if (!this.#parked) this.#call?.cancel('the client closed the response stream')
+    }
+  }
+
+  start (call: PooledCall): void {
+    this.#call = call
+    if (this.#out.done) call.cancel('the client closed the response stream')
+  }
+
+  /** A retry: takes over the parked call and answers the backend's requests it carries. */
+  resume (parked: ParkedCall, inputResponses: unknown): void {
+    this.#call = parked.call
+    if (parked.final !== undefined) {
+      // The backend answered while the call was parked (it gave up waiting, or failed).
+      this.#finish(parked.final)
+      return
+    }
+    parked.call.rebind(this)
+    const responses = isRecord(inputResponses) ? inputResponses : {}
+    for (const [key, input] of parked.pending) {
+      const answer = responses[key]
+      if (answer === undefined) { this.#pending.set(key, input); continue }
+      parked.call.answer(isRecord(answer) && isRecord(answer.error) && answer.result === undefined
+        ? { jsonrpc: '2.0', id: input.opaqueId, error: { code: typeof answer.error.code === 'number' ? answer.error.code : -32603, message: String(answer.error.message ?? 'client error') } }
+        : { jsonrpc: '2.0', id: input.opaqueId, result: answer })
+    }
+    // Inputs the retry did not answer are asked again (SHOULD), with any the backend added meanwhile.
+    if (this.#pending.size > 0) this.#scheduleRound(0)
+    if (this.#out.done) this.#call.cancel('the client closed the response stream')
+  }
+
+  onMessage (message: JsonRpcMessage): void {
+    if (isResponse(message)) {
+      clearTimeout(this.#gather)
+      this.#finish(message)
+      return
+    }
+    if (isRequest(message)) {
+      this.#onServerRequest(message)
+      return
+    }
+    if (this.#parked || this.#out.done) return
+    const params = isRecord(message.params) ? message.params : {}
+    if (message.method === 'notifications/progress') {
+      if (this.#progressToken === undefined) return
+      this.#out.notify({ ...message, params: { ...params, progressToken: this.#progressToken } })
+    } else if (message.method === 'notifications/message') {
+      if (logPasses(params.level, this.#envelope.logLevel)) this.#out.notify(message)
+    }
+  }
+
+  #finish (response: JsonRpcResponse): void {
+    const id = this.#request.id
+    if ('error' in response) {
+      // An unknown method is 404 in this era (H-26-1), the backend's answer says so.
+      const status = response.error.code === -32601 ? 404 : 200
+      this.#out.finish({ ...response, id }, status)
+      return
+    }
+    this.#out.finish({ jsonrpc: '2.0', id, result: completeResult(this.#request.method, response.result, this.#serverInfo) })
+  }
+
+  #onServerRequest (request: JsonRpcRequest): void {
+    const call = this.#call
+    if (call === null) return
+    const capability = NEEDS_CAPABILITY[request.method]
+    if (capability === undefined || !MRTR_METHODS.has(this.#request.method)) {
+      call.answer({ jsonrpc: '2.0', id: request.id, error: { code: -32601, message: `${request.method} is not available to a ${this.#request.method} request of protocol 2026-07-28` } })
+      return
+    }
+    if (this.#envelope.clientCapabilities[capability] === undefined) {
+      // The request did not declare what the backend needs (M-5): -32021, and the call is withdrawn.
+      call.answer({ jsonrpc: '2.0', id: request.id, error: { code: -32601, message: `the client did not declare the '${capability}' capability` } })
+      this.#parked = false
+      call.cancel(`missing client capability ${capability}`)
+      this.#out.fail(withData(new GW_ERR_MISSING_CAPABILITY(capability), { requiredCapabilities: { [capability]: {} } }), this.#request.id)
+      return
+    }
+    const key = String(request.id)
+    this.#pending.set(key, { opaqueId: String(request.id), method: request.method, params: isRecord(request.params) ? request.params : {} })
+    this.#scheduleRound(ROUND_GATHER_MS)
+  }
+
+  /** After a short gathering window, hands the pending server requests to the client as one round. */
+  #scheduleRound (delayMs: number): void {
+    if (this.#gather !== undefined) return
+    this.#gather = setTimeout(() => {
+      this.#gather = undefined
+      this.#round()
+    }, delayMs)
+    this.#gather.unref()
+  }
+
+  #round (): void {
+    const call = this.#call
+    if (call === null || this.#out.done || this.#pending.size === 0) return
+    const pending = new Map(this.#pending)
+    this.#pending.clear()
+    const inputRequests: Record<string, unknown> = {}
+    for (const [key, input] of pending) inputRequests[key] = { method: input.method, params: input.params }
+    const parkedSink = new ParkedSink()
+    const parked: ParkedCall = {
+      call,
+      server: this.#server,
+      method: this.#request.method,
+      pending,
+      onExpire: () => { call.cancel('the client did not come back for an input_required result') }
+    }
+    parkedSink.parked = parked
+    call.rebind(parkedSink)
+    this.#parked = true
+    const requestState = this.#o.parked.park(parked, this.#principal)
+    this.#out.finish({ jsonrpc: '2.0', id: this.#request.id, result: { resultType: 'input_required', inputRequests, requestState } })
+  }
+}
+
+/**
+ * Holds a parked call between rounds: backend requests that arrive meanwhile join its pending
+ * inputs (asked in the next round); an answer or error that arrives meanwhile is kept for the retry.
+ */
+class ParkedSink implements PoolSink {
+  parked: ParkedCall | undefined
+
+  onMessage (message: JsonRpcMessage): void {
+    const parked = this.parked
+    if (parked === undefined) return
+    if (isRequest(message) && NEEDS_CAPABILITY[message.method] !== undefined) {
+      parked.pending.set(String(message.id), { opaqueId: String(message.id), method: message.method, params: isRecord(message.params) ? message.params : {} })
+    } else if (isRequest(message)) {
+      parked.call.answer({ jsonrpc: '2.0', id: message.id, error: { code: -32601, message: `${message.method} is not available to a modern request` } })
+    } else if (isResponse(message)) {
+      parked.final = message
+    }
+    // Notifications of a parked call have no stream to go to: dropped.
+  }
+}
+

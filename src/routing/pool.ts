@@ -1,0 +1,357 @@
+// Modern (2026-07-28) requests in front of a legacy backend (ARCHITECTURE.md flow 8): a small pool
+// of initialised backend connections per (server, tenant) on this replica, each with its own relay
+// (relay.ts), so no child is started per request and no session is kept for the client.
+//
+// - Ids: each request gets a pool-wide key `m<n>` as its client id and its stream id, so requests
+//   of different clients never meet in a relay (its id mapping and progress tokens are keyed by
+//   them); the relay mints the backend's ids as for any session. The caller maps the key back.
+// - Scheduling: an idle connection first (so a backend's logs and server-to-client requests, which
+//   carry no request id, belong to the one request in flight), else a new connection up to the
+//   server's `poolSize`, else the least busy one.
+// - A connection is initialised by the pool (the client sent no initialize): latest legacy
+//   version, the client capabilities the gateway can bridge (sampling, elicitation, roots, as
+//   `input_required` rounds: mrtr.ts). What the first one learns (capabilities, server info,
+//   instructions) answers `server/discover` without a backend round trip.
+// - A crashed child is restarted and re-initialised by the supervisor, as for a session; its
+//   requests in flight get -32007. An idle connection is stopped after the sessions' idle timeout.
+import { performance } from 'node:perf_hooks'
+import type { Logger } from 'pino'
+import { filterToolsListOf, type ToolPolicyLookup } from '../auth/tool-policy.js'
+import type { ServerSource } from '../config/live.js'
+import type { Config, ServerConfig } from '../config/schema.js'
+import {
+  GW_ERR_BACKEND_UNAVAILABLE, GW_ERR_SERVER_NOT_FOUND, GW_ERR_SHUTTING_DOWN, isGatewayError, type GatewayError
+} from '../core/errors.js'
+import { isRequest, isResponse, type JsonRpcMessage, type JsonRpcRequest, type JsonRpcResponse } from '../core/jsonrpc.js'
+import { LATEST_VERSION } from '../core/protocol-version.js'
+import type { GatewayMetrics } from '../telemetry/metrics.js'
+import type { BackendPool, UpstreamLookup } from './ownership.js'
+import { Relay } from './relay.js'
+
+/** What the client side of a pooled request hears: its answer (id = its key), and what relates to it. */
+export interface PoolSink {
+  onMessage (message: JsonRpcMessage): void
+}
+
+/** What a legacy backend said about itself when the pool initialised it (answers server/discover). */
+export interface BackendInfo {
+  protocolVersion: string
+  capabilities: Record<string, unknown>
+  serverInfo: Record<string, unknown>
+  instructions?: string
+}
+
+/** A request running on a pooled connection. */
+export interface PooledCall {
+  readonly key: string
+  /** The client went away: the backend is told (notifications/cancelled) and nothing more is delivered. */
+  cancel (reason: string): void
+  /** Answers one of the backend's server-to-client requests of this call (its opaque id). */
+  answer (response: JsonRpcResponse): void
+  /** Hands what comes next of this call to another sink (an MRTR retry takes over a parked call). */
+  rebind (sink: PoolSink): void
+}
+
+export interface ConnectionPoolOptions {
+  replicaId: string
+  config: Readonly<Config>
+  live: ServerSource
+  backends: BackendPool
+  log: Logger
+  metrics: GatewayMetrics
+  upstream?: UpstreamLookup
+  toolPolicy?: ToolPolicyLookup
+  /** Session-level messages of a backend (list_changed, resources/updated), for listen streams. */
+  onServerEvent?: (server: string, tenant: string | null, message: JsonRpcMessage) => void
+}
+
+/** Client capabilities the pool declares upstream: those an `input_required` round can carry. */
+export const BRIDGED_CAPABILITIES: Record<string, unknown> = { sampling: {}, elicitation: { form: {}, url: {} }, roots: {} }
+
+const INIT_KEY_PREFIX = 'i'
+
+interface Connection {
+  id: string
+  server: string
+  tenant: string | null
+  relay: Relay
+  lastUsed: number
+  ready: Promise<Connection>
+}
+
+interface Group {
+  connections: Connection[]
+  /** Connections being opened (counted against poolSize). */
+  opening: number
+  info: BackendInfo | null
+  /** Listen streams that need the group's connections kept (no idle stop while > 0). */
+  holds: number
+}
+
+export class ConnectionPool {
+  readonly #o: ConnectionPoolOptions
+  readonly #groups = new Map<string, Group>()
+  readonly #sinks = new Map<string, PoolSink>()
+  readonly #sweep: NodeJS.Timeout
+  #seq = 0
+  #stopping = false
+
+  constructor (options: ConnectionPoolOptions) {
+    this.#o = options
+    const idleMs = options.config.sessions.idleTimeoutMs
+    this.#sweep = setInterval(() => { this.#stopIdle(idleMs) }, Math.max(1000, Math.min(30_000, Math.floor(idleMs / 2))))
+    this.#sweep.unref()
+  }
+
+  /** Connections open now, by server (metrics, tests). */
+  counts (): Map<string, number> {
+    const counts = new Map<string, number>()
+    for (const group of this.#groups.values()) {
+      for (const c of group.connections) counts.set(c.server, (counts.get(c.server) ?? 0) + 1)
+    }
+    return counts
+  }
+
+  /** What the backend said about itself (server/discover): learned once per (server, tenant). */
+  async info (server: string, tenant: string | null): Promise<BackendInfo> {
+    const group = this.#group(server, tenant)
+    if (group.info !== null) return group.info
+    await this.#acquire(server, tenant)
+    if (group.info === null) throw new GW_ERR_BACKEND_UNAVAILABLE(server, 'the backend did not describe itself')
+    return group.info
+  }
+
+  /**
+   * Keeps the group's connections open while a listen stream waits for their notifications (at
+   * least one connection is opened); the returned function lets go.
+   */
+  async hold (server: string, tenant: string | null): Promise<() => void> {
+    const group = this.#group(server, tenant)
+    group.holds++
+    let held = true
+    const release = (): void => { if (held) { held = false; group.holds-- } }
+    try {
+      if (group.connections.length === 0) await this.#acquire(server, tenant)
+    } catch (err) {
+      release()
+      throw err
+    }
+    return release
+  }
+
+  /**
+   * Runs one request (its id replaced by the returned key, and its progress token, if any, by the
+   * same key) on a pooled connection; everything about it reaches `sink`.
+   */
+  async call (server: string, tenant: string | null, build: (key: string) => JsonRpcRequest, sink: PoolSink): Promise<PooledCall> {
+    const conn = await this.#acquire(server, tenant)
+    const key = `m${++this.#seq}`
+    this.#sinks.set(key, sink)
+    conn.lastUsed = performance.now()
+    conn.relay.deliver(build(key), key)
+    const relay = conn.relay
+    return {
+      key,
+      cancel: reason => {
+        if (!this.#sinks.delete(key)) return
+        relay.deliver({ jsonrpc: '2.0', method: 'notifications/cancelled', params: { requestId: key, reason } }, null)
+      },
+      answer: response => { relay.deliver(response, null) },
+      rebind: next => { if (this.#sinks.has(key)) this.#sinks.set(key, next) }
+    }
+  }
+
+  /** Live reload: the connections of removed or changed servers stop (their requests get -32007). */
+  async endServers (servers: readonly string[], reason: string): Promise<void> {
+    const names = new Set(servers)
+    const stops: Array<Promise<void>> = []
+    for (const [k, group] of this.#groups) {
+      const first = group.connections[0]
+      const server = first?.server ?? k.split('\0')[0]
+      if (server === undefined || !names.has(server)) continue
+      this.#groups.delete(k)
+      for (const c of group.connections) stops.push(this.#close(c, new GW_ERR_BACKEND_UNAVAILABLE(c.server, reason)))
+    }
+    await Promise.all(stops)
+  }
+
+  /** Shutdown: every pooled request is answered, every connection stopped. */
+  async stop (): Promise<void> {
+    this.#stopping = true
+    clearInterval(this.#sweep)
+    const all = [...this.#groups.values()].flatMap(g => g.connections)
+    this.#groups.clear()
+    await Promise.all(all.map(async c => { await this.#close(c, new GW_ERR_SHUTTING_DOWN()) }))
+  }
+
+  #group (server: string, tenant: string | null): Group {
+    const k = `${server}\0${tenant ?? ''}`
+    let group = this.#groups.get(k)
+    if (group === undefined) {
+      group = { connections: [], opening: 0, info: null, holds: 0 }
+      this.#groups.set(k, group)
+    }
+    return group
+  }
+
+  #serverConfig (server: string): ServerConfig {
+    const servers = this.#o.live.servers
+    const config = Object.hasOwn(servers, server) ? servers[server] : undefined
+    if (config === undefined) throw new GW_ERR_SERVER_NOT_FOUND(server)
+    return config
+  }
+
+  async #acquire (server: string, tenant: string | null): Promise<Connection> {
+    if (this.#stopping) throw new GW_ERR_SHUTTING_DOWN()
+    const config = this.#serverConfig(server)
+    const group = this.#group(server, tenant)
+    let best: Connection | undefined
+    for (const c of group.connections) {
+      if (best === undefined || c.relay.inFlightCount < best.relay.inFlightCount) best = c
+    }
+    if (best !== undefined && best.relay.inFlightCount === 0) return await best.ready
+    const size = 'poolSize' in config && typeof config.poolSize === 'number' ? config.poolSize : 4
+    if (group.connections.length + group.opening < size || best === undefined) {
+      try {
+        return await this.#open(server, tenant, config, group)
+      } catch (err) {
+        if (best === undefined) throw err
+      }
+    }
+    return await best.ready
+  }
+
+  async #open (server: string, tenant: string | null, config: ServerConfig, group: Group): Promise<Connection> {
+    const id = `pool.${this.#o.replicaId}.${++this.#seq}`
+    const log = this.#o.log.child({ pool: id, backend: server })
+    const policyOf = this.#o.toolPolicy
+    const relay = new Relay({
+      sid: id,
+      server,
+      legacy: false,
+      direct: false,
+      isOwner: true,
+      protocolVersion: LATEST_VERSION,
+      clientCapabilities: BRIDGED_CAPABILITIES,
+      requestTimeoutMs: config.requestTimeoutMs,
+      clientRequestTimeoutMs: this.#o.config.sessions.clientRequestTimeoutMs,
+      cancelOnTimeout: config.transport === 'stdio',
+      backendTransport: config.transport,
+      host: {
+        append: async (_sid, streamId, message) => { this.#toSink(server, tenant, streamId, message, relay) },
+        endSession: async (_sid, reason) => { await this.#close(conn, new GW_ERR_BACKEND_UNAVAILABLE(server, reason)) },
+        nextServerRequestId: () => `s.${this.#o.replicaId}.p${++this.#seq}`
+      },
+      log,
+      metrics: this.#o.metrics.forSession(server, tenant),
+      createdAt: Date.now(),
+      ...(policyOf !== undefined ? { filterResult: (method: string, result: unknown) => filterToolsListOf(method, result, policyOf(tenant, server)) } : {})
+    })
+    const conn: Connection = { id, server, tenant, relay, lastUsed: performance.now(), ready: Promise.resolve(undefined as unknown as Connection) }
+    group.opening++
+    conn.ready = (async () => {
+      try {
+        relay.backend = await this.#o.backends.open(id, server, {
+          onMessage: message => { relay.fromBackend(message).catch(err => log.error({ err }, 'backend message not routed')) },
+          onRestarting: info => {
+            log.warn({ reason: info.reason, attempt: info.attempt }, 'pooled backend restarting')
+            relay.failAll(new GW_ERR_BACKEND_UNAVAILABLE(server, `backend stopped (${info.reason}); restarting`))
+          },
+          onGone: reason => {
+            log.warn({ reason }, 'pooled backend gone')
+            this.#forget(conn)
+            relay.failAll(new GW_ERR_BACKEND_UNAVAILABLE(server, reason))
+          }
+        }, {
+          protocolVersion: LATEST_VERSION,
+          // Streamable HTTP backends send list_changed on their GET stream: listen streams need it.
+          listen: true,
+          ...(this.#o.upstream !== undefined ? { upstream: this.#o.upstream(tenant, server) } : {})
+        })
+        const info = await this.#initialise(conn)
+        group.info ??= info
+        group.connections.push(conn)
+        log.info({ protocolVersion: info.protocolVersion }, 'pooled backend connection ready')
+        return conn
+      } catch (err) {
+        await this.#o.backends.stop(id).catch(() => {})
+        throw isGatewayError(err) ? err : new GW_ERR_BACKEND_UNAVAILABLE(server, err instanceof Error ? err.message : String(err), { cause: err })
+      } finally {
+        group.opening--
+      }
+    })()
+    return await conn.ready
+  }
+
+  /** initialize + notifications/initialized on a new connection, through its relay (captured for restarts). */
+  async #initialise (conn: Connection): Promise<BackendInfo> {
+    const key = `${INIT_KEY_PREFIX}${++this.#seq}`
+    const answer = await new Promise<JsonRpcMessage>(resolve => {
+      this.#sinks.set(key, { onMessage: resolve })
+      conn.relay.deliver({
+        jsonrpc: '2.0',
+        id: key,
+        method: 'initialize',
+        params: { protocolVersion: LATEST_VERSION, capabilities: BRIDGED_CAPABILITIES, clientInfo: { name: 'mcp-gateway', version: '0.1.0' } }
+      }, key)
+    })
+    this.#sinks.delete(key)
+    if (!isResponse(answer) || 'error' in answer) {
+      const reason = isResponse(answer) && 'error' in answer ? answer.error.message : 'no answer'
+      throw new GW_ERR_BACKEND_UNAVAILABLE(conn.server, `initialize failed: ${reason}`)
+    }
+    conn.relay.deliver({ jsonrpc: '2.0', method: 'notifications/initialized' }, null)
+    const result = isRecord(answer.result) ? answer.result : {}
+    return {
+      protocolVersion: typeof result.protocolVersion === 'string' ? result.protocolVersion : LATEST_VERSION,
+      capabilities: isRecord(result.capabilities) ? result.capabilities : {},
+      serverInfo: isRecord(result.serverInfo) ? result.serverInfo : { name: conn.server, version: '0' },
+      ...(typeof result.instructions === 'string' ? { instructions: result.instructions } : {})
+    }
+  }
+
+  /** A message the relay of a pooled connection addressed to one request's stream (its key). */
+  #toSink (server: string, tenant: string | null, streamId: string, message: JsonRpcMessage, relay: Relay): void {
+    const sink = this.#sinks.get(streamId)
+    if (sink !== undefined) {
+      if (isResponse(message) && message.id === streamId) this.#sinks.delete(streamId)
+      sink.onMessage(message)
+      return
+    }
+    if (isRequest(message)) {
+      // No request it could belong to (several in flight, or none): the backend hears no.
+      relay.deliver({ jsonrpc: '2.0', id: message.id, error: { code: -32601, message: `${message.method} cannot be routed to a client: no single request of this connection is waiting` } }, null)
+      return
+    }
+    if (!isResponse(message)) this.#o.onServerEvent?.(server, tenant, message)
+  }
+
+  #forget (conn: Connection): void {
+    const group = this.#groups.get(`${conn.server}\0${conn.tenant ?? ''}`)
+    if (group === undefined) return
+    group.connections = group.connections.filter(c => c !== conn)
+  }
+
+  async #close (conn: Connection, err: GatewayError): Promise<void> {
+    this.#forget(conn)
+    conn.relay.failAll(err)
+    await this.#o.backends.stop(conn.id).catch(() => {})
+  }
+
+  #stopIdle (idleMs: number): void {
+    const now = performance.now()
+    for (const group of this.#groups.values()) {
+      if (group.holds > 0) continue
+      for (const c of [...group.connections]) {
+        if (c.relay.inFlightCount === 0 && now - c.lastUsed > idleMs) {
+          c.relay.log.info('idle pooled backend connection stopped')
+          this.#close(c, new GW_ERR_BACKEND_UNAVAILABLE(c.server, 'idle')).catch(() => {})
+        }
+      }
+    }
+  }
+}
+
+function isRecord (value: unknown): value is Record<string, unknown> {
+  return typeof value === 'object' && value !== null && !Array.isArray(value)
+}
