@@ -45,6 +45,9 @@ import { toolPolicies } from './auth/tool-policy.js'
 import { MemoryRateLimiter, RedisRateLimiter, type RateLimiter } from './auth/rate-limit.js'
 import { MemorySessionQuotas, QuotaGate, RedisSessionQuotas, type SessionQuotas } from './auth/quotas.js'
 
+/** After the shutdown path has answered everything: connections still open are closed this much later. */
+const CLOSE_STRAGGLERS_MS = 1000
+
 /** How long a call parked for an input_required round waits for the client's retry. */
 const PARKED_CALL_TTL_MS = 60_000
 
@@ -293,6 +296,10 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
     parked.clear()
     await pool.stop()
     await router.stop()
+    // Every stream has ended and every request been answered by now. A connection that opened and
+    // never sent a request (the v2 SDK leaves one behind when a listen stream is closed) would
+    // otherwise hold the close until Node's header timeout, a minute or more.
+    setTimeout(() => { app.server.closeAllConnections() }, CLOSE_STRAGGLERS_MS).unref()
   })
   app.addHook('onClose', async () => {
     await metricsApp?.close()

@@ -22,7 +22,7 @@ import {
   isGatewayError, toJsonRpcError, withData, type GatewayError
 } from '../core/errors.js'
 import {
-  isNotification, isRequest, isResponse, type JsonRpcMessage, type JsonRpcRequest, type JsonRpcResponse, type RequestId
+  isNotification, isRequest, isResponse, type JsonRpcErrorObject, type JsonRpcMessage, type JsonRpcRequest, type JsonRpcResponse, type RequestId
 } from '../core/jsonrpc.js'
 import type { ConnectionPool, PoolSink, PooledCall } from '../routing/pool.js'
 import type { InputRequest, ParkedCall, ParkedCalls } from '../routing/mrtr.js'
@@ -40,6 +40,8 @@ const MRTR_METHODS = new Set(['tools/call', 'prompts/get', 'resources/read'])
 const NEEDS_CAPABILITY: Record<string, string> = { 'sampling/createMessage': 'sampling', 'elicitation/create': 'elicitation', 'roots/list': 'roots' }
 /** Server requests that arrive this close together are handed to the client in one round. */
 const ROUND_GATHER_MS = 15
+/** Where a legacy backend may name the key of its ask (see inputRequestOf). */
+const INPUT_KEY_META = 'mcp-gateway/inputKey'
 const KEEPALIVE_MS = 15_000
 
 export interface ModernFaceOptions {
@@ -72,7 +74,11 @@ class ModernResponse {
   constructor (res: ServerResponse, headers: Record<string, string>) {
     this.#res = res
     this.#headers = headers
+    const socket = res.socket
     res.on('close', () => {
+      // A client that went away mid-response can leave its socket open and the request unfinished
+      // in the server's eyes, which would hold a shutdown for a whole keep-alive timeout.
+      if (!res.writableFinished) socket?.destroy()
       if (this.#done) return
       this.#done = true
       clearInterval(this.#keepAlive)
@@ -126,11 +132,16 @@ const LIST_CHANGED: Record<string, { method: string, capability: string }> = {
 
 /** One open `subscriptions/listen` stream (M-9). */
 interface Listener {
+  /** Who opened it, and the id of its listen request: a client's notifications/cancelled names it. */
+  principal: string
+  id: RequestId
   /** The notification methods it asked for and the backend can send. */
   methods: Set<string>
   send: (message: JsonRpcMessage) => void
   /** Graceful end (shutdown): a complete result tagged with the subscription id, then the end. */
   end: () => void
+  /** The client cancelled it: the stream just ends. */
+  cancel: () => void
 }
 
 export class ModernFace {
@@ -147,6 +158,13 @@ export class ModernFace {
     if (!isNotification(message)) return
     for (const listener of this.#listeners.get(`${server}\0${tenant ?? ''}`) ?? []) {
       if (listener.methods.has(message.method)) listener.send(message)
+    }
+  }
+
+  #cancelListen (server: string, principal: string, requestId: unknown): void {
+    for (const [key, set] of this.#listeners) {
+      if (!key.startsWith(`${server}\0`)) continue
+      for (const listener of set) if (listener.principal === principal && listener.id === requestId) listener.cancel()
     }
   }
 
@@ -188,15 +206,27 @@ export class ModernFace {
     const keepAlive = setInterval(() => { if (!res.writableEnded) res.write(': keepalive\n\n') }, KEEPALIVE_MS)
     keepAlive.unref()
     const listener: Listener = {
+      principal: req.principal.key,
+      id: subscriptionId,
       methods,
       send: message => { write(tag(message)) },
       end: () => {
         if (res.writableEnded) return
+        // The connection closes with the stream: a shutdown must not wait out its keep-alive.
+        res.once('finish', () => { res.socket?.end() })
         res.end(`event: message\ndata: ${JSON.stringify({ jsonrpc: '2.0', id: subscriptionId, result: { resultType: 'complete', _meta: { [META_SUBSCRIPTION_ID]: subscriptionId } } })}\n\n`)
+      },
+      cancel: () => {
+        if (res.writableEnded) return
+        res.once('finish', () => { res.socket?.end() })
+        res.end()
       }
     }
     set.add(listener)
+    const socket = res.socket
     res.on('close', () => {
+      req.log.debug({ server }, 'listen stream closed')
+      if (!res.writableFinished) socket?.destroy()
       clearInterval(keepAlive)
       set.delete(listener)
       if (set.size === 0 && this.#listeners.get(key) === set) this.#listeners.delete(key)
@@ -208,8 +238,10 @@ export class ModernFace {
   async serve (req: FastifyRequest, reply: FastifyReply, server: string, message: JsonRpcMessage): Promise<void> {
     const headers = modernHeaders(req)
     if (isNotification(message)) {
-      // No client-to-server notification exists over HTTP in 2026-07-28: accepted and ignored (H-26-6).
+      // Accepted (H-26-6). The one a client sends is notifications/cancelled for a listen stream
+      // (the v2 SDK sends it besides closing the stream): that stream ends. Others are ignored.
       checkModernNotification(message, headers)
+      if (message.method === 'notifications/cancelled' && isRecord(message.params)) this.#cancelListen(server, req.principal.key, message.params.requestId)
       reply.code(202).send()
       return
     }
@@ -234,13 +266,14 @@ export class ModernFace {
       }
     }
     const params = isRecord(message.params) ? message.params : {}
-    const retry = params.requestState !== undefined || params.inputResponses !== undefined
     // A retry's state is checked before the response starts, so a refusal is an HTTP 400.
-    const parked = retry ? this.#takeParked(message, params, req.principal.key) : null
+    const parked = params.requestState !== undefined ? this.#takeParked(message, params, req.principal.key) : null
     const info = await this.#o.pool.info(server, tenant)
     reply.hijack()
     const out = new ModernResponse(reply.raw, replyHeaders(reply))
-    const exchange = new Exchange(this.#o, out, message, envelope, server, req.principal.key, info.serverInfo)
+    // inputResponses on a first call (no requestState) answer the backend's asks by key as they come.
+    const preAnswers = parked === null && isRecord(params.inputResponses) ? params.inputResponses : {}
+    const exchange = new Exchange(this.#o, out, message, envelope, server, req.principal.key, info.serverInfo, preAnswers)
     if (parked !== null) {
       exchange.resume(parked, params.inputResponses)
       return
@@ -262,7 +295,6 @@ export class ModernFace {
   }
 
   #takeParked (request: JsonRpcRequest, params: Record<string, unknown>, principal: string): ParkedCall {
-    if (params.requestState === undefined) throw new GW_ERR_INVALID_PARAMS('inputResponses without the requestState of the input_required result they answer')
     const parked = this.#o.parked.take(params.requestState, principal)
     if (parked.method !== request.method) {
       parked.onExpire()
@@ -318,9 +350,13 @@ class Exchange implements PoolSink {
   readonly #pending = new Map<string, InputRequest>()
   #gather: NodeJS.Timeout | undefined
   #parked = false
+  /** Answers the client sent before being asked (inputResponses without requestState), by key. */
+  readonly #preAnswers: Record<string, unknown>
 
-  constructor (options: ModernFaceOptions, out: ModernResponse, request: JsonRpcRequest, envelope: Envelope, server: string, principal: string, serverInfo: Record<string, unknown>) {
+  constructor (options: ModernFaceOptions, out: ModernResponse, request: JsonRpcRequest, envelope: Envelope, server: string, principal: string,
+    serverInfo: Record<string, unknown>, preAnswers: Record<string, unknown>) {
     this.#o = options
+    this.#preAnswers = preAnswers
     this.#out = out
     this.#request = request
     this.#envelope = envelope
@@ -354,10 +390,9 @@ class Exchange implements PoolSink {
     const responses = isRecord(inputResponses) ? inputResponses : {}
     for (const [key, input] of parked.pending) {
       const answer = responses[key]
-      if (answer === undefined) { this.#pending.set(key, input); continue }
-      parked.call.answer(isRecord(answer) && isRecord(answer.error) && answer.result === undefined
-        ? { jsonrpc: '2.0', id: input.opaqueId, error: { code: typeof answer.error.code === 'number' ? answer.error.code : -32603, message: String(answer.error.message ?? 'client error') } }
-        : { jsonrpc: '2.0', id: input.opaqueId, result: answer })
+      // Unknown keys are ignored; a missing or malformed answer is asked again (M-8 SHOULD).
+      if (!validInputResponse(input.method, answer)) { this.#pending.set(key, input); continue }
+      parked.call.answer({ jsonrpc: '2.0', id: input.opaqueId, result: answer })
     }
     // Inputs the retry did not answer are asked again (SHOULD), with any the backend added meanwhile.
     if (this.#pending.size > 0) this.#scheduleRound(0)
@@ -389,7 +424,7 @@ class Exchange implements PoolSink {
     if ('error' in response) {
       // An unknown method is 404 in this era (H-26-1), the backend's answer says so.
       const status = response.error.code === -32601 ? 404 : 200
-      this.#out.finish({ ...response, id }, status)
+      this.#out.finish({ ...response, id, error: modernError(this.#request, response.error) }, status)
       return
     }
     this.#out.finish({ jsonrpc: '2.0', id, result: completeResult(this.#request.method, response.result, this.#serverInfo) })
@@ -411,8 +446,14 @@ class Exchange implements PoolSink {
       this.#out.fail(withData(new GW_ERR_MISSING_CAPABILITY(capability), { requiredCapabilities: { [capability]: {} } }), this.#request.id)
       return
     }
-    const key = String(request.id)
-    this.#pending.set(key, { opaqueId: String(request.id), method: request.method, params: isRecord(request.params) ? request.params : {} })
+    const input = inputRequestOf(request, this.#pending)
+    const early = this.#preAnswers[input.key]
+    if (validInputResponse(input.method, early)) {
+      delete this.#preAnswers[input.key]
+      call.answer({ jsonrpc: '2.0', id: input.opaqueId, result: early })
+      return
+    }
+    this.#pending.set(input.key, input)
     this.#scheduleRound(ROUND_GATHER_MS)
   }
 
@@ -449,6 +490,52 @@ class Exchange implements PoolSink {
   }
 }
 
+/** The key a backend's ask gets in `inputRequests`, and what the client is asked (see inputRequestOf). */
+interface KeyedInput extends InputRequest { key: string }
+
+/**
+ * A backend's server-to-client request as an input request. Its key is the one the backend named in
+ * `_meta["mcp-gateway/inputKey"]` (a gateway extension: a 2025-era request has no such key, and a
+ * backend that wants stable keys across retries can name them), else the request's opaque id.
+ */
+function inputRequestOf (request: JsonRpcRequest, taken: ReadonlyMap<string, InputRequest>): KeyedInput {
+  const params = isRecord(request.params) ? { ...request.params } : {}
+  let key = String(request.id)
+  if (isRecord(params._meta)) {
+    const { [INPUT_KEY_META]: named, ...meta } = params._meta
+    if (typeof named === 'string' && /^[A-Za-z0-9_.-]{1,64}$/.test(named) && !taken.has(named)) key = named
+    if (Object.keys(meta).length > 0) params._meta = meta
+    else delete params._meta
+  }
+  return { key, opaqueId: String(request.id), method: request.method, params }
+}
+
+/** Whether a client's input response has the shape its method's result needs (else it is asked again). */
+function validInputResponse (method: string, value: unknown): value is Record<string, unknown> {
+  if (!isRecord(value)) return false
+  switch (method) {
+    case 'sampling/createMessage':
+      return typeof value.role === 'string' && typeof value.model === 'string' && (isRecord(value.content) || Array.isArray(value.content))
+    case 'elicitation/create':
+      return value.action === 'accept' || value.action === 'decline' || value.action === 'cancel'
+    case 'roots/list':
+      return Array.isArray(value.roots)
+    default:
+      return false
+  }
+}
+
+/**
+ * A backend's error in this era: a resource that does not exist is -32602 (2025's -32002) and
+ * names its uri in `data` (SEP-2164).
+ */
+function modernError (request: JsonRpcRequest, error: JsonRpcErrorObject): JsonRpcErrorObject {
+  if (request.method !== 'resources/read' || (error.code !== -32002 && error.code !== -32602)) return error
+  const uri = isRecord(request.params) ? request.params.uri : undefined
+  const data = isRecord(error.data) ? error.data : {}
+  return { ...error, code: -32602, data: { ...data, uri: data.uri ?? uri } }
+}
+
 /**
  * Holds a parked call between rounds: backend requests that arrive meanwhile join its pending
  * inputs (asked in the next round); an answer or error that arrives meanwhile is kept for the retry.
@@ -460,7 +547,8 @@ class ParkedSink implements PoolSink {
     const parked = this.parked
     if (parked === undefined) return
     if (isRequest(message) && NEEDS_CAPABILITY[message.method] !== undefined) {
-      parked.pending.set(String(message.id), { opaqueId: String(message.id), method: message.method, params: isRecord(message.params) ? message.params : {} })
+      const input = inputRequestOf(message, parked.pending)
+      parked.pending.set(input.key, input)
     } else if (isRequest(message)) {
       parked.call.answer({ jsonrpc: '2.0', id: message.id, error: { code: -32601, message: `${message.method} is not available to a modern request` } })
     } else if (isResponse(message)) {

@@ -1,0 +1,241 @@
+// MCP 2026-07-28 through the gateway (issue 9): the v2 SDK client pinned to the modern revision,
+// and in `auto` mode, next to the v1 SDK client on the same URL, in front of a legacy stdio backend
+// (the full-server fixture, a real child) and a legacy Streamable HTTP backend (the v1 SDK's
+// server), over real sockets. Raw HTTP checks what a client library would hide: JSON vs SSE,
+// the 400/404 statuses, MRTR state handling, cancellation on close. Several replicas:
+// test/integration/modern-replicas.test.ts.
+import { Client as ClientV2, StreamableHTTPClientTransport as TransportV2 } from '@modelcontextprotocol/client'
+import { Client as ClientV1 } from '@modelcontextprotocol/sdk/client/index.js'
+import { StreamableHTTPClientTransport as TransportV1 } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
+import { createParser } from 'eventsource-parser'
+import t, { type Test } from 'tap'
+import { startStreamableUpstream } from '../fixtures/http-upstreams.js'
+import { startGateway, stdioFixture } from '../helpers/gateway.js'
+import { eventually, textOf } from '../helpers/wait.js'
+
+const V = '2026-07-28'
+
+const envelope = (capabilities: Record<string, unknown> = {}, extra: Record<string, unknown> = {}): Record<string, unknown> => ({
+  'io.modelcontextprotocol/protocolVersion': V,
+  'io.modelcontextprotocol/clientCapabilities': capabilities,
+  'io.modelcontextprotocol/clientInfo': { name: 'raw', version: '1' },
+  ...extra
+})
+
+interface Answer {
+  status: number
+  contentType: string
+  /** Every JSON-RPC message of the body (one for JSON, each event for SSE). */
+  messages: Array<Record<string, unknown>>
+}
+
+/** POSTs one modern request with the standard headers, and reads the whole answer. */
+async function modernPost (url: string, method: string, params: Record<string, unknown>, id: number | string = 1, headers: Record<string, string> = {}): Promise<Answer> {
+  const name = typeof params.name === 'string' ? params.name : typeof params.uri === 'string' ? params.uri : undefined
+  const res = await fetch(url, {
+    method: 'POST',
+    headers: {
+      'content-type': 'application/json',
+      accept: 'application/json, text/event-stream',
+      'mcp-protocol-version': V,
+      'mcp-method': method,
+      ...(name !== undefined ? { 'mcp-name': name } : {}),
+      ...headers
+    },
+    body: JSON.stringify({ jsonrpc: '2.0', id, method, params })
+  })
+  const contentType = res.headers.get('content-type') ?? ''
+  const text = await res.text()
+  const messages: Array<Record<string, unknown>> = []
+  if (contentType.includes('text/event-stream')) {
+    const parser = createParser({ onEvent: e => { if (e.data !== '') messages.push(JSON.parse(e.data) as Record<string, unknown>) } })
+    parser.feed(text)
+  } else if (text !== '') {
+    messages.push(JSON.parse(text) as Record<string, unknown>)
+  }
+  return { status: res.status, contentType, messages }
+}
+
+const last = (a: Answer): Record<string, unknown> => a.messages[a.messages.length - 1] ?? {}
+const resultOf = (a: Answer): Record<string, unknown> => last(a).result as Record<string, unknown>
+
+async function modernClient (t: Test, url: string, mode: 'pin' | 'auto' = 'pin'): Promise<ClientV2> {
+  const client = new ClientV2({ name: 'modern-test', version: '1' }, {
+    capabilities: { sampling: {}, elicitation: { form: {} }, roots: {} },
+    versionNegotiation: { mode: mode === 'pin' ? { pin: V } : 'auto' }
+  })
+  client.setRequestHandler('sampling/createMessage', async request => {
+    const first = request.params.messages[0]?.content
+    const said = first !== undefined && !Array.isArray(first) && first.type === 'text' ? first.text : '?'
+    return { role: 'assistant', model: 'test-model', content: { type: 'text', text: `model says: ${said}` } }
+  })
+  client.setRequestHandler('elicitation/create', async () => ({ action: 'accept', content: { answer: 'forty-two' } }))
+  client.setRequestHandler('roots/list', async () => ({ roots: [{ uri: 'file:///tmp/modern-root', name: 'root' }] }))
+  await client.connect(new TransportV2(new URL(url)))
+  t.teardown(async () => { await client.close().catch(() => {}) })
+  return client
+}
+
+t.test('stdio backend: the v2 client pinned to 2026-07-28 and the v1 client, on one URL at once', async t => {
+  const gw = await startGateway(t, { servers: { full: stdioFixture('full-server') } })
+  const url = `${gw.url}/mcp/full`
+  const modern = await modernClient(t, url)
+  t.equal(modern.getProtocolEra(), 'modern', 'the v2 client speaks 2026-07-28 to the gateway')
+  const legacy = new ClientV1({ name: 'legacy-test', version: '1' })
+  await legacy.connect(new TransportV1(new URL(url)))
+  t.teardown(async () => { await legacy.close().catch(() => {}) })
+
+  const [m, l] = await Promise.all([
+    modern.callTool({ name: 'echo', arguments: { text: 'from 2026' } }),
+    legacy.callTool({ name: 'echo', arguments: { text: 'from 2025' } })
+  ])
+  t.equal(textOf(m), 'from 2026', 'modern call answered')
+  t.equal(textOf(l), 'from 2025', 'legacy session call answered')
+  const tools = await modern.listTools()
+  t.ok(tools.tools.some(tool => tool.name === 'echo'), 'tools/list through the pool')
+
+  const progress: number[] = []
+  const done = await modern.callTool({ name: 'progress', arguments: { steps: 3, delayMs: 5 } }, { onprogress: p => { progress.push(p.progress) } })
+  t.match(textOf(done), /^done 3 steps$/, 'the backend saw a progress token')
+  t.same(progress, [1, 2, 3], 'progress reached the request that carried the token')
+
+  // Mid-call server-to-client requests become input_required rounds; the client library answers
+  // them and retries, and the backend's call completes with the answers.
+  t.equal(textOf(await modern.callTool({ name: 'sample', arguments: { prompt: 'hello' } })), 'model says: hello', 'sampling bridged')
+  t.match(textOf(await modern.callTool({ name: 'elicit', arguments: { message: 'question?' } })), /"action":"accept".*forty-two/, 'elicitation bridged')
+  t.match(textOf(await modern.callTool({ name: 'roots', arguments: {} })), /modern-root/, 'roots bridged')
+})
+
+t.test('auto mode probes server/discover and stays modern; discover states the backend as a modern server', async t => {
+  const gw = await startGateway(t, { servers: { full: stdioFixture('full-server') } })
+  const url = `${gw.url}/mcp/full`
+  const client = await modernClient(t, url, 'auto')
+  t.equal(client.getProtocolEra(), 'modern')
+  t.equal(client.getServerVersion()?.name, 'full-server', 'serverInfo from the backend')
+  const a = await modernPost(url, 'server/discover', { _meta: envelope() })
+  const b = await modernPost(url, 'server/discover', { _meta: envelope() })
+  t.equal(a.status, 200)
+  t.same(resultOf(a).supportedVersions, [V])
+  t.match(resultOf(a), { resultType: 'complete', ttlMs: Number, cacheScope: 'private', capabilities: { tools: {} }, _meta: { 'io.modelcontextprotocol/serverInfo': { name: 'full-server' } } })
+  t.same(resultOf(a), resultOf(b), 'the same answer each time')
+})
+
+t.test('raw wire: statuses, JSON or SSE, logs only when asked, no session id', async t => {
+  const gw = await startGateway(t, { servers: { full: stdioFixture('full-server') } })
+  const url = `${gw.url}/mcp/full`
+  const plain = await modernPost(url, 'tools/call', { name: 'echo', arguments: { text: 'x' }, _meta: envelope() })
+  t.equal(plain.status, 200)
+  t.match(plain.contentType, /application\/json/, 'an answer with nothing before it is one JSON body')
+  t.match(resultOf(plain), { resultType: 'complete', content: [{ text: 'x' }] })
+
+  const quiet = await modernPost(url, 'tools/call', { name: 'log', arguments: { count: 2, level: 'error' }, _meta: envelope() })
+  t.notOk(quiet.messages.some(m => m.method === 'notifications/message'), 'no log line without logLevel')
+  const loud = await modernPost(url, 'tools/call', { name: 'log', arguments: { count: 2, level: 'error' }, _meta: envelope({}, { 'io.modelcontextprotocol/logLevel': 'warning' }) })
+  t.match(loud.contentType, /text\/event-stream/, 'a log line first: SSE')
+  t.equal(loud.messages.filter(m => m.method === 'notifications/message').length, 2, 'log lines at or above the asked level')
+  const above = await modernPost(url, 'tools/call', { name: 'log', arguments: { count: 2, level: 'info' }, _meta: envelope({}, { 'io.modelcontextprotocol/logLevel': 'warning' }) })
+  t.notOk(above.messages.some(m => m.method === 'notifications/message'), 'lines below the asked level are dropped')
+
+  const ping = await modernPost(url, 'ping', { _meta: envelope() }, 9)
+  t.equal(ping.status, 404)
+  t.match(last(ping), { id: 9, error: { code: -32601 } })
+  const unknown = await modernPost(url, 'no/such/method', { _meta: envelope() }, 10)
+  t.equal(unknown.status, 404, "the backend's -32601 is a 404 in this era")
+  t.match(last(unknown), { id: 10, error: { code: -32601 } })
+  const mismatch = await modernPost(url, 'tools/list', { _meta: envelope() }, 11, { 'mcp-method': 'tools/call' })
+  t.equal(mismatch.status, 400)
+  t.match(last(mismatch), { id: 11, error: { code: -32020 } })
+  const old = await modernPost(url, 'tools/list', { _meta: envelope({}, { 'io.modelcontextprotocol/protocolVersion': '2030-01-01' }) }, 12, { 'mcp-protocol-version': '2030-01-01' })
+  t.equal(old.status, 400)
+  t.match(last(old), { id: 12, error: { code: -32022, data: { supported: [V], requested: '2030-01-01' } } })
+  const notification = await fetch(url, { method: 'POST', headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream', 'mcp-protocol-version': V }, body: JSON.stringify({ jsonrpc: '2.0', method: 'notifications/cancelled', params: { requestId: 1 } }) })
+  t.equal(notification.status, 202, 'a modern notification is accepted and ignored')
+  const res = await fetch(url, { method: 'POST', headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream', 'mcp-protocol-version': V, 'mcp-method': 'tools/list' }, body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'tools/list', params: { _meta: envelope() } }) })
+  t.equal(res.headers.get('mcp-session-id'), null, 'no session id is minted for a modern request')
+  await res.text()
+})
+
+t.test('MRTR by hand: input_required, the retry completes the call, state is single use and tamper-proof, undeclared capability is -32021', async t => {
+  const gw = await startGateway(t, { servers: { full: stdioFixture('full-server') } })
+  const url = `${gw.url}/mcp/full`
+  const params = { name: 'sample', arguments: { prompt: 'round one' } }
+  const refused = await modernPost(url, 'tools/call', { ...params, _meta: envelope() }, 1)
+  t.equal(refused.status, 400, 'sampling not declared: 400')
+  t.match(last(refused), { id: 1, error: { code: -32021, data: { requiredCapabilities: { sampling: {} } } } })
+
+  const first = await modernPost(url, 'tools/call', { ...params, _meta: envelope({ sampling: {} }) }, 2)
+  t.equal(first.status, 200)
+  const round = resultOf(first)
+  t.equal(round.resultType, 'input_required')
+  t.type(round.requestState, 'string')
+  const keys = Object.keys(round.inputRequests as Record<string, unknown>)
+  t.equal(keys.length, 1, 'one input request')
+  const key = keys[0] as string
+  t.match((round.inputRequests as Record<string, unknown>)[key], { method: 'sampling/createMessage', params: { messages: [{ content: { text: 'round one' } }] } })
+
+  const state = round.requestState as string
+  const tampered = await modernPost(url, 'tools/call', { ...params, _meta: envelope({ sampling: {} }), requestState: `${state.slice(0, -3)}AAA`, inputResponses: {} }, 3)
+  t.equal(tampered.status, 400, 'a tampered state is refused')
+  t.match(last(tampered), { id: 3, error: { code: -32602 } })
+
+  const answer = { role: 'assistant', model: 'm', content: { type: 'text', text: 'answered by hand' } }
+  const second = await modernPost(url, 'tools/call', { ...params, _meta: envelope({ sampling: {} }), requestState: state, inputResponses: { [key]: answer } }, 4)
+  t.equal(second.status, 200)
+  t.match(resultOf(second), { resultType: 'complete', content: [{ text: 'answered by hand' }] }, 'the parked call completed with the answer')
+  const replay = await modernPost(url, 'tools/call', { ...params, _meta: envelope({ sampling: {} }), requestState: state, inputResponses: { [key]: answer } }, 5)
+  t.equal(replay.status, 400, 'a used state is refused')
+  t.match(last(replay), { id: 5, error: { code: -32602 } })
+
+  // A retry that leaves the input unanswered is asked again, with a fresh state.
+  const again = resultOf(await modernPost(url, 'tools/call', { ...params, _meta: envelope({ sampling: {} }) }, 6))
+  const missing = await modernPost(url, 'tools/call', { ...params, _meta: envelope({ sampling: {} }), requestState: again.requestState, inputResponses: {} }, 7)
+  t.match(resultOf(missing), { resultType: 'input_required', inputRequests: Object.fromEntries(Object.keys(again.inputRequests as object).map(k => [k, { method: 'sampling/createMessage' }])) }, 'the unanswered input is asked again')
+  t.not(resultOf(missing).requestState, again.requestState, 'with a new state')
+})
+
+t.test('closing the response cancels the call upstream', async t => {
+  const gw = await startGateway(t, { servers: { full: stdioFixture('full-server', [], { poolSize: 1 }) } })
+  const url = `${gw.url}/mcp/full`
+  const abort = new AbortController()
+  const pending = fetch(url, {
+    method: 'POST',
+    signal: abort.signal,
+    headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream', 'mcp-protocol-version': V, 'mcp-method': 'tools/call', 'mcp-name': 'slow' },
+    body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'tools/call', params: { name: 'slow', arguments: { ms: 10_000 }, _meta: envelope() } })
+  }).catch(() => null)
+  await new Promise(resolve => setTimeout(resolve, 300))
+  abort.abort()
+  await pending
+  const seen = await eventually('the backend saw the cancellation', async () => {
+    const r = resultOf(await modernPost(url, 'tools/call', { name: 'cancelled-requests', arguments: {}, _meta: envelope() }))
+    const ids = JSON.parse(textOf(r)) as unknown[]
+    return ids.length > 0 ? ids : undefined
+  })
+  t.equal(seen.length, 1, 'the one pooled child was told, once')
+})
+
+t.test('subscriptions/listen: acknowledgement first, then list_changed tagged with the subscription id', async t => {
+  const gw = await startGateway(t, { servers: { full: stdioFixture('full-server', [], { poolSize: 1 }) } })
+  const url = `${gw.url}/mcp/full`
+  const client = await modernClient(t, url)
+  const changed: unknown[] = []
+  client.setNotificationHandler('notifications/tools/list_changed', n => { changed.push(n) })
+  const subscription = await client.listen({ toolsListChanged: true, promptsListChanged: true })
+  t.match(subscription.honoredFilter, { toolsListChanged: true, promptsListChanged: true })
+  await client.callTool({ name: 'add-tool', arguments: {} })
+  await eventually('tools/list_changed on the listen stream', () => changed.length > 0 ? true : undefined)
+  await subscription.close()
+  t.equal(await subscription.closed, 'local')
+})
+
+t.test('Streamable HTTP backend: modern requests run on a pooled backend session', async t => {
+  const upstream = await startStreamableUpstream()
+  t.teardown(upstream.close)
+  const gw = await startGateway(t, { servers: { remote: { transport: 'streamable-http', url: upstream.url, poolSize: 2 } } })
+  const url = `${gw.url}/mcp/remote`
+  const client = await modernClient(t, url)
+  const answers = await Promise.all([1, 2, 3, 4, 5].map(async i => await client.callTool({ name: 'echo', arguments: { message: `m${i}` } })))
+  t.same(answers.map(textOf), [1, 2, 3, 4, 5].map(i => `echo: m${i}`), 'every call answered with its own result')
+  t.ok(upstream.sessions.size <= 2, `at most poolSize backend sessions (${upstream.sessions.size})`)
+  t.equal(textOf(await client.callTool({ name: 'ask-sampling', arguments: {} })), 'sampled: model says: say something', 'sampling bridged from an HTTP backend')
+})
