@@ -5,9 +5,10 @@
 // - Ids: each request gets a pool-wide key `m<n>` as its client id and its stream id, so requests
 //   of different clients never meet in a relay (its id mapping and progress tokens are keyed by
 //   them); the relay mints the backend's ids as for any session. The caller maps the key back.
-// - Scheduling: an idle connection first (so a backend's logs and server-to-client requests, which
-//   carry no request id, belong to the one request in flight), else a new connection up to the
-//   server's `poolSize`, else the least busy one.
+// - Scheduling: one request per connection, so what a backend sends without a request id (logs,
+//   server-to-client requests) belongs to the one request in flight: an idle connection, else a
+//   new one. `poolSize` connections stay warm when idle; more are opened for a burst and stopped
+//   when idle. Only at the server's session limit (maxSessions) do requests share a connection.
 // - A connection is initialised by the pool (the client sent no initialize): latest legacy
 //   version, the client capabilities the gateway can bridge (sampling, elicitation, roots, as
 //   `input_required` rounds: mrtr.ts). What the first one learns (capabilities, server info,
@@ -69,6 +70,8 @@ export interface ConnectionPoolOptions {
 export const BRIDGED_CAPABILITIES: Record<string, unknown> = { sampling: {}, elicitation: { form: {}, url: {} }, roots: {} }
 
 const INIT_KEY_PREFIX = 'i'
+/** Connections opened beyond poolSize for a burst are stopped after this long idle. */
+const EXTRA_IDLE_MS = 30_000
 
 interface Connection {
   id: string
@@ -76,8 +79,13 @@ interface Connection {
   tenant: string | null
   relay: Relay
   lastUsed: number
+  /** Requests that chose this connection and are not delivered yet. */
+  claims: number
   ready: Promise<Connection>
 }
+
+/** Requests on a connection: in flight, or about to be. */
+const busy = (c: Connection): number => c.relay.inFlightCount + c.claims
 
 interface Group {
   connections: Connection[]
@@ -99,7 +107,7 @@ export class ConnectionPool {
   constructor (options: ConnectionPoolOptions) {
     this.#o = options
     const idleMs = options.config.sessions.idleTimeoutMs
-    this.#sweep = setInterval(() => { this.#stopIdle(idleMs) }, Math.max(1000, Math.min(30_000, Math.floor(idleMs / 2))))
+    this.#sweep = setInterval(() => { this.#stopIdle(idleMs) }, Math.max(1000, Math.min(10_000, Math.floor(idleMs / 2))))
     this.#sweep.unref()
   }
 
@@ -116,7 +124,7 @@ export class ConnectionPool {
   async info (server: string, tenant: string | null): Promise<BackendInfo> {
     const group = this.#group(server, tenant)
     if (group.info !== null) return group.info
-    await this.#acquire(server, tenant)
+    await this.#acquire(server, tenant, false)
     if (group.info === null) throw new GW_ERR_BACKEND_UNAVAILABLE(server, 'the backend did not describe itself')
     return group.info
   }
@@ -131,7 +139,7 @@ export class ConnectionPool {
     let held = true
     const release = (): void => { if (held) { held = false; group.holds-- } }
     try {
-      if (group.connections.length === 0) await this.#acquire(server, tenant)
+      if (group.connections.length === 0) await this.#acquire(server, tenant, false)
     } catch (err) {
       release()
       throw err
@@ -144,10 +152,11 @@ export class ConnectionPool {
    * same key) on a pooled connection; everything about it reaches `sink`.
    */
   async call (server: string, tenant: string | null, build: (key: string) => JsonRpcRequest, sink: PoolSink): Promise<PooledCall> {
-    const conn = await this.#acquire(server, tenant)
+    const conn = await this.#acquire(server, tenant, true)
     const key = `m${++this.#seq}`
     this.#sinks.set(key, sink)
     conn.lastUsed = performance.now()
+    conn.claims--
     conn.relay.deliver(build(key), key)
     const relay = conn.relay
     return {
@@ -201,27 +210,35 @@ export class ConnectionPool {
     return config
   }
 
-  async #acquire (server: string, tenant: string | null): Promise<Connection> {
+  /**
+   * A connection for one request (`claim`: reserved for it until its request is delivered), or any
+   * ready connection (discover, listen). A request gets an idle connection, else a new one, so what
+   * the backend sends without a request id (logs, server-to-client requests) belongs to it alone;
+   * only at the server's session limit do requests share the least busy connection.
+   */
+  async #acquire (server: string, tenant: string | null, claim: boolean): Promise<Connection> {
     if (this.#stopping) throw new GW_ERR_SHUTTING_DOWN()
     const config = this.#serverConfig(server)
     const group = this.#group(server, tenant)
-    let best: Connection | undefined
-    for (const c of group.connections) {
-      if (best === undefined || c.relay.inFlightCount < best.relay.inFlightCount) best = c
+    const first = group.connections[0]
+    if (!claim && first !== undefined) return first
+    const idle = group.connections.find(c => busy(c) === 0)
+    if (idle !== undefined) {
+      idle.claims++
+      return idle
     }
-    if (best !== undefined && best.relay.inFlightCount === 0) return await best.ready
-    const size = 'poolSize' in config && typeof config.poolSize === 'number' ? config.poolSize : 4
-    if (group.connections.length + group.opening < size || best === undefined) {
-      try {
-        return await this.#open(server, tenant, config, group)
-      } catch (err) {
-        if (best === undefined) throw err
-      }
+    try {
+      return await this.#open(server, tenant, config, group, claim)
+    } catch (err) {
+      if (!isGatewayError(err) || err.code !== 'GW_ERR_BACKEND_CAPACITY' || group.connections.length === 0) throw err
+      let least = group.connections[0] as Connection
+      for (const c of group.connections) if (busy(c) < busy(least)) least = c
+      if (claim) least.claims++
+      return least
     }
-    return await best.ready
   }
 
-  async #open (server: string, tenant: string | null, config: ServerConfig, group: Group): Promise<Connection> {
+  async #open (server: string, tenant: string | null, config: ServerConfig, group: Group, claim: boolean): Promise<Connection> {
     const id = `pool.${this.#o.replicaId}.${++this.#seq}`
     const log = this.#o.log.child({ pool: id, backend: server })
     const policyOf = this.#o.toolPolicy
@@ -247,7 +264,7 @@ export class ConnectionPool {
       createdAt: Date.now(),
       ...(policyOf !== undefined ? { filterResult: (method: string, result: unknown) => filterToolsListOf(method, result, policyOf(tenant, server)) } : {})
     })
-    const conn: Connection = { id, server, tenant, relay, lastUsed: performance.now(), ready: Promise.resolve(undefined as unknown as Connection) }
+    const conn: Connection = { id, server, tenant, relay, lastUsed: performance.now(), claims: claim ? 1 : 0, ready: Promise.resolve(undefined as unknown as Connection) }
     group.opening++
     conn.ready = (async () => {
       try {
@@ -338,16 +355,25 @@ export class ConnectionPool {
     await this.#o.backends.stop(conn.id).catch(() => {})
   }
 
+  /**
+   * Idle connections: up to the server's poolSize stay warm for the sessions' idle timeout; those
+   * opened beyond it for a burst go after EXTRA_IDLE_MS. A group a listen stream holds keeps one.
+   */
   #stopIdle (idleMs: number): void {
     const now = performance.now()
     for (const group of this.#groups.values()) {
-      if (group.holds > 0) continue
-      for (const c of [...group.connections]) {
-        if (c.relay.inFlightCount === 0 && now - c.lastUsed > idleMs) {
+      const idle = group.connections.filter(c => busy(c) === 0).sort((a, b) => b.lastUsed - a.lastUsed)
+      const first = idle[0]
+      const config = first === undefined ? undefined : this.#o.live.servers[first.server]
+      const size = config !== undefined && 'poolSize' in config && typeof config.poolSize === 'number' ? config.poolSize : 4
+      idle.forEach((c, i) => {
+        const age = now - c.lastUsed
+        if (i === 0 && group.holds > 0) return
+        if (age > idleMs || (i >= size && age > Math.min(idleMs, EXTRA_IDLE_MS))) {
           c.relay.log.info('idle pooled backend connection stopped')
           this.#close(c, new GW_ERR_BACKEND_UNAVAILABLE(c.server, 'idle')).catch(() => {})
         }
-      }
+      })
     }
   }
 }
