@@ -242,7 +242,16 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
     onServerEvent: (server, tenant, message) => { modern.onServerEvent(server, tenant, message) }
   })
   const parked = new ParkedCalls({ replicaId, ttlMs: PARKED_CALL_TTL_MS })
-  const modern = new ModernFace({ pool, parked, metrics, toolPolicy: toolPolicies(tenants) })
+  const modern = new ModernFace({
+    pool,
+    parked,
+    metrics,
+    toolPolicy: toolPolicies(tenants),
+    peers: { replicaId, send: async (replica, envelope) => { await router.sendEnvelope(replica, envelope) }, isAlive: async replica => await router.isAlive(replica) },
+    forwardTimeoutMs: PARKED_CALL_TTL_MS * 2,
+    log
+  })
+  router.onModernEnvelope(envelope => { modern.onEnvelope(envelope) })
   metrics.observe({ sessions: () => router.ownedSessions(), streams: () => router.openStreams(), children: () => supervisor.childrenByServer() })
   live.onChange(async change => {
     // Tenants and auth first: a revoked key is refused from the next request on.

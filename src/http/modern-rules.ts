@@ -53,7 +53,7 @@ export function supportedVersions (): string[] {
 }
 
 /** What a modern request declared about itself in its `_meta` envelope. */
-export interface Envelope {
+export interface RequestEnvelope {
   protocolVersion: string
   clientCapabilities: Record<string, unknown>
   clientInfo?: Record<string, unknown>
@@ -154,7 +154,7 @@ export function decodeHeaderValue (value: string): string | undefined {
  * The validation ladder of a modern request (see the header); returns its envelope. A modern
  * notification needs only a readable version claim, if any.
  */
-export function checkModernRequest (request: JsonRpcRequest, headers: ModernHeaders): Envelope {
+export function checkModernRequest (request: JsonRpcRequest, headers: ModernHeaders): RequestEnvelope {
   const meta = metaOf(request)
   if (meta === undefined || !(META_PROTOCOL_VERSION in meta)) {
     const missing = meta === undefined ? '_meta' : META_PROTOCOL_VERSION
@@ -187,9 +187,22 @@ export function checkModernRequest (request: JsonRpcRequest, headers: ModernHead
     }
   }
   if (REMOVED_METHODS.has(request.method)) throw new GW_ERR_METHOD_NOT_FOUND(request.method)
-  const envelope: Envelope = { protocolVersion: version, clientCapabilities: meta[META_CLIENT_CAPABILITIES] as Record<string, unknown> }
+  const envelope: RequestEnvelope = { protocolVersion: version, clientCapabilities: meta[META_CLIENT_CAPABILITIES] as Record<string, unknown> }
   if (isRecord(meta[META_CLIENT_INFO])) envelope.clientInfo = meta[META_CLIENT_INFO]
   if (meta[META_LOG_LEVEL] !== undefined) envelope.logLevel = meta[META_LOG_LEVEL] as LogLevel
+  return envelope
+}
+
+/** The envelope of a request already checked by checkModernRequest (a retry forwarded from another replica). */
+export function envelopeOf (request: JsonRpcRequest): RequestEnvelope {
+  const meta = metaOf(request) ?? {}
+  const capabilities = meta[META_CLIENT_CAPABILITIES]
+  const envelope: RequestEnvelope = {
+    protocolVersion: typeof meta[META_PROTOCOL_VERSION] === 'string' ? meta[META_PROTOCOL_VERSION] : MODERN_VERSIONS[0],
+    clientCapabilities: isRecord(capabilities) ? capabilities : {}
+  }
+  if (isRecord(meta[META_CLIENT_INFO])) envelope.clientInfo = meta[META_CLIENT_INFO]
+  if ((LOG_LEVELS as readonly unknown[]).includes(meta[META_LOG_LEVEL])) envelope.logLevel = meta[META_LOG_LEVEL] as LogLevel
   return envelope
 }
 

@@ -14,11 +14,12 @@
 // The response is lazy: JSON when the answer is the first thing to send (one write, and an HTTP
 // status for the spec's 400/404 errors), SSE as soon as a notification comes first.
 import type { FastifyReply, FastifyRequest } from 'fastify'
+import type { Logger } from 'pino'
 import type { ServerResponse } from 'node:http'
 import type { ToolPolicyLookup } from '../auth/tool-policy.js'
 import { toolNameOf } from '../auth/tool-policy.js'
 import {
-  GW_ERR_INVALID_PARAMS, GW_ERR_MISSING_CAPABILITY, GW_ERR_INTERNAL, GW_ERR_UNKNOWN_TOOL,
+  GW_ERR_BACKEND_LOST, GW_ERR_INVALID_PARAMS, GW_ERR_MISSING_CAPABILITY, GW_ERR_INTERNAL, GW_ERR_UNKNOWN_TOOL,
   isGatewayError, toJsonRpcError, withData, type GatewayError
 } from '../core/errors.js'
 import {
@@ -28,9 +29,10 @@ import type { ConnectionPool, PoolSink, PooledCall } from '../routing/pool.js'
 import type { InputRequest, ParkedCall, ParkedCalls } from '../routing/mrtr.js'
 import { audit } from '../telemetry/audit.js'
 import type { GatewayMetrics } from '../telemetry/metrics.js'
+import type { Envelope } from '../state/bus.js'
 import {
-  checkModernNotification, checkModernRequest, completeResult, legacyParams, logPasses, META_SUBSCRIPTION_ID, MODERN_VERSIONS,
-  trimOws, type Envelope, type ModernHeaders
+  checkModernNotification, checkModernRequest, completeResult, envelopeOf, legacyParams, logPasses, META_SUBSCRIPTION_ID, MODERN_VERSIONS,
+  trimOws, type RequestEnvelope, type ModernHeaders
 } from './modern-rules.js'
 import { header, replyHeaders } from './request.js'
 
@@ -44,11 +46,31 @@ const ROUND_GATHER_MS = 15
 const INPUT_KEY_META = 'mcp-gateway/inputKey'
 const KEEPALIVE_MS = 15_000
 
+/** What the face needs of the other replicas: an MRTR retry goes to the replica holding its call. */
+export interface Peers {
+  replicaId: string
+  send (replica: string, envelope: Envelope): Promise<void>
+  isAlive (replica: string): Promise<boolean>
+}
+
 export interface ModernFaceOptions {
   pool: ConnectionPool
   parked: ParkedCalls
   metrics: GatewayMetrics
+  peers: Peers
   toolPolicy?: ToolPolicyLookup
+  /** How long a forwarded retry waits for the replica holding its call to answer. */
+  forwardTimeoutMs: number
+  log: Logger
+}
+
+/** Where an exchange writes: the client's HTTP response here, or another replica's (RemoteResponse). */
+interface ResponseSink {
+  readonly done: boolean
+  onClientGone: (() => void) | undefined
+  notify (message: JsonRpcMessage): void
+  finish (message: JsonRpcMessage, status?: number): void
+  fail (err: GatewayError, id: RequestId | null): void
 }
 
 export function modernHeaders (req: FastifyRequest): ModernHeaders {
@@ -63,7 +85,7 @@ export function modernHeaders (req: FastifyRequest): ModernHeaders {
  * One modern response: JSON until something other than the answer must be sent, then SSE. Ends
  * exactly once; after the client went away nothing is written.
  */
-class ModernResponse {
+class ModernResponse implements ResponseSink {
   readonly #res: ServerResponse
   readonly #headers: Record<string, string>
   #sse = false
@@ -119,6 +141,55 @@ class ModernResponse {
   }
 }
 
+/** A response on another replica: what the exchange writes goes there over the bus (mrtr-out). */
+class RemoteResponse implements ResponseSink {
+  readonly #peers: Peers
+  readonly #to: string
+  readonly #ticket: string
+  #done = false
+  onClientGone: (() => void) | undefined
+
+  constructor (peers: Peers, to: string, ticket: string) {
+    this.#peers = peers
+    this.#to = to
+    this.#ticket = ticket
+  }
+
+  get done (): boolean { return this.#done }
+
+  /** The client at the other replica went away (mrtr-cancel). */
+  clientGone (): void {
+    if (this.#done) return
+    this.#done = true
+    this.onClientGone?.()
+  }
+
+  notify (message: JsonRpcMessage): void {
+    if (!this.#done) this.#send('notify', message)
+  }
+
+  finish (message: JsonRpcMessage, status = 200): void {
+    if (this.#done) return
+    this.#done = true
+    this.#send('finish', message, status)
+  }
+
+  fail (err: GatewayError, id: RequestId | null): void {
+    this.finish(toJsonRpcError(err, id), err.statusCode ?? 500)
+  }
+
+  #send (op: 'notify' | 'finish', message: JsonRpcMessage, status?: number): void {
+    this.#peers.send(this.#to, { kind: 'mrtr-out', ticket: this.#ticket, op, message, ...(status !== undefined ? { status } : {}) }).catch(() => {})
+  }
+}
+
+/** A retry forwarded to the replica holding its call, waiting here for what comes back. */
+interface Forward {
+  out: ModernResponse
+  replica: string
+  timer: NodeJS.Timeout
+}
+
 function isRecord (value: unknown): value is Record<string, unknown> {
   return typeof value === 'object' && value !== null && !Array.isArray(value)
 }
@@ -148,9 +219,89 @@ export class ModernFace {
   readonly #o: ModernFaceOptions
   /** Listen streams by (server, tenant). */
   readonly #listeners = new Map<string, Set<Listener>>()
+  /** Retries forwarded from here, by ticket. */
+  readonly #forwards = new Map<string, Forward>()
+  /** Calls resumed here for a retry that landed on another replica, by ticket. */
+  readonly #remote = new Map<string, RemoteResponse>()
+  #seq = 0
 
   constructor (options: ModernFaceOptions) {
     this.#o = options
+  }
+
+  /** The face's bus envelopes (router.onModernEnvelope). */
+  onEnvelope (envelope: Envelope): void {
+    switch (envelope.kind) {
+      case 'mrtr-resume':
+        this.#resumeForwarded(envelope.from, envelope.ticket, envelope.principal, envelope.request)
+        return
+      case 'mrtr-out': {
+        const forward = this.#forwards.get(envelope.ticket)
+        if (forward === undefined) return
+        if (envelope.op === 'notify') {
+          forward.out.notify(envelope.message)
+          return
+        }
+        this.#forwards.delete(envelope.ticket)
+        clearTimeout(forward.timer)
+        forward.out.finish(envelope.message, envelope.status)
+        return
+      }
+      case 'mrtr-cancel': {
+        const remote = this.#remote.get(envelope.ticket)
+        this.#remote.delete(envelope.ticket)
+        remote?.clientGone()
+      }
+    }
+  }
+
+  /** Here: the retry of a call parked on this replica, which landed on `from`. */
+  #resumeForwarded (from: string, ticket: string, principal: string, request: JsonRpcRequest): void {
+    const out = new RemoteResponse(this.#o.peers, from, ticket)
+    let parked: ParkedCall
+    try {
+      parked = this.#takeParked(request, isRecord(request.params) ? request.params : {}, principal)
+    } catch (err) {
+      out.fail(isGatewayError(err) ? err : new GW_ERR_INTERNAL('retry not resumed', { cause: err }), request.id)
+      return
+    }
+    this.#remote.set(ticket, out)
+    this.#o.log.info({ server: parked.server, from }, 'input_required retry resumed for a client of another replica')
+    const exchange = new Exchange(this.#o, out, request, envelopeOf(request), parked.server, principal, parked.serverInfo, {})
+    const params = isRecord(request.params) ? request.params : {}
+    exchange.resume(parked, params.inputResponses)
+    // The ticket is forgotten once the exchange ends here (its last message went out).
+    const forget = setInterval(() => { if (out.done) { clearInterval(forget); this.#remote.delete(ticket) } }, 1000)
+    forget.unref()
+  }
+
+  /** There: a retry whose call is parked on `replica` is sent to it; its messages come back here. */
+  async #forward (reply: FastifyReply, replica: string, request: JsonRpcRequest, principal: string): Promise<void> {
+    const peers = this.#o.peers
+    // A replica that is gone took the call with it: the client starts over.
+    if (!await peers.isAlive(replica)) throw new GW_ERR_BACKEND_LOST('the backend call', `replica ${replica} holding it is gone`)
+    reply.hijack()
+    const out = new ModernResponse(reply.raw, replyHeaders(reply))
+    const ticket = `${peers.replicaId}.${++this.#seq}`
+    const timeoutMs = this.#o.forwardTimeoutMs
+    const timer = setTimeout(() => {
+      if (!this.#forwards.delete(ticket)) return
+      out.fail(new GW_ERR_BACKEND_LOST('the backend call', `replica ${replica} did not answer within ${timeoutMs} ms`), request.id)
+    }, timeoutMs)
+    timer.unref()
+    this.#forwards.set(ticket, { out, replica, timer })
+    out.onClientGone = () => {
+      if (!this.#forwards.delete(ticket)) return
+      clearTimeout(timer)
+      peers.send(replica, { kind: 'mrtr-cancel', ticket }).catch(() => {})
+    }
+    try {
+      await peers.send(replica, { kind: 'mrtr-resume', from: peers.replicaId, ticket, principal, request })
+    } catch (err) {
+      this.#forwards.delete(ticket)
+      clearTimeout(timer)
+      out.fail(isGatewayError(err) ? err : new GW_ERR_BACKEND_LOST('the backend call', 'the replica holding it cannot be reached'), request.id)
+    }
   }
 
   /** A backend's session-level notification (list_changed): to the listen streams that asked for it. */
@@ -266,6 +417,12 @@ export class ModernFace {
       }
     }
     const params = isRecord(message.params) ? message.params : {}
+    const holder = params.requestState !== undefined ? this.#o.parked.replicaOf(params.requestState) : undefined
+    if (holder !== undefined && holder !== this.#o.peers.replicaId) {
+      // The call is parked on another replica (flow 8): the retry goes there, the answer comes back.
+      await this.#forward(reply, holder, message, req.principal.key)
+      return
+    }
     // A retry's state is checked before the response starts, so a refusal is an HTTP 400.
     const parked = params.requestState !== undefined ? this.#takeParked(message, params, req.principal.key) : null
     const info = await this.#o.pool.info(server, tenant)
@@ -338,9 +495,9 @@ function modernCapabilities (legacy: Record<string, unknown>): Record<string, un
  */
 class Exchange implements PoolSink {
   readonly #o: ModernFaceOptions
-  readonly #out: ModernResponse
+  readonly #out: ResponseSink
   readonly #request: JsonRpcRequest
-  readonly #envelope: Envelope
+  readonly #envelope: RequestEnvelope
   readonly #server: string
   readonly #principal: string
   readonly #serverInfo: Record<string, unknown>
@@ -353,7 +510,7 @@ class Exchange implements PoolSink {
   /** Answers the client sent before being asked (inputResponses without requestState), by key. */
   readonly #preAnswers: Record<string, unknown>
 
-  constructor (options: ModernFaceOptions, out: ModernResponse, request: JsonRpcRequest, envelope: Envelope, server: string, principal: string,
+  constructor (options: ModernFaceOptions, out: ResponseSink, request: JsonRpcRequest, envelope: RequestEnvelope, server: string, principal: string,
     serverInfo: Record<string, unknown>, preAnswers: Record<string, unknown>) {
     this.#o = options
     this.#preAnswers = preAnswers
@@ -478,6 +635,7 @@ class Exchange implements PoolSink {
     const parked: ParkedCall = {
       call,
       server: this.#server,
+      serverInfo: this.#serverInfo,
       method: this.#request.method,
       pending,
       onExpire: () => { call.cancel('the client did not come back for an input_required result') }

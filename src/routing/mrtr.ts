@@ -22,6 +22,8 @@ export interface InputRequest {
 export interface ParkedCall {
   call: PooledCall
   server: string
+  /** The backend's serverInfo, for the results of the rounds to come. */
+  serverInfo: Record<string, unknown>
   /** The method of the original request (a retry must name the same). */
   method: string
   /** Input requests the client has not answered yet, by the key the client sees. */
@@ -80,6 +82,20 @@ export class ParkedCalls {
     const payload: StatePayload = { h: handle, r: this.#o.replicaId, e: Date.now() + ttlMs }
     const body = Buffer.from(JSON.stringify(payload)).toString('base64url')
     return `${body}.${this.#sign(body, principal)}`
+  }
+
+  /**
+   * The replica a requestState names, unverified (only that replica holds the key): where a retry
+   * that landed elsewhere is forwarded. Undefined when it is not a state at all.
+   */
+  replicaOf (requestState: unknown): string | undefined {
+    if (typeof requestState !== 'string' || requestState.length > 1024) return undefined
+    try {
+      const payload = JSON.parse(Buffer.from(requestState.slice(0, requestState.indexOf('.')), 'base64url').toString('utf8')) as Partial<StatePayload>
+      return typeof payload.r === 'string' && /^[A-Za-z0-9_-]{1,100}$/.test(payload.r) ? payload.r : undefined
+    } catch {
+      return undefined
+    }
   }
 
   /**

@@ -60,6 +60,8 @@ export class Router {
   #answeredWithoutLog: Array<{ sid: string, streamId: string, id: RequestId }> = []
   #seq = 0
   #stopping = false
+  /** Envelopes of the 2026-07-28 face (MRTR retries across replicas), handed to it as they come. */
+  #modernEnvelopes: ((envelope: Envelope) => void) | undefined
 
   constructor (options: RouterOptions) {
     this.#o = options
@@ -117,6 +119,21 @@ export class Router {
   }
 
   get stopping (): boolean { return this.#stopping }
+
+  /** The 2026-07-28 face's own envelopes (mrtr-*) go to this handler. */
+  onModernEnvelope (handler: (envelope: Envelope) => void): void {
+    this.#modernEnvelopes = handler
+  }
+
+  /** Puts an envelope in another replica's inbox (the 2026-07-28 face forwards MRTR retries). */
+  async sendEnvelope (replica: string, envelope: Envelope): Promise<void> {
+    await this.#o.bus.send(replica, envelope)
+  }
+
+  /** Whether a replica's heartbeat is current (cached briefly). */
+  async isAlive (replica: string): Promise<boolean> {
+    return await this.#ownership.isAlive(replica)
+  }
 
   /** Sessions whose backend connection this replica owns, by server (read when metrics are scraped). */
   ownedSessions (): Map<string, number> { return this.#ownership.ownedByServer() }
@@ -350,6 +367,11 @@ export class Router {
         return
       case 'end-session':
         this.#sessions.endLocal(envelope.sid, envelope.reason, envelope.server).catch(err => this.#o.log.error({ err }, 'local session end failed'))
+        return
+      case 'mrtr-resume':
+      case 'mrtr-out':
+      case 'mrtr-cancel':
+        this.#modernEnvelopes?.(envelope)
     }
   }
 

@@ -1,6 +1,6 @@
 // The bus between replicas: each replica reads one inbox. It only rings doorbells and carries
 // client messages to the owner; the event log stays the truth (ARCHITECTURE.md principle 3).
-import type { JsonRpcMessage } from '../core/jsonrpc.js'
+import type { JsonRpcMessage, JsonRpcRequest } from '../core/jsonrpc.js'
 import type { TraceCarrier } from '../telemetry/tracing.js'
 
 export type Envelope =
@@ -12,6 +12,15 @@ export type Envelope =
   | { kind: 'release', sid: string, streamId: string }
   /** The session was deleted or expired: stop its backend and end its streams. */
   | { kind: 'end-session', sid: string, reason: string, server?: string }
+  /**
+   * 2026-07-28: an MRTR retry (http/modern.ts) that landed on replica `from`, for a call parked on
+   * the receiving replica: resume it there; what it sends goes back as `mrtr-out` under `ticket`.
+   */
+  | { kind: 'mrtr-resume', from: string, ticket: string, principal: string, request: JsonRpcRequest }
+  /** A message of a resumed call for the replica holding the client's response (`finish`: the last). */
+  | { kind: 'mrtr-out', ticket: string, op: 'notify' | 'finish', message: JsonRpcMessage, status?: number }
+  /** The client of a forwarded retry went away: the resumed call is cancelled. */
+  | { kind: 'mrtr-cancel', ticket: string }
 
 export type EnvelopeHandler = (envelope: Envelope) => void
 

@@ -9,7 +9,7 @@ import type { PooledCall } from '../../src/routing/pool.js'
 
 function parkedCall (onExpire: () => void = () => {}): ParkedCall {
   const call: PooledCall = { key: 'm1', cancel: () => {}, answer: () => {}, rebind: () => {} }
-  return { call, server: 's', method: 'tools/call', pending: new Map(), onExpire }
+  return { call, server: 's', serverInfo: { name: 'b', version: '1' }, method: 'tools/call', pending: new Map(), onExpire }
 }
 
 function code (fn: () => unknown): number | string {

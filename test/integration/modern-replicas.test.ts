@@ -1,0 +1,49 @@
+// 2026-07-28 requests across replicas (issue 9): two gateway processes on one Redis behind a
+// non-sticky round-robin proxy, the v2 SDK client pinned to the modern revision. Stateless requests
+// are served by whichever replica gets them (each with its own pool); an MRTR retry that lands on
+// the other replica is forwarded to the one holding the parked call, which completes it.
+import { Client as ClientV2, StreamableHTTPClientTransport as TransportV2 } from '@modelcontextprotocol/client'
+import t from 'tap'
+import { stdioFixture } from '../helpers/gateway.js'
+import { randomPrefix, startRedis } from '../helpers/redis-server.js'
+import { startReplica, startRoundRobinProxy } from '../helpers/replicas.js'
+import { textOf } from '../helpers/wait.js'
+
+const V = '2026-07-28'
+
+t.test('stateless calls and MRTR rounds alternate between replicas; every call completes once', async t => {
+  const redis = await startRedis(t)
+  const config = {
+    redis: { url: redis.url, keyPrefix: randomPrefix(), leaseMs: 1500, connectTimeoutMs: 2000 },
+    servers: { full: stdioFixture('full-server', [], { poolSize: 1 }) }
+  }
+  const replicas = await Promise.all(['A', 'B'].map(async name => await startReplica(t, name, config)))
+  const proxy = await startRoundRobinProxy(t, replicas.map(r => r.url))
+  const client = new ClientV2({ name: 'modern-replicas', version: '1' }, {
+    capabilities: { sampling: {}, elicitation: { form: {} } },
+    versionNegotiation: { mode: { pin: V } }
+  })
+  client.setRequestHandler('sampling/createMessage', async request => {
+    const first = request.params.messages[0]?.content
+    return { role: 'assistant', model: 'm', content: { type: 'text', text: `sampled ${first !== undefined && !Array.isArray(first) && first.type === 'text' ? first.text : '?'}` } }
+  })
+  client.setRequestHandler('elicitation/create', async () => ({ action: 'accept', content: { answer: 'yes' } }))
+  await client.connect(new TransportV2(new URL(`${proxy.url}/mcp/full`)))
+  t.teardown(async () => { await client.close().catch(() => {}) })
+
+  const echoes = await Promise.all([1, 2, 3, 4, 5, 6].map(async i => textOf(await client.callTool({ name: 'echo', arguments: { text: `e${i}` } }))))
+  t.same(echoes, [1, 2, 3, 4, 5, 6].map(i => `e${i}`), 'stateless calls answered on both replicas')
+
+  // Each call is two HTTP requests (the round, then the retry); with strict alternation every
+  // retry lands on the other replica than the one parking the call.
+  for (let i = 0; i < 4; i++) {
+    t.equal(textOf(await client.callTool({ name: 'sample', arguments: { prompt: `p${i}` } })), `sampled p${i}`, `sampling round ${i} completed across replicas`)
+  }
+  t.match(textOf(await client.callTool({ name: 'elicit', arguments: { message: 'ok?' } })), /"action":"accept"/, 'elicitation across replicas')
+
+  const logs = replicas.flatMap(r => r.logs)
+  const completed = logs.filter(l => l.audit === 'tools.call' && l.tool === 'sample' && l.outcome === 'ok')
+  t.equal(completed.length, 4, 'each sampling call completed exactly once on the backend')
+  const resumed = logs.filter(l => l.msg === 'input_required retry resumed for a client of another replica')
+  t.ok(resumed.length >= 4, `retries that landed on the other replica were forwarded to the parking one (${resumed.length})`)
+})
