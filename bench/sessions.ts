@@ -5,9 +5,16 @@ import { Client } from '@modelcontextprotocol/sdk/client/index.js'
 import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js'
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
 import type { FetchLike } from '@modelcontextprotocol/sdk/shared/transport.js'
+import { Client as ClientV2, StreamableHTTPClientTransport as TransportV2 } from '@modelcontextprotocol/client'
+
+/** What a benchmark call needs of a client: the v1 SDK's and the v2 SDK's both have it. */
+export interface ToolCaller {
+  callTool (params: { name: string, arguments: Record<string, unknown> }): Promise<unknown>
+  close (): Promise<void>
+}
 
 export interface BenchSession {
-  client: Client
+  client: ToolCaller
   close: () => Promise<void>
 }
 
@@ -22,7 +29,7 @@ export const HTTP_ECHO: Echo = { args: i => ({ message: `ping-${i}` }), expect: 
 /** Every session still open, closed by the cleanup if a run stops half-way. */
 export const openSessions = new Set<BenchSession>()
 
-function track (client: Client, closeTransport: () => Promise<void>): BenchSession {
+function track (client: ToolCaller, closeTransport: () => Promise<void>): BenchSession {
   const session: BenchSession = {
     client,
     close: async () => {
@@ -53,6 +60,13 @@ export async function connectHttp (url: string, fetchImpl?: FetchLike): Promise<
   return track(client, async () => { await transport.terminateSession() })
 }
 
+/** The v2 SDK client pinned to 2026-07-28: no session, every call a stateless request (issue 9). */
+export async function connectModern (url: string): Promise<BenchSession> {
+  const client = new ClientV2({ name: 'bench', version: '1.0.0' }, { versionNegotiation: { mode: { pin: '2026-07-28' } } })
+  await client.connect(new TransportV2(new URL(url)))
+  return track(client, async () => {})
+}
+
 const isInitialize = (body: unknown): boolean => {
   if (typeof body !== 'string' || !body.includes('"initialize"')) return false
   try {
@@ -81,9 +95,8 @@ export function crossFetch (b: string, counts: { a: number, b: number }): FetchL
 /** One `echo` call; null when it answered what it should, else what went wrong. */
 export async function callEcho (session: BenchSession, echo: Echo, i: number): Promise<string | null> {
   try {
-    const result = await session.client.callTool({ name: 'echo', arguments: echo.args(i) })
-    const content = (result as { content?: Array<{ type: string, text?: string }> }).content
-    const text = content?.[0]?.text
+    const result = await session.client.callTool({ name: 'echo', arguments: echo.args(i) }) as { content?: Array<{ type: string, text?: string }>, isError?: boolean }
+    const text = result.content?.[0]?.text
     return text === echo.expect(i) && result.isError !== true ? null : `unexpected result ${JSON.stringify(result).slice(0, 200)}`
   } catch (err) {
     return err instanceof Error ? err.message : String(err)

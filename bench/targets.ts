@@ -10,7 +10,7 @@ import { fileURLToPath } from 'node:url'
 import {
   childrenOf, startGatewayProcess, startMinimalProxy, type Cleanup, type GatewayProcess, type RunningProcess
 } from './procs.js'
-import { connectHttp, connectStdio, crossFetch, HTTP_ECHO, STDIO_ECHO, type BenchSession, type Echo } from './sessions.js'
+import { connectHttp, connectModern, connectStdio, crossFetch, HTTP_ECHO, STDIO_ECHO, type BenchSession, type Echo } from './sessions.js'
 
 export const FIXTURE = fileURLToPath(new URL('../test/fixtures/full-server.js', import.meta.url))
 /** The stdio backend every stdio target runs: the floor's child, the gateway's and direct's. */
@@ -92,6 +92,8 @@ export interface GatewayTargetOptions {
   main?: string
   compareTo?: string
   goals?: Goals
+  /** Drive it with the v2 SDK client pinned to 2026-07-28 (stateless requests, pooled backend). */
+  modern?: boolean
 }
 
 export function gatewayTarget (name: string, options: GatewayTargetOptions = {}): TargetSpec {
@@ -110,6 +112,7 @@ export function gatewayTarget (name: string, options: GatewayTargetOptions = {})
       const start = async (suffix: string): Promise<GatewayProcess> =>
         await startGatewayProcess(ctx.cleanup, ctx.dir, `${name}${suffix}`, config, options.main === undefined ? {} : { main: options.main })
       const replicas = options.redis === 'cross' ? await Promise.all([start('-A'), start('-B')]) : [await start('')]
+      const modern = options.modern === true
       const [a, b] = replicas as [GatewayProcess, GatewayProcess | undefined]
       const counts = { a: 0, b: 0 }
       const servingPids = replicas.map(r => r.pid)
@@ -118,7 +121,9 @@ export function gatewayTarget (name: string, options: GatewayTargetOptions = {})
         compareTo: options.compareTo ?? FLOOR,
         goals: options.goals ?? {},
         echo: http === null ? STDIO_ECHO : HTTP_ECHO,
-        connect: b === undefined
+        connect: modern
+          ? async () => await connectModern(`${a.url}${GATEWAY_PATH}`)
+          : b === undefined
           ? async () => await connectHttp(`${a.url}${GATEWAY_PATH}`)
           : async () => await connectHttp(`${a.url}${GATEWAY_PATH}`, crossFetch(b.url, counts)),
         servingPids,
@@ -201,7 +206,9 @@ export function targetSpecs (compareMain: string | undefined): TargetSpec[] {
     // The same gateway with an optional feature off: the report divides on by off (FEATURE_COSTS).
     gatewayTarget('gateway-no-metrics', { config: { metrics: { enabled: false } } }),
     directHttpTarget,
-    gatewayTarget('gateway-http-backend', { backend: 'http', compareTo: 'direct-http' })
+    gatewayTarget('gateway-http-backend', { backend: 'http', compareTo: 'direct-http' }),
+    // 2026-07-28 requests through the pool, next to the 2025 session path of the same build (issue 9).
+    gatewayTarget('gateway-modern', { modern: true, compareTo: 'gateway-memory', goals: { seqP50Max: 1.2 } })
   ]
   if (compareMain !== undefined) {
     specs.push(
