@@ -97,6 +97,8 @@ class ModernResponse implements ResponseSink {
     this.#res = res
     this.#headers = headers
     const socket = res.socket
+    // The client may have gone while the request waited for a backend connection.
+    if (socket === null || socket.destroyed) this.#done = true
     res.on('close', () => {
       // A client that went away mid-response can leave its socket open and the request unfinished
       // in the server's eyes, which would hold a shutdown for a whole keep-alive timeout.

@@ -196,6 +196,8 @@ t.test('MRTR by hand: input_required, the retry completes the call, state is sin
 t.test('closing the response cancels the call upstream', async t => {
   const gw = await startGateway(t, { servers: { full: stdioFixture('full-server', [], { poolSize: 1 }) } })
   const url = `${gw.url}/mcp/full`
+  // A warm pool: the slow call is delivered at once, not after a child starts.
+  t.match(resultOf(await modernPost(url, 'tools/call', { name: 'echo', arguments: { text: 'warm' }, _meta: envelope() })), { content: [{ text: 'warm' }] })
   const abort = new AbortController()
   const pending = fetch(url, {
     method: 'POST',
