@@ -243,6 +243,8 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
   })
   const parked = new ParkedCalls({ replicaId, ttlMs: PARKED_CALL_TTL_MS })
   const modern = new ModernFace({
+    live,
+    upstream: (tenant, server) => tenants.upstream(tenant, server),
     pool,
     parked,
     metrics,

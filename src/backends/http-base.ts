@@ -391,7 +391,7 @@ export abstract class HttpBackend implements HttpBackendConnection {
   }
 }
 
-function pickForwarded (names: readonly string[], clientHeaders: Record<string, string> | undefined): Record<string, string> {
+export function pickForwarded (names: readonly string[], clientHeaders: Record<string, string> | undefined): Record<string, string> {
   const out: Record<string, string> = {}
   if (clientHeaders === undefined || names.length === 0) return out
   const wanted = new Set(names.map(n => n.toLowerCase()).filter(n => !RESERVED_HEADERS.has(n)))

@@ -68,6 +68,12 @@ const httpServerSchema = {
     requestTimeoutMs: { type: 'integer', minimum: 1, default: 60_000 },
     /** Upstream connections kept per origin. */
     connections: { type: 'integer', minimum: 1, default: 64 },
+    /**
+     * Streamable HTTP only: the MCP era the server speaks, for 2026-07-28 clients. legacy: sessions
+     * (2025 and before; requests run on the pool); modern: 2026-07-28 (requests relayed as they are);
+     * auto: probe with server/discover once, fall back to legacy.
+     */
+    protocol: { enum: ['legacy', 'modern', 'auto'], default: 'auto' },
     /** Legacy `sse` upstreams only (a Streamable HTTP backend session outlives any replica). */
     onOwnerLoss: onOwnerLossSchema,
     reconnect: {
@@ -355,7 +361,7 @@ type Defaulted<T, Opt extends keyof T = never> = Required<Omit<T, Opt>> & Partia
 type RawStdio = FromSchema<typeof stdioServerSchema>
 type RawHttp = FromSchema<typeof httpServerSchema>
 export type StdioServerConfig = Defaulted<Omit<RawStdio, 'restart'>, 'cwd' | 'onOwnerLoss' | 'poolSize'> & { restart: Required<NonNullable<RawStdio['restart']>> }
-export type HttpServerConfig = Defaulted<Omit<RawHttp, 'reconnect'>, 'onOwnerLoss' | 'poolSize'> & { reconnect: Required<NonNullable<RawHttp['reconnect']>> }
+export type HttpServerConfig = Defaulted<Omit<RawHttp, 'reconnect'>, 'onOwnerLoss' | 'poolSize' | 'protocol'> & { reconnect: Required<NonNullable<RawHttp['reconnect']>> }
 export type ServerConfig = StdioServerConfig | HttpServerConfig
 
 type RawTenant = FromSchema<typeof tenantSchema>

@@ -17,9 +17,9 @@ import type { FastifyReply, FastifyRequest } from 'fastify'
 import type { Logger } from 'pino'
 import type { ServerResponse } from 'node:http'
 import type { ToolPolicyLookup } from '../auth/tool-policy.js'
-import { toolNameOf } from '../auth/tool-policy.js'
+import { filterToolsList, toolNameOf } from '../auth/tool-policy.js'
 import {
-  GW_ERR_BACKEND_LOST, GW_ERR_INVALID_PARAMS, GW_ERR_MISSING_CAPABILITY, GW_ERR_INTERNAL, GW_ERR_UNKNOWN_TOOL,
+  GW_ERR_BACKEND_LOST, GW_ERR_BACKEND_UNAVAILABLE, GW_ERR_INVALID_PARAMS, GW_ERR_MISSING_CAPABILITY, GW_ERR_INTERNAL, GW_ERR_UNKNOWN_TOOL,
   isGatewayError, toJsonRpcError, withData, type GatewayError
 } from '../core/errors.js'
 import {
@@ -34,7 +34,12 @@ import {
   checkModernNotification, checkModernRequest, completeResult, envelopeOf, legacyParams, logPasses, META_SUBSCRIPTION_ID, MODERN_VERSIONS,
   trimOws, type RequestEnvelope, type ModernHeaders
 } from './modern-rules.js'
-import { header, replyHeaders } from './request.js'
+import { clientHeaders, header, replyHeaders } from './request.js'
+import type { ServerSource } from '../config/live.js'
+import type { HttpServerConfig, ServerConfig } from '../config/schema.js'
+import type { UpstreamLookup } from '../routing/ownership.js'
+import { modernBaseHeaders, modernRequestHeaders, probeEra, relayModern, type BackendEra } from '../backends/modern-http.js'
+import { MAX_BODY_BYTES, readText } from '../backends/http-io.js'
 
 /** Methods that may answer with `input_required` (M-8); elsewhere a backend's request is refused. */
 const MRTR_METHODS = new Set(['tools/call', 'prompts/get', 'resources/read'])
@@ -54,6 +59,10 @@ export interface Peers {
 }
 
 export interface ModernFaceOptions {
+  /** The servers as configured now (live reload). */
+  live: ServerSource
+  /** A tenant's upstream headers for a server (modern backends get them with each request). */
+  upstream?: UpstreamLookup
   pool: ConnectionPool
   parked: ParkedCalls
   metrics: GatewayMetrics
@@ -221,6 +230,8 @@ export class ModernFace {
   readonly #o: ModernFaceOptions
   /** Listen streams by (server, tenant). */
   readonly #listeners = new Map<string, Set<Listener>>()
+  /** The era each Streamable HTTP server speaks, probed once per server config (a reload re-probes). */
+  readonly #eras = new WeakMap<ServerConfig, Promise<BackendEra>>()
   /** Retries forwarded from here, by ticket. */
   readonly #forwards = new Map<string, Forward>()
   /** Calls resumed here for a retry that landed on another replica, by ticket. */
@@ -229,6 +240,51 @@ export class ModernFace {
 
   constructor (options: ModernFaceOptions) {
     this.#o = options
+  }
+
+  async #eraOf (server: string, config: HttpServerConfig, req: FastifyRequest): Promise<BackendEra> {
+    if (config.protocol === 'legacy' || config.protocol === 'modern') return config.protocol
+    let era = this.#eras.get(config)
+    if (era === undefined) {
+      era = probeEra(server, config, modernBaseHeaders(config, this.#o.upstream?.(req.principal.tenant, server), clientHeaders(req)))
+      this.#eras.set(config, era)
+      // Not evidence either way (timeout, 5xx, auth): the next request probes again.
+      era.then(e => { req.log.info({ server, era: e }, 'backend protocol era probed') }, () => { this.#eras.delete(config) })
+    }
+    return await era
+  }
+
+  /**
+   * A modern backend: the request goes upstream as it is and its response streams back (JSON or
+   * SSE, input_required and listen streams included). The client closing the response aborts the
+   * upstream request, which is the cancellation (M-11). Under a tool policy a tools/list answer is
+   * read whole and filtered.
+   */
+  async #relay (req: FastifyRequest, reply: FastifyReply, server: string, config: HttpServerConfig, message: JsonRpcRequest): Promise<void> {
+    const fromClient = clientHeaders(req)
+    const headers = { ...modernBaseHeaders(config, this.#o.upstream?.(req.principal.tenant, server), fromClient), ...modernRequestHeaders(fromClient) }
+    const abort = new AbortController()
+    const res = reply.raw
+    res.on('close', () => { if (!res.writableFinished) abort.abort() })
+    const upstream = await relayModern(server, config, headers, JSON.stringify(message), abort.signal)
+    const contentType = String(upstream.headers['content-type'] ?? 'application/json')
+    const policy = message.method === 'tools/list' ? this.#o.toolPolicy?.(req.principal.tenant, server) ?? null : null
+    if (policy !== null) {
+      const text = await readText(upstream.body, MAX_BODY_BYTES)
+      const answer = contentType.includes('text/event-stream')
+        ? text.split('\n').filter(l => l.startsWith('data:')).map(l => l.slice(5).trim()).reverse().find(l => l.includes('"result"') || l.includes('"error"'))
+        : text
+      const parsed = answer === undefined ? null : JSON.parse(answer) as Record<string, unknown>
+      if (parsed === null) throw new GW_ERR_BACKEND_UNAVAILABLE(server, 'no answer to tools/list')
+      if (isRecord(parsed.result)) parsed.result = filterToolsList(parsed.result, policy)
+      reply.code(upstream.statusCode).type('application/json').send(parsed)
+      return
+    }
+    reply.hijack()
+    const sse = contentType.includes('text/event-stream')
+    res.writeHead(upstream.statusCode, { ...replyHeaders(reply), 'content-type': contentType, ...(sse ? { 'cache-control': 'no-cache, no-transform', 'x-accel-buffering': 'no' } : {}) })
+    upstream.body.on('error', () => { res.destroy() })
+    upstream.body.pipe(res)
   }
 
   /** The face's bus envelopes (router.onModernEnvelope). */
@@ -401,14 +457,6 @@ export class ModernFace {
     if (!isRequest(message)) return
     const envelope = checkModernRequest(message, headers)
     const tenant = req.principal.tenant
-    if (message.method === 'subscriptions/listen') {
-      await this.#listen(req, reply, server, message)
-      return
-    }
-    if (message.method === 'server/discover') {
-      reply.type('application/json').send({ jsonrpc: '2.0', id: message.id, result: await this.#discover(server, tenant) })
-      return
-    }
     if (message.method === 'tools/call') {
       const policy = this.#o.toolPolicy?.(tenant, server) ?? null
       const tool = toolNameOf(message.params) ?? ''
@@ -417,6 +465,19 @@ export class ModernFace {
         reply.type('application/json').send(toJsonRpcError(new GW_ERR_UNKNOWN_TOOL(tool), message.id))
         return
       }
+    }
+    const config = this.#o.live.servers[server]
+    if (config?.transport === 'streamable-http' && await this.#eraOf(server, config, req) === 'modern') {
+      await this.#relay(req, reply, server, config, message)
+      return
+    }
+    if (message.method === 'subscriptions/listen') {
+      await this.#listen(req, reply, server, message)
+      return
+    }
+    if (message.method === 'server/discover') {
+      reply.type('application/json').send({ jsonrpc: '2.0', id: message.id, result: await this.#discover(server, tenant) })
+      return
     }
     const params = isRecord(message.params) ? message.params : {}
     const holder = params.requestState !== undefined ? this.#o.parked.replicaOf(params.requestState) : undefined

@@ -1,0 +1,135 @@
+// A modern (2026-07-28) Streamable HTTP backend (SPEC.md sections 5.7 and 5.8): which era a server
+// speaks (probeEra), and one stateless request relayed to it as it is (relayModern). No session
+// and no state: the client's envelope, its MCP-Protocol-Version / Mcp-Method / Mcp-Name and every
+// Mcp-Param-* header go upstream with the request; `input_required` results, their requestState and
+// listen streams come back untouched (the backend signs its own state). The client's own
+// credentials never go upstream: only the server's headers, the tenant's upstream headers and the
+// client headers `forwardHeaders` names.
+import { randomBytes } from 'node:crypto'
+import type { Dispatcher } from 'undici'
+import type { HttpServerConfig } from '../config/schema.js'
+import { GW_ERR_BACKEND_TIMEOUT, GW_ERR_BACKEND_UNAVAILABLE } from '../core/errors.js'
+import type { TenantUpstream } from './backend.js'
+import { pickForwarded } from './http-base.js'
+import { describe, dispatcherFor, drain, readText } from './http-io.js'
+
+export type BackendEra = 'legacy' | 'modern'
+
+/** The revision a probe asks for (the gateway's own modern revision). */
+const MODERN = '2026-07-28'
+const PROBE_BODY_MAX = 1024 * 1024
+
+/** What goes upstream besides the protocol headers: the server's, the tenant's, the forwarded ones. */
+export function modernBaseHeaders (config: HttpServerConfig, upstream: TenantUpstream | undefined, clientHeaders: Record<string, string>): Record<string, string> {
+  const headers = pickForwarded(config.forwardHeaders, clientHeaders)
+  for (const [name, value] of Object.entries(config.headers)) headers[name.toLowerCase()] = value
+  for (const [name, value] of Object.entries(upstream?.headers ?? {})) headers[name.toLowerCase()] = value
+  return headers
+}
+
+/**
+ * Which era a server speaks (SPEC.md H-BC-2): a modern `server/discover`; a result naming
+ * 2026-07-28, or a modern JSON-RPC error (-32022, -32020, -32602 on a 400), is a modern server;
+ * another 4xx or an unrecognised body is a legacy one. A timeout, a network error, 401/403 or a 5xx
+ * is no evidence either way: it throws, and the next request probes again.
+ */
+export async function probeEra (server: string, config: HttpServerConfig, headers: Record<string, string>): Promise<BackendEra> {
+  const url = new URL(config.url)
+  const pool = dispatcherFor(url.origin, config.connections, config.connectTimeoutMs)
+  const body = JSON.stringify({
+    jsonrpc: '2.0',
+    id: `gw-probe-${randomBytes(4).toString('hex')}`,
+    method: 'server/discover',
+    params: { _meta: { 'io.modelcontextprotocol/protocolVersion': MODERN, 'io.modelcontextprotocol/clientCapabilities': {}, 'io.modelcontextprotocol/clientInfo': { name: 'mcp-gateway', version: '0.1.0' } } }
+  })
+  let res: Dispatcher.ResponseData
+  try {
+    res = await pool.request({
+      method: 'POST',
+      path: url.pathname + url.search,
+      headers: { ...headers, 'content-type': 'application/json', accept: 'application/json, text/event-stream', 'mcp-protocol-version': MODERN, 'mcp-method': 'server/discover' },
+      body,
+      headersTimeout: config.requestTimeoutMs,
+      bodyTimeout: config.requestTimeoutMs
+    })
+  } catch (err) {
+    throw new GW_ERR_BACKEND_UNAVAILABLE(server, `its protocol era could not be probed: ${describe(err)}`)
+  }
+  const status = res.statusCode
+  if (status === 401 || status === 403 || status >= 500) {
+    await drain(res.body)
+    throw new GW_ERR_BACKEND_UNAVAILABLE(server, `its protocol era could not be probed: HTTP ${status}`)
+  }
+  let text = ''
+  try {
+    text = await readText(res.body, PROBE_BODY_MAX)
+  } catch {}
+  const message = lastJsonRpc(text)
+  if (status === 200 && message !== null && isRecord(message.result)) {
+    const versions = message.result.supportedVersions
+    return Array.isArray(versions) && versions.some(v => typeof v === 'string' && v >= MODERN) ? 'modern' : 'legacy'
+  }
+  if (status === 400 && message !== null && isRecord(message.error)) {
+    const code = message.error.code
+    if (code === -32022 || code === -32020 || code === -32602 || code === -32021) return 'modern'
+  }
+  return 'legacy'
+}
+
+/** The last JSON-RPC message of a JSON or SSE body, if any. */
+function lastJsonRpc (text: string): Record<string, unknown> | null {
+  const candidates = text.trimStart().startsWith('{') ? [text] : text.split('\n').filter(l => l.startsWith('data:')).map(l => l.slice(5).trim())
+  for (const candidate of candidates.reverse()) {
+    try {
+      const value: unknown = JSON.parse(candidate)
+      if (isRecord(value) && value.jsonrpc === '2.0') return value
+    } catch {}
+  }
+  return null
+}
+
+/** The client headers a modern request carries upstream (protocol, routing and Mcp-Param-*). */
+export function modernRequestHeaders (clientHeaders: Record<string, string>): Record<string, string> {
+  const out: Record<string, string> = {}
+  for (const [name, value] of Object.entries(clientHeaders)) {
+    const lower = name.toLowerCase()
+    if (lower === 'mcp-protocol-version' || lower === 'mcp-method' || lower === 'mcp-name' || lower.startsWith('mcp-param-')) out[lower] = value
+  }
+  return out
+}
+
+/**
+ * Sends one modern request upstream and returns the response to stream back. Abort `signal` when
+ * the client goes away: closing the upstream request is the cancellation (M-11). A backend that is
+ * unreachable, refuses the gateway's credentials or fails (5xx) is -32007; no answer within the
+ * server's requestTimeoutMs is -32006.
+ */
+export async function relayModern (server: string, config: HttpServerConfig, headers: Record<string, string>, body: string, signal: AbortSignal): Promise<Dispatcher.ResponseData> {
+  const url = new URL(config.url)
+  const pool = dispatcherFor(url.origin, config.connections, config.connectTimeoutMs)
+  let res: Dispatcher.ResponseData
+  try {
+    res = await pool.request({
+      method: 'POST',
+      path: url.pathname + url.search,
+      headers: { ...headers, 'content-type': 'application/json', accept: 'application/json, text/event-stream' },
+      body,
+      signal,
+      headersTimeout: config.requestTimeoutMs,
+      // A listen stream or a long call may be quiet for long; the client's closing ends it.
+      bodyTimeout: 0
+    })
+  } catch (err) {
+    if ((err as { code?: string }).code === 'UND_ERR_HEADERS_TIMEOUT') throw new GW_ERR_BACKEND_TIMEOUT(server, config.requestTimeoutMs)
+    throw new GW_ERR_BACKEND_UNAVAILABLE(server, describe(err))
+  }
+  if (res.statusCode === 401 || res.statusCode === 403 || res.statusCode >= 500) {
+    await drain(res.body)
+    throw new GW_ERR_BACKEND_UNAVAILABLE(server, `HTTP ${res.statusCode}`)
+  }
+  return res
+}
+
+function isRecord (value: unknown): value is Record<string, unknown> {
+  return typeof value === 'object' && value !== null && !Array.isArray(value)
+}

@@ -1,0 +1,102 @@
+// A modern (2026-07-28) HTTP backend behind the gateway (issue 9, backend face): the era is probed
+// once (`protocol: auto`), modern requests are relayed as they are (headers, envelope,
+// input_required and its requestState), the client's credential never goes upstream, closing the
+// response cancels upstream, and a tenant's tool policy still applies. A legacy backend on `auto`
+// is probed once and served through the pool.
+import { Client as ClientV2, StreamableHTTPClientTransport as TransportV2 } from '@modelcontextprotocol/client'
+import t from 'tap'
+import { startModernUpstream } from '../fixtures/modern-upstream.js'
+import { startStreamableUpstream } from '../fixtures/http-upstreams.js'
+import { startGateway } from '../helpers/gateway.js'
+import { bearer, newKey, PUBLIC_URL } from '../helpers/auth.js'
+import { eventually, textOf } from '../helpers/wait.js'
+
+const V = '2026-07-28'
+const meta = { 'io.modelcontextprotocol/protocolVersion': V, 'io.modelcontextprotocol/clientCapabilities': { elicitation: {} } }
+
+async function post (url: string, method: string, params: Record<string, unknown>, headers: Record<string, string> = {}, signal?: AbortSignal): Promise<Response> {
+  const name: Record<string, string> = typeof params.name === 'string' ? { 'mcp-name': params.name } : {}
+  return await fetch(url, {
+    method: 'POST',
+    signal,
+    headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream', 'mcp-protocol-version': V, 'mcp-method': method, ...name, ...headers },
+    body: JSON.stringify({ jsonrpc: '2.0', id: 1, method, params })
+  })
+}
+
+t.test('modern backend: probed once, relayed as is, MRTR passes through, cancel on close', async t => {
+  const upstream = await startModernUpstream({ modernOnly: true })
+  t.teardown(upstream.close)
+  const gw = await startGateway(t, {
+    servers: { modern: { transport: 'streamable-http', url: upstream.url, headers: { 'x-gateway-secret': 'configured' } } }
+  })
+  const url = `${gw.url}/mcp/modern`
+  const client = new ClientV2({ name: 'modern-backend', version: '1' }, { capabilities: { elicitation: { form: {} } }, versionNegotiation: { mode: { pin: V } } })
+  client.setRequestHandler('elicitation/create', async () => ({ action: 'accept', content: { ok: true } }))
+  await client.connect(new TransportV2(new URL(url)))
+  t.teardown(async () => { await client.close().catch(() => {}) })
+
+  t.equal(textOf(await client.callTool({ name: 'echo', arguments: { message: 'hi' } })), 'modern echo: hi', 'a call relayed to the modern backend')
+  t.equal(client.getServerVersion()?.name, 'modern-upstream', "discover is the backend's own")
+  t.equal(textOf(await client.callTool({ name: 'confirm', arguments: {} })), 'confirmed: {"ok":true}', "the backend's own input_required round passes through both ways")
+
+  const probes = upstream.requests.filter(r => (r.body as { id?: unknown } | undefined)?.id?.toString().startsWith('gw-probe') === true)
+  t.equal(probes.length, 1, 'the era was probed once')
+  const relayed = upstream.requests.find(r => (r.body as { method?: string } | undefined)?.method === 'tools/call')
+  t.equal(relayed?.headers['mcp-method'], 'tools/call', 'Mcp-Method goes upstream')
+  t.equal(relayed?.headers['mcp-name'], 'echo', 'Mcp-Name goes upstream')
+  t.equal(relayed?.headers['mcp-protocol-version'], V)
+  t.equal(relayed?.headers['x-gateway-secret'], 'configured', "the server's configured headers go upstream")
+
+  const abort = new AbortController()
+  const pending = post(url, 'tools/call', { name: 'slow', arguments: { tag: 'cancel-me' }, _meta: meta }, {}, abort.signal).catch(() => null)
+  await eventually('the slow call reached the backend', () => upstream.requests.some(r => JSON.stringify(r.body).includes('cancel-me')) ? true : undefined)
+  abort.abort()
+  await pending
+  await eventually('the backend saw its request cancelled', () => upstream.aborted.includes('cancel-me') ? true : undefined)
+  t.pass('closing the response cancelled the upstream request')
+
+  const legacyInitialize = await fetch(url, { method: 'POST', headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream' }, body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'initialize', params: { protocolVersion: '2025-11-25', capabilities: {}, clientInfo: { name: 'old', version: '1' } } }) })
+  const text = await legacyInitialize.text()
+  t.ok(text.includes('"error"'), 'a 2025 client in front of a modern-only backend gets an error answer, not a hang')
+})
+
+t.test('legacy backend on protocol auto: probed once, then served through the pool', async t => {
+  const upstream = await startStreamableUpstream()
+  t.teardown(upstream.close)
+  const gw = await startGateway(t, { servers: { remote: { transport: 'streamable-http', url: upstream.url } } })
+  const url = `${gw.url}/mcp/remote`
+  for (let i = 0; i < 3; i++) {
+    const res = await post(url, 'tools/call', { name: 'echo', arguments: { message: `m${i}` }, _meta: meta })
+    const body = await res.json() as { result: Record<string, unknown> }
+    t.equal(textOf(body.result), `echo: m${i}`)
+    t.equal(body.result.resultType, 'complete', 'bridged: a modern result')
+  }
+  const probes = upstream.requests.filter(r => (r.body as { method?: string } | undefined)?.method === 'server/discover')
+  t.equal(probes.length, 1, 'one probe, then the answer is kept')
+})
+
+t.test('tenants in front of a modern backend: no credential passthrough, tool policy applied', async t => {
+  const upstream = await startModernUpstream()
+  t.teardown(upstream.close)
+  const key = newKey('bot')
+  const gw = await startGateway(t, {
+    auth: { publicUrl: PUBLIC_URL },
+    tenants: { acme: { apiKeys: [key.entry], servers: { modern: { tools: { deny: ['secret'] }, upstream: { headers: { 'x-tenant-token': 'acme-upstream' } } } } } },
+    servers: { modern: { transport: 'streamable-http', url: upstream.url, protocol: 'modern' } }
+  })
+  const url = `${gw.url}/mcp/modern`
+  const listed = await (await post(url, 'tools/list', { _meta: meta }, bearer(key.key))).json() as { result: { tools: Array<{ name: string }> } }
+  const names = listed.result.tools.map(tool => tool.name)
+  t.ok(names.includes('echo'))
+  t.notOk(names.includes('secret'), 'a denied tool is not listed')
+  const denied = await (await post(url, 'tools/call', { name: 'secret', arguments: {}, _meta: meta }, bearer(key.key))).json() as { error?: { code: number } }
+  t.equal(denied.error?.code, -32602, 'a denied tool is refused before the backend')
+  const called = upstream.requests.filter(r => (r.body as { method?: string } | undefined)?.method === 'tools/list')
+  t.ok(called.length > 0)
+  for (const r of upstream.requests) {
+    t.equal(r.headers.authorization, undefined, "the client's credential never goes upstream")
+  }
+  t.equal(called[0]?.headers['x-tenant-token'], 'acme-upstream', "the tenant's upstream header does")
+  t.notOk(upstream.requests.some(r => JSON.stringify(r.body).includes('"secret"') && (r.body as { method?: string }).method === 'tools/call'), 'the denied call never reached the backend')
+})
