@@ -4,6 +4,7 @@ import type { HttpBackendConnection, HttpBackendOpenOptions } from './http-base.
 import { GW_ERR_CONFIG_INVALID } from '../core/errors.js'
 import { LegacySseBackend } from './legacy-sse.js'
 import { StreamableHttpBackend } from './streamable-http.js'
+import { ModernSessionBackend } from './modern-session.js'
 
 export type { HttpBackendConnection, HttpBackendOpenOptions } from './http-base.js'
 export { closeHttpDispatchers } from './http-io.js'
@@ -19,9 +20,11 @@ export async function openHttpBackend (options: HttpBackendOpenOptions): Promise
   if (config.transport !== 'streamable-http' && config.transport !== 'sse') {
     throw new GW_ERR_CONFIG_INVALID(`server '${options.server}' is not an HTTP backend`)
   }
-  return config.transport === 'sse'
-    ? new LegacySseBackend(options, config)
-    : new StreamableHttpBackend(options, config)
+  if (config.transport === 'sse') return new LegacySseBackend(options, config)
+  // `protocol: modern`: the server speaks only 2026-07-28, and the client's session is bridged
+  // (modern-session.ts). `auto` is probed for 2026-07-28 clients only (http/modern.ts): a session
+  // opens as it always did, with no probe on its path, so a dual-era server serves it natively.
+  return config.protocol === 'modern' ? new ModernSessionBackend(options, config) : new StreamableHttpBackend(options, config)
 }
 
 /** The BackendFactory for transports 'streamable-http' and 'sse'. */

@@ -76,6 +76,25 @@ export async function probeEra (server: string, config: HttpServerConfig, header
   return 'legacy'
 }
 
+/** Probed eras, by server config object (a reload's new config probes again). */
+const eras = new WeakMap<HttpServerConfig, Promise<BackendEra>>()
+
+/**
+ * The era a Streamable HTTP server speaks: its `protocol` when set, else probed once (see probeEra)
+ * and kept; a failed probe is forgotten, so the next call probes again.
+ */
+export async function eraOf (server: string, config: HttpServerConfig, headers: Record<string, string>): Promise<BackendEra> {
+  if (config.protocol === 'legacy' || config.protocol === 'modern') return config.protocol
+  if (config.transport !== 'streamable-http') return 'legacy'
+  let era = eras.get(config)
+  if (era === undefined) {
+    era = probeEra(server, config, headers)
+    eras.set(config, era)
+    era.catch(() => { eras.delete(config) })
+  }
+  return await era
+}
+
 /** The last JSON-RPC message of a JSON or SSE body, if any. */
 function lastJsonRpc (text: string): Record<string, unknown> | null {
   const candidates = text.trimStart().startsWith('{') ? [text] : text.split('\n').filter(l => l.startsWith('data:')).map(l => l.slice(5).trim())

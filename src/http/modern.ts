@@ -36,9 +36,9 @@ import {
 } from './modern-rules.js'
 import { clientHeaders, header, replyHeaders } from './request.js'
 import type { ServerSource } from '../config/live.js'
-import type { HttpServerConfig, ServerConfig } from '../config/schema.js'
+import type { HttpServerConfig } from '../config/schema.js'
 import type { UpstreamLookup } from '../routing/ownership.js'
-import { modernBaseHeaders, modernRequestHeaders, probeEra, relayModern, type BackendEra } from '../backends/modern-http.js'
+import { eraOf, modernBaseHeaders, modernRequestHeaders, relayModern, type BackendEra } from '../backends/modern-http.js'
 import { MAX_BODY_BYTES, readText } from '../backends/http-io.js'
 
 /** Methods that may answer with `input_required` (M-8); elsewhere a backend's request is refused. */
@@ -230,8 +230,6 @@ export class ModernFace {
   readonly #o: ModernFaceOptions
   /** Listen streams by (server, tenant). */
   readonly #listeners = new Map<string, Set<Listener>>()
-  /** The era each Streamable HTTP server speaks, probed once per server config (a reload re-probes). */
-  readonly #eras = new WeakMap<ServerConfig, Promise<BackendEra>>()
   /** Retries forwarded from here, by ticket. */
   readonly #forwards = new Map<string, Forward>()
   /** Calls resumed here for a retry that landed on another replica, by ticket. */
@@ -243,15 +241,7 @@ export class ModernFace {
   }
 
   async #eraOf (server: string, config: HttpServerConfig, req: FastifyRequest): Promise<BackendEra> {
-    if (config.protocol === 'legacy' || config.protocol === 'modern') return config.protocol
-    let era = this.#eras.get(config)
-    if (era === undefined) {
-      era = probeEra(server, config, modernBaseHeaders(config, this.#o.upstream?.(req.principal.tenant, server), clientHeaders(req)))
-      this.#eras.set(config, era)
-      // Not evidence either way (timeout, 5xx, auth): the next request probes again.
-      era.then(e => { req.log.info({ server, era: e }, 'backend protocol era probed') }, () => { this.#eras.delete(config) })
-    }
-    return await era
+    return await eraOf(server, config, modernBaseHeaders(config, this.#o.upstream?.(req.principal.tenant, server), clientHeaders(req)))
   }
 
   /**

@@ -66,6 +66,7 @@ t.test('defaults are applied everywhere the schema has one', async t => {
     forwardHeaders: [],
     maxSessions: 1000,
     poolSize: 4,
+    protocol: 'auto',
     connectTimeoutMs: 10_000,
     requestTimeoutMs: 60_000,
     connections: 64,

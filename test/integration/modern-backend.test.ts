@@ -2,8 +2,12 @@
 // once (`protocol: auto`), modern requests are relayed as they are (headers, envelope,
 // input_required and its requestState), the client's credential never goes upstream, closing the
 // response cancels upstream, and a tenant's tool policy still applies. A legacy backend on `auto`
-// is probed once and served through the pool.
+// is probed once and served through the pool. A 2025 client's session in front of a modern backend
+// is bridged: envelope from its initialize, input_required rounds as server-to-client requests.
 import { Client as ClientV2, StreamableHTTPClientTransport as TransportV2 } from '@modelcontextprotocol/client'
+import { Client as ClientV1 } from '@modelcontextprotocol/sdk/client/index.js'
+import { StreamableHTTPClientTransport as TransportV1 } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
+import { ElicitRequestSchema } from '@modelcontextprotocol/sdk/types.js'
 import t from 'tap'
 import { startModernUpstream } from '../fixtures/modern-upstream.js'
 import { startStreamableUpstream } from '../fixtures/http-upstreams.js'
@@ -56,9 +60,33 @@ t.test('modern backend: probed once, relayed as is, MRTR passes through, cancel 
   await eventually('the backend saw its request cancelled', () => upstream.aborted.includes('cancel-me') ? true : undefined)
   t.pass('closing the response cancelled the upstream request')
 
-  const legacyInitialize = await fetch(url, { method: 'POST', headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream' }, body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'initialize', params: { protocolVersion: '2025-11-25', capabilities: {}, clientInfo: { name: 'old', version: '1' } } }) })
-  const text = await legacyInitialize.text()
-  t.ok(text.includes('"error"'), 'a 2025 client in front of a modern-only backend gets an error answer, not a hang')
+})
+
+t.test('a 2025 client in front of a modern-only backend: its session is bridged, input_required rounds become server-to-client requests', async t => {
+  const upstream = await startModernUpstream({ modernOnly: true })
+  t.teardown(upstream.close)
+  const gw = await startGateway(t, { servers: { modern: { transport: 'streamable-http', url: upstream.url, protocol: 'modern' } } })
+  const client = new ClientV1({ name: 'legacy-client', version: '1' }, { capabilities: { elicitation: {} } })
+  const asked: unknown[] = []
+  client.setRequestHandler(ElicitRequestSchema, async request => {
+    asked.push(request.params)
+    return { action: 'accept', content: { ok: true } }
+  })
+  await client.connect(new TransportV1(new URL(`${gw.url}/mcp/modern`)))
+  t.teardown(async () => { await client.close().catch(() => {}) })
+  t.equal(client.getServerVersion()?.name, 'modern-upstream', "initialize answered from the backend's server/discover")
+  t.ok(client.getServerCapabilities()?.tools !== undefined, "with the backend's capabilities")
+  t.ok((await client.listTools()).tools.some(tool => tool.name === 'echo'))
+  t.equal(textOf(await client.callTool({ name: 'echo', arguments: { message: 'old' } })), 'modern echo: old')
+  t.equal(textOf(await client.callTool({ name: 'confirm', arguments: {} })), 'confirmed: {"ok":true}', 'the input_required round was answered by the client over its session')
+  t.match(asked, [{ message: 'Sure?' }], 'as an elicitation/create request')
+  await client.setLoggingLevel('warning')
+  const sent = upstream.requests.filter(r => (r.body as { method?: string } | undefined)?.method === 'tools/call').at(-1)?.body as { params: { _meta: Record<string, unknown> } }
+  t.match(sent.params._meta, { 'io.modelcontextprotocol/protocolVersion': V, 'io.modelcontextprotocol/clientCapabilities': { elicitation: {} }, 'io.modelcontextprotocol/clientInfo': { name: 'legacy-client' } }, "each request carried an envelope built from the client's initialize")
+  await client.callTool({ name: 'echo', arguments: { message: 'after setLevel' } })
+  const last = upstream.requests.filter(r => (r.body as { method?: string } | undefined)?.method === 'tools/call').at(-1)?.body as { params: { _meta: Record<string, unknown> } }
+  t.equal(last.params._meta['io.modelcontextprotocol/logLevel'], 'warning', 'the session log level rides in the envelope')
+  t.notOk(upstream.requests.some(r => (r.body as { method?: string } | undefined)?.method === 'initialize'), 'no initialize ever reached the modern backend')
 })
 
 t.test('legacy backend on protocol auto: probed once, then served through the pool', async t => {

@@ -1,0 +1,304 @@
+// A 2025-era client session in front of a modern (2026-07-28) HTTP backend (issue 9, "legacy client,
+// modern backend"; ARCHITECTURE.md flow 8). The client's session is the gateway's: the backend
+// keeps none. This connection speaks sessions toward the relay and stateless requests upstream:
+//
+// - initialize is answered from the backend's `server/discover` (its capabilities, serverInfo and
+//   instructions); notifications/initialized, logging/setLevel and resources/(un)subscribe are
+//   kept here and shape the envelope and the listen filter; ping never gets here (the relay).
+// - Every other request goes upstream with a `_meta` envelope built from the client's initialize
+//   (capabilities, client info) and its log level, and the standard headers. Its notifications
+//   (progress, logs) come back on the same response and reach the relay as the backend's.
+// - An `input_required` result is answered inside the open request: each input request becomes a
+//   server-to-client request (ids `gw-mrtr-<n>`, which the relay hands to the client like any
+//   backend request, capability checks included); with every answer in, the request is sent again
+//   with `inputResponses` and the echoed `requestState`, round after round (at most MAX_ROUNDS).
+// - The client's GET stream and resource subscriptions map onto one upstream `subscriptions/listen`
+//   (only on the replica holding the session's lease, like a backend GET stream), re-opened with a
+//   new filter when the subscriptions change.
+// - notifications/cancelled from the client aborts the upstream request (the modern cancellation).
+import { randomUUID } from 'node:crypto'
+import type { Logger } from 'pino'
+import type { Dispatcher } from 'undici'
+import type { HttpServerConfig } from '../config/schema.js'
+import { GW_ERR_BACKEND_UNAVAILABLE, isGatewayError, toJsonRpcError } from '../core/errors.js'
+import {
+  classify, errorResponse, isNotification, isRequest, type JsonRpcMessage, type JsonRpcRequest, type JsonRpcResponse, type RequestId
+} from '../core/jsonrpc.js'
+import type { BackendHandlers, BackendOpenOptions } from './backend.js'
+import type { HttpBackendConnection } from './http-base.js'
+import { describe, MAX_BODY_BYTES, mediaType, pumpSse, readText } from './http-io.js'
+import { modernBaseHeaders, relayModern } from './modern-http.js'
+
+const MODERN = '2026-07-28'
+/** input_required rounds one request may take before the gateway gives up on it. */
+export const MAX_ROUNDS = 10
+
+const isRecord = (value: unknown): value is Record<string, unknown> => typeof value === 'object' && value !== null && !Array.isArray(value)
+
+/** A round's server-to-client request waiting for the client's answer. */
+interface Waiting {
+  key: string
+  resolve: (answer: JsonRpcResponse) => void
+}
+
+export class ModernSessionBackend implements HttpBackendConnection {
+  readonly #server: string
+  readonly #config: HttpServerConfig
+  readonly #handlers: BackendHandlers
+  readonly #log: Logger
+  readonly #headers: Record<string, string>
+  #initParams: Record<string, unknown> | undefined
+  #logLevel: string | undefined
+  readonly #subscriptions = new Set<string>()
+  #capabilities: Record<string, unknown> = {}
+  #closed = false
+  #listening: boolean
+  #listen: AbortController | null = null
+  /** Upstream exchanges in flight, by the relay's request id (as a string key). */
+  readonly #inFlight = new Map<string, AbortController>()
+  /** Server-to-client requests of the rounds in progress, by their id. */
+  readonly #waiting = new Map<string, Waiting>()
+  #seq = 0
+
+  constructor (options: BackendOpenOptions, config: HttpServerConfig) {
+    this.#server = options.server
+    this.#config = config
+    this.#handlers = options.handlers
+    this.#log = options.log.child({ backend: options.server, transport: 'modern' })
+    this.#headers = modernBaseHeaders(config, options.upstream, options.forwardedHeaders ?? {})
+    // Another replica's session (failover or a direct session): the client's initialize is known.
+    this.#initParams = options.initializeParams
+    this.#listening = options.listen ?? true
+  }
+
+  get listening (): boolean { return this.#listening }
+  get backendSessionId (): string | null { return null }
+
+  startListening (): void {
+    this.#listening = true
+    if (this.#initParams !== undefined) this.#openListen()
+  }
+
+  stopListening (): void {
+    this.#listening = false
+    this.#listen?.abort()
+    this.#listen = null
+  }
+
+  async send (message: JsonRpcMessage): Promise<void> {
+    if (this.#closed) throw new GW_ERR_BACKEND_UNAVAILABLE(this.#server, 'the connection is closed')
+    if (isRequest(message)) { this.#request(message); return }
+    if (isNotification(message)) {
+      if (message.method === 'notifications/initialized' && this.#listening) this.#openListen()
+      if (message.method === 'notifications/cancelled' && isRecord(message.params)) {
+        const id = message.params.requestId
+        if (typeof id === 'string' || typeof id === 'number') this.#inFlight.get(String(id))?.abort()
+      }
+      return
+    }
+    // The client's answer to one of a round's server-to-client requests.
+    const id = message.id
+    const waiting = typeof id === 'string' ? this.#waiting.get(id) : undefined
+    if (waiting !== undefined && id !== null && id !== undefined) {
+      this.#waiting.delete(String(id))
+      waiting.resolve(message)
+    }
+  }
+
+  /** Nothing upstream outlives this connection: the backend keeps no session. */
+  async detach (): Promise<void> {
+    await this.close()
+  }
+
+  async close (): Promise<void> {
+    this.#closed = true
+    this.#listen?.abort()
+    for (const abort of this.#inFlight.values()) abort.abort()
+    this.#inFlight.clear()
+    this.#waiting.clear()
+  }
+
+  #answer (message: JsonRpcMessage): void {
+    if (!this.#closed) this.#handlers.onMessage(message)
+  }
+
+  #request (request: JsonRpcRequest): void {
+    const params = isRecord(request.params) ? request.params : {}
+    switch (request.method) {
+      case 'initialize':
+        this.#initParams = params
+        void this.#initialize(request)
+        return
+      case 'logging/setLevel':
+        if (typeof params.level === 'string') this.#logLevel = params.level
+        this.#answer({ jsonrpc: '2.0', id: request.id, result: {} })
+        return
+      case 'resources/subscribe':
+      case 'resources/unsubscribe':
+        if (typeof params.uri === 'string') {
+          if (request.method === 'resources/subscribe') this.#subscriptions.add(params.uri)
+          else this.#subscriptions.delete(params.uri)
+          if (this.#listening) this.#openListen()
+        }
+        this.#answer({ jsonrpc: '2.0', id: request.id, result: {} })
+        return
+    }
+    void this.#call(request)
+  }
+
+  /** The client's initialize, answered from the backend's server/discover. */
+  async #initialize (request: JsonRpcRequest): Promise<void> {
+    try {
+      const result = await this.#exchange(request.id, 'server/discover', {}, () => {})
+      if ('error' in result) { this.#answer(result); return }
+      const discovered = isRecord(result.result) ? result.result : {}
+      this.#capabilities = isRecord(discovered.capabilities) ? discovered.capabilities : {}
+      const meta = isRecord(discovered._meta) ? discovered._meta : {}
+      const serverInfo = isRecord(meta['io.modelcontextprotocol/serverInfo']) ? meta['io.modelcontextprotocol/serverInfo'] : { name: this.#server, version: '0' }
+      const capabilities: Record<string, unknown> = { ...this.#capabilities }
+      // Session features the gateway provides on top of the backend: log level and subscriptions.
+      capabilities.logging = {}
+      if (isRecord(capabilities.resources)) capabilities.resources = { ...capabilities.resources, subscribe: true }
+      const version = typeof this.#initParams?.protocolVersion === 'string' ? this.#initParams.protocolVersion : '2025-11-25'
+      this.#answer({
+        jsonrpc: '2.0',
+        id: request.id,
+        result: { protocolVersion: version, capabilities, serverInfo, ...(typeof discovered.instructions === 'string' ? { instructions: discovered.instructions } : {}) }
+      })
+    } catch (err) {
+      this.#answer(this.#failure(request.id, err))
+    }
+  }
+
+  /** One client request: upstream with the envelope, input_required rounds answered by the client. */
+  async #call (request: JsonRpcRequest): Promise<void> {
+    const base = isRecord(request.params) ? { ...request.params } : {}
+    let extra: Record<string, unknown> = {}
+    try {
+      for (let round = 0; round <= MAX_ROUNDS; round++) {
+        const answer = await this.#exchange(request.id, request.method, { ...base, ...extra }, m => { this.#answer(m) })
+        if ('error' in answer || !isRecord(answer.result) || answer.result.resultType !== 'input_required') {
+          this.#answer(answer)
+          return
+        }
+        const inputRequests = isRecord(answer.result.inputRequests) ? answer.result.inputRequests : {}
+        const responses = await Promise.all(Object.entries(inputRequests).map(async ([key, ask]) => [key, await this.#ask(key, ask)] as const))
+        const refused = responses.find(([, r]) => 'error' in r)?.[1]
+        if (refused !== undefined && 'error' in refused) {
+          // The client could not answer (an undeclared capability, or its own error): the call ends.
+          this.#answer(errorResponse(request.id, refused.error.code, `The backend needed input the client did not give: ${refused.error.message}`, { source: 'gateway' }))
+          return
+        }
+        extra = {
+          inputResponses: Object.fromEntries(responses.map(([key, r]) => [key, 'result' in r ? r.result : undefined])),
+          ...(typeof answer.result.requestState === 'string' ? { requestState: answer.result.requestState } : {})
+        }
+      }
+      this.#answer(toJsonRpcError(new GW_ERR_BACKEND_UNAVAILABLE(this.#server, `more than ${MAX_ROUNDS} input_required rounds`), request.id))
+    } catch (err) {
+      this.#answer(this.#failure(request.id, err))
+    }
+  }
+
+  /** One input request of a round, as a server-to-client request; the client's answer. */
+  async #ask (key: string, ask: unknown): Promise<JsonRpcResponse> {
+    const id = `gw-mrtr-${++this.#seq}`
+    if (!isRecord(ask) || typeof ask.method !== 'string') return errorResponse(id, -32602, `input request '${key.slice(0, 64)}' is malformed`)
+    const answered = new Promise<JsonRpcResponse>(resolve => { this.#waiting.set(id, { key, resolve }) })
+    this.#answer({ jsonrpc: '2.0', id, method: ask.method, ...(isRecord(ask.params) ? { params: ask.params } : {}) })
+    return await answered
+  }
+
+  /**
+   * One stateless exchange upstream: the request with this session's envelope; notifications on
+   * the way go to `onNotification`; resolves with the final response (id = the relay's).
+   */
+  async #exchange (id: RequestId, method: string, params: Record<string, unknown>, onNotification: (m: JsonRpcMessage) => void): Promise<JsonRpcResponse> {
+    const abort = new AbortController()
+    const key = String(id)
+    this.#inFlight.set(key, abort)
+    try {
+      const meta = isRecord(params._meta) ? params._meta : {}
+      const body = { jsonrpc: '2.0', id, method, params: { ...params, _meta: { ...meta, ...this.#envelope() } } }
+      const name = method === 'resources/read' ? params.uri : (method === 'tools/call' || method === 'prompts/get') ? params.name : undefined
+      const headers = {
+        ...this.#headers,
+        'mcp-protocol-version': MODERN,
+        'mcp-method': method,
+        ...(typeof name === 'string' ? { 'mcp-name': /^[\x20-\x7e]*$/.test(name) ? name.trim() : `=?base64?${Buffer.from(name).toString('base64')}?=` } : {})
+      }
+      const res = await relayModern(this.#server, this.#config, headers, JSON.stringify(body), abort.signal)
+      return await this.#readAnswer(res, id, onNotification)
+    } finally {
+      this.#inFlight.delete(key)
+    }
+  }
+
+  async #readAnswer (res: Dispatcher.ResponseData, id: RequestId, onNotification: (m: JsonRpcMessage) => void): Promise<JsonRpcResponse> {
+    let final: JsonRpcResponse | undefined
+    const take = (value: unknown): void => {
+      const c = classify(value)
+      if (c.kind === 'response') final = { ...c.message, id } as JsonRpcResponse
+      else if (c.kind === 'notification') onNotification(c.message)
+    }
+    if (mediaType(res.headers) === 'text/event-stream') {
+      await pumpSse(res.body, event => {
+        try { take(JSON.parse(event.data)) } catch {}
+      }, () => {})
+    } else {
+      take(JSON.parse(await readText(res.body, MAX_BODY_BYTES)))
+    }
+    if (final === undefined) throw new GW_ERR_BACKEND_UNAVAILABLE(this.#server, 'the backend ended its response without an answer')
+    return final
+  }
+
+  #envelope (): Record<string, unknown> {
+    const params = this.#initParams ?? {}
+    return {
+      'io.modelcontextprotocol/protocolVersion': MODERN,
+      'io.modelcontextprotocol/clientCapabilities': isRecord(params.capabilities) ? params.capabilities : {},
+      ...(isRecord(params.clientInfo) ? { 'io.modelcontextprotocol/clientInfo': params.clientInfo } : {}),
+      ...(this.#logLevel !== undefined ? { 'io.modelcontextprotocol/logLevel': this.#logLevel } : {})
+    }
+  }
+
+  /** The client's GET stream and subscriptions as one upstream listen stream (re-opened on change). */
+  #openListen (): void {
+    this.#listen?.abort()
+    if (this.#closed) return
+    const notifications: Record<string, unknown> = {}
+    for (const [field, capability] of [['toolsListChanged', 'tools'], ['promptsListChanged', 'prompts'], ['resourcesListChanged', 'resources']] as const) {
+      const c = this.#capabilities[capability]
+      if (isRecord(c) && c.listChanged === true) notifications[field] = true
+    }
+    if (this.#subscriptions.size > 0) notifications.resourceSubscriptions = [...this.#subscriptions]
+    if (Object.keys(notifications).length === 0) return
+    const abort = new AbortController()
+    this.#listen = abort
+    const id = `gw-listen-${randomUUID()}`
+    const body = JSON.stringify({ jsonrpc: '2.0', id, method: 'subscriptions/listen', params: { notifications, _meta: this.#envelope() } })
+    void (async () => {
+      const res = await relayModern(this.#server, this.#config, { ...this.#headers, 'mcp-protocol-version': MODERN, 'mcp-method': 'subscriptions/listen' }, body, abort.signal)
+      await pumpSse(res.body, event => {
+        try {
+          const c = classify(JSON.parse(event.data))
+          if (c.kind === 'notification' && c.message.method !== 'notifications/subscriptions/acknowledged') {
+            const params = isRecord(c.message.params) ? { ...c.message.params } : {}
+            if (isRecord(params._meta)) {
+              const { 'io.modelcontextprotocol/subscriptionId': _, ...meta } = params._meta
+              params._meta = meta
+            }
+            this.#answer({ ...c.message, params })
+          }
+        } catch {}
+      }, () => {})
+    })().catch(err => {
+      if (!abort.signal.aborted) this.#log.warn({ err: describe(err) }, 'upstream listen stream failed')
+    })
+  }
+
+  #failure (id: RequestId, err: unknown): JsonRpcResponse {
+    if (isGatewayError(err)) return toJsonRpcError(err, id)
+    return errorResponse(id, -32007, `Backend '${this.#server}' is unavailable: ${describe(err)}`, { source: 'gateway', code: 'GW_ERR_BACKEND_UNAVAILABLE' })
+  }
+}
