@@ -50,6 +50,8 @@ const ROUND_GATHER_MS = 15
 /** Where a legacy backend may name the key of its ask (see inputRequestOf). */
 const INPUT_KEY_META = 'mcp-gateway/inputKey'
 const KEEPALIVE_MS = 15_000
+/** Most resources one listen stream may subscribe to. */
+const MAX_LISTEN_URIS = 100
 
 /** What the face needs of the other replicas: an MRTR retry goes to the replica holding its call. */
 export interface Peers {
@@ -219,6 +221,8 @@ interface Listener {
   id: RequestId
   /** The notification methods it asked for and the backend can send. */
   methods: Set<string>
+  /** The resources whose notifications/resources/updated it asked for. */
+  uris: Set<string>
   send: (message: JsonRpcMessage) => void
   /** Graceful end (shutdown): a complete result tagged with the subscription id, then the end. */
   end: () => void
@@ -355,8 +359,11 @@ export class ModernFace {
   /** A backend's session-level notification (list_changed): to the listen streams that asked for it. */
   onServerEvent (server: string, tenant: string | null, message: JsonRpcMessage): void {
     if (!isNotification(message)) return
+    const uri = message.method === 'notifications/resources/updated' && isRecord(message.params) ? message.params.uri : undefined
     for (const listener of this.#listeners.get(`${server}\0${tenant ?? ''}`) ?? []) {
-      if (listener.methods.has(message.method)) listener.send(message)
+      if (!listener.methods.has(message.method)) continue
+      if (uri !== undefined && !(typeof uri === 'string' && listener.uris.has(uri))) continue
+      listener.send(message)
     }
   }
 
@@ -388,7 +395,15 @@ export class ModernFace {
         methods.add(kind.method)
       }
     }
-    const release = await this.#o.pool.hold(server, tenant)
+    // Resource subscriptions, when the backend supports them: subscribed upstream while the stream lasts.
+    const resources = info.capabilities.resources
+    const wanted = Array.isArray(filter.resourceSubscriptions) ? filter.resourceSubscriptions.filter((u): u is string => typeof u === 'string' && u.length > 0 && u.length <= 2048).slice(0, MAX_LISTEN_URIS) : []
+    const uris = isRecord(resources) && resources.subscribe === true ? [...new Set(wanted)] : []
+    if (uris.length > 0) {
+      honoured.resourceSubscriptions = uris
+      methods.add('notifications/resources/updated')
+    }
+    const release = await this.#o.pool.hold(server, tenant, uris)
     const subscriptionId = request.id
     const tag = (message: JsonRpcMessage): JsonRpcMessage => {
       const p = 'params' in message && isRecord(message.params) ? message.params : {}
@@ -408,6 +423,7 @@ export class ModernFace {
       principal: req.principal.key,
       id: subscriptionId,
       methods,
+      uris: new Set(uris),
       send: message => { write(tag(message)) },
       end: () => {
         if (res.writableEnded) return
@@ -528,18 +544,12 @@ export class ModernFace {
   }
 }
 
-/** A legacy server's capabilities as a modern server states them (no session-only features). */
+/**
+ * A legacy server's capabilities as a modern server states them: the same (its `resources.subscribe`
+ * means listen streams can name resources; the gateway subscribes upstream for them).
+ */
 function modernCapabilities (legacy: Record<string, unknown>): Record<string, unknown> {
-  const out: Record<string, unknown> = {}
-  for (const [name, value] of Object.entries(legacy)) {
-    if (name === 'resources' && isRecord(value)) {
-      const { subscribe: _s, ...rest } = value
-      out[name] = rest
-    } else {
-      out[name] = value
-    }
-  }
-  return out
+  return { ...legacy }
 }
 
 /**

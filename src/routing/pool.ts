@@ -81,7 +81,14 @@ interface Connection {
   lastUsed: number
   /** Requests that chose this connection and are not delivered yet. */
   claims: number
+  /** Resource subscriptions of listen streams held on this connection, by uri (a count each). */
+  subscriptions: Map<string, number>
   ready: Promise<Connection>
+}
+
+/** The group a connection belongs to. */
+function group (groups: ReadonlyMap<string, Group>, conn: Connection): Group | undefined {
+  return groups.get(`${conn.server}\0${conn.tenant ?? ''}`)
 }
 
 /** Requests on a connection: in flight, or about to be. */
@@ -133,18 +140,59 @@ export class ConnectionPool {
    * Keeps the group's connections open while a listen stream waits for their notifications (at
    * least one connection is opened); the returned function lets go.
    */
-  async hold (server: string, tenant: string | null): Promise<() => void> {
+  async hold (server: string, tenant: string | null, uris: readonly string[] = []): Promise<() => void> {
     const group = this.#group(server, tenant)
     group.holds++
     let held = true
-    const release = (): void => { if (held) { held = false; group.holds-- } }
+    let conn: Connection | undefined
+    const release = (): void => {
+      if (!held) return
+      held = false
+      group.holds--
+      if (conn !== undefined) this.#unsubscribe(conn, uris)
+    }
     try {
-      if (group.connections.length === 0) await this.#acquire(server, tenant, false)
+      conn = await this.#acquire(server, tenant, false)
+      if (uris.length > 0) this.#subscribe(conn, uris)
+      else conn = undefined
     } catch (err) {
       release()
       throw err
     }
     return release
+  }
+
+  /**
+   * resources/subscribe upstream for a listen stream's resourceSubscriptions, counted per uri on the
+   * connection that holds them (kept from idle stop while it holds any; a restarted child gets them
+   * replayed by its supervised session). The backend's resources/updated reach onServerEvent.
+   */
+  #subscribe (conn: Connection, uris: readonly string[]): void {
+    for (const uri of uris) {
+      const count = conn.subscriptions.get(uri) ?? 0
+      conn.subscriptions.set(uri, count + 1)
+      if (count === 0) this.#internal(conn, 'resources/subscribe', { uri })
+    }
+  }
+
+  #unsubscribe (conn: Connection, uris: readonly string[]): void {
+    for (const uri of uris) {
+      const count = (conn.subscriptions.get(uri) ?? 1) - 1
+      if (count > 0) { conn.subscriptions.set(uri, count); continue }
+      conn.subscriptions.delete(uri)
+      if (group(this.#groups, conn)?.connections.includes(conn) === true) this.#internal(conn, 'resources/unsubscribe', { uri })
+    }
+  }
+
+  /** A request of the pool's own on one connection; its answer is logged if it is an error. */
+  #internal (conn: Connection, method: string, params: Record<string, unknown>): void {
+    const key = `${INIT_KEY_PREFIX}${++this.#seq}`
+    this.#sinks.set(key, {
+      onMessage: message => {
+        if (isResponse(message) && 'error' in message) conn.relay.log.warn({ method, code: message.error.code }, 'pooled backend refused a request of the gateway')
+      }
+    })
+    conn.relay.deliver({ jsonrpc: '2.0', id: key, method, params }, key)
   }
 
   /**
@@ -264,7 +312,7 @@ export class ConnectionPool {
       createdAt: Date.now(),
       ...(policyOf !== undefined ? { filterResult: (method: string, result: unknown) => filterToolsListOf(method, result, policyOf(tenant, server)) } : {})
     })
-    const conn: Connection = { id, server, tenant, relay, lastUsed: performance.now(), claims: claim ? 1 : 0, ready: Promise.resolve(undefined as unknown as Connection) }
+    const conn: Connection = { id, server, tenant, relay, lastUsed: performance.now(), claims: claim ? 1 : 0, subscriptions: new Map(), ready: Promise.resolve(undefined as unknown as Connection) }
     group.opening++
     conn.ready = (async () => {
       try {
@@ -368,7 +416,7 @@ export class ConnectionPool {
       const size = config !== undefined && 'poolSize' in config && typeof config.poolSize === 'number' ? config.poolSize : 4
       idle.forEach((c, i) => {
         const age = now - c.lastUsed
-        if (i === 0 && group.holds > 0) return
+        if ((i === 0 && group.holds > 0) || c.subscriptions.size > 0) return
         if (age > idleMs || (i >= size && age > Math.min(idleMs, EXTRA_IDLE_MS))) {
           c.relay.log.info('idle pooled backend connection stopped')
           this.#close(c, new GW_ERR_BACKEND_UNAVAILABLE(c.server, 'idle')).catch(() => {})

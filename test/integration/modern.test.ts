@@ -228,6 +228,17 @@ t.test('subscriptions/listen: acknowledgement first, then list_changed tagged wi
   await eventually('tools/list_changed on the listen stream', () => changed.length > 0 ? true : undefined)
   await subscription.close()
   t.equal(await subscription.closed, 'local')
+
+  // resourceSubscriptions: subscribed upstream while the stream lasts.
+  const updated: Array<{ params: { uri: string } }> = []
+  client.setNotificationHandler('notifications/resources/updated', n => { updated.push(n as { params: { uri: string } }) })
+  const resources = await client.listen({ resourceSubscriptions: ['test://counter'] })
+  t.same(resources.honoredFilter, { resourceSubscriptions: ['test://counter'] }, 'the subscription is acknowledged')
+  await client.callTool({ name: 'touch-resource', arguments: { uri: 'test://other' } })
+  await client.callTool({ name: 'touch-resource', arguments: { uri: 'test://counter' } })
+  await eventually('resources/updated on the listen stream', () => updated.length > 0 ? true : undefined)
+  t.same(updated.map(n => n.params.uri), ['test://counter'], 'only the subscribed resource')
+  await resources.close()
 })
 
 t.test('Streamable HTTP backend: modern requests run on a pooled backend session', async t => {
