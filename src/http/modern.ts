@@ -19,7 +19,7 @@ import type { ServerResponse } from 'node:http'
 import type { ToolPolicyLookup } from '../auth/tool-policy.js'
 import { filterToolsList, toolNameOf } from '../auth/tool-policy.js'
 import {
-  GW_ERR_BACKEND_LOST, GW_ERR_BACKEND_UNAVAILABLE, GW_ERR_INVALID_PARAMS, GW_ERR_MISSING_CAPABILITY, GW_ERR_INTERNAL, GW_ERR_UNKNOWN_TOOL,
+  GW_ERR_BACKEND_LOST, GW_ERR_BACKEND_UNAVAILABLE, GW_ERR_INVALID_PARAMS, GW_ERR_RATE_LIMITED, GW_ERR_MISSING_CAPABILITY, GW_ERR_INTERNAL, GW_ERR_UNKNOWN_TOOL,
   isGatewayError, toJsonRpcError, withData, type GatewayError
 } from '../core/errors.js'
 import {
@@ -50,6 +50,11 @@ const ROUND_GATHER_MS = 15
 /** Where a legacy backend may name the key of its ask (see inputRequestOf). */
 const INPUT_KEY_META = 'mcp-gateway/inputKey'
 const KEEPALIVE_MS = 15_000
+/** How often a forwarded retry checks that the replica holding its call is alive. */
+const FORWARD_WATCH_MS = 1000
+/** Calls one principal may have parked at once (each holds a backend connection). */
+export const MAX_PARKED_PER_PRINCIPAL = 32
+const PARKED_RETRY_AFTER_S = 10
 /** Most resources one listen stream may subscribe to. */
 const MAX_LISTEN_URIS = 100
 
@@ -135,8 +140,8 @@ class ModernResponse implements ResponseSink {
     this.#res.write(`event: message\ndata: ${JSON.stringify(message)}\n\n`)
   }
 
-  /** The final message; `status` applies only while nothing was streamed yet. */
-  finish (message: JsonRpcMessage, status = 200): void {
+  /** The final message; `status` (and `extra` headers) apply only while nothing was streamed yet. */
+  finish (message: JsonRpcMessage, status = 200, extra: Record<string, string> = {}): void {
     if (this.#done) return
     this.#done = true
     clearInterval(this.#keepAlive)
@@ -145,12 +150,12 @@ class ModernResponse implements ResponseSink {
       this.#res.end(`event: message\ndata: ${text}\n\n`)
       return
     }
-    this.#res.writeHead(status, { ...this.#headers, 'content-type': 'application/json', 'content-length': String(Buffer.byteLength(text)) })
+    this.#res.writeHead(status, { ...this.#headers, ...extra, 'content-type': 'application/json', 'content-length': String(Buffer.byteLength(text)) })
     this.#res.end(text)
   }
 
   fail (err: GatewayError, id: RequestId | null): void {
-    this.finish(toJsonRpcError(err, id), err.statusCode ?? 500)
+    this.finish(toJsonRpcError(err, id), err.statusCode ?? 500, err.retryAfter !== undefined ? { 'retry-after': String(err.retryAfter) } : {})
   }
 }
 
@@ -295,7 +300,7 @@ export class ModernFace {
           return
         }
         this.#forwards.delete(envelope.ticket)
-        clearTimeout(forward.timer)
+        clearInterval(forward.timer)
         forward.out.finish(envelope.message, envelope.status)
         return
       }
@@ -336,22 +341,36 @@ export class ModernFace {
     const out = new ModernResponse(reply.raw, replyHeaders(reply))
     const ticket = `${peers.replicaId}.${++this.#seq}`
     const timeoutMs = this.#o.forwardTimeoutMs
-    const timer = setTimeout(() => {
-      if (!this.#forwards.delete(ticket)) return
-      out.fail(new GW_ERR_BACKEND_LOST('the backend call', `replica ${replica} did not answer within ${timeoutMs} ms`), request.id)
-    }, timeoutMs)
+    const started = Date.now()
+    // The holder may die while the call runs there: its heartbeat is watched, so the client hears
+    // -32007 within seconds rather than after the whole deadline.
+    const timer = setInterval(() => {
+      const forward = this.#forwards.get(ticket)
+      if (forward === undefined) { clearInterval(timer); return }
+      if (Date.now() - started > timeoutMs) {
+        this.#forwards.delete(ticket)
+        clearInterval(timer)
+        out.fail(new GW_ERR_BACKEND_LOST('the backend call', `replica ${replica} did not answer within ${timeoutMs} ms`), request.id)
+        return
+      }
+      peers.isAlive(replica).then(alive => {
+        if (alive || !this.#forwards.delete(ticket)) return
+        clearInterval(timer)
+        out.fail(new GW_ERR_BACKEND_LOST('the backend call', `replica ${replica} holding it is gone`), request.id)
+      }, () => {})
+    }, FORWARD_WATCH_MS)
     timer.unref()
     this.#forwards.set(ticket, { out, replica, timer })
     out.onClientGone = () => {
       if (!this.#forwards.delete(ticket)) return
-      clearTimeout(timer)
+      clearInterval(timer)
       peers.send(replica, { kind: 'mrtr-cancel', ticket }).catch(() => {})
     }
     try {
       await peers.send(replica, { kind: 'mrtr-resume', from: peers.replicaId, ticket, principal, request })
     } catch (err) {
       this.#forwards.delete(ticket)
-      clearTimeout(timer)
+      clearInterval(timer)
       out.fail(isGatewayError(err) ? err : new GW_ERR_BACKEND_LOST('the backend call', 'the replica holding it cannot be reached'), request.id)
     }
   }
@@ -694,6 +713,14 @@ class Exchange implements PoolSink {
     this.#pending.clear()
     const inputRequests: Record<string, unknown> = {}
     for (const [key, input] of pending) inputRequests[key] = { method: input.method, params: input.params }
+    if (this.#o.parked.countOf(this.#principal) >= MAX_PARKED_PER_PRINCIPAL) {
+      // Each parked call holds a backend connection: one caller may not hold them all.
+      call.cancel('too many calls waiting for input')
+      const err: GatewayError = new GW_ERR_RATE_LIMITED(PARKED_RETRY_AFTER_S)
+      err.retryAfter = PARKED_RETRY_AFTER_S
+      this.#out.fail(err, this.#request.id)
+      return
+    }
     const parkedSink = new ParkedSink()
     const parked: ParkedCall = {
       call,

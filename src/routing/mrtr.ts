@@ -70,6 +70,13 @@ export class ParkedCalls {
 
   get size (): number { return this.#entries.size }
 
+  /** Calls parked for one principal now. */
+  countOf (principal: string): number {
+    let n = 0
+    for (const entry of this.#entries.values()) if (entry.principal === principal) n++
+    return n
+  }
+
   /** Parks a call for `principal`; returns the signed requestState that claims it. */
   park (parked: ParkedCall, principal: string): string {
     const handle = `${++this.#seq}.${randomBytes(9).toString('base64url')}`

@@ -47,3 +47,30 @@ t.test('stateless calls and MRTR rounds alternate between replicas; every call c
   const resumed = logs.filter(l => l.msg === 'input_required retry resumed for a client of another replica')
   t.ok(resumed.length >= 4, `retries that landed on the other replica were forwarded to the parking one (${resumed.length})`)
 })
+
+t.test('a retry whose holder died gets -32007 within seconds, not silence', async t => {
+  const redis = await startRedis(t)
+  const config = {
+    redis: { url: redis.url, keyPrefix: randomPrefix(), leaseMs: 1500, connectTimeoutMs: 2000 },
+    servers: { full: stdioFixture('full-server', [], { poolSize: 1 }) }
+  }
+  const [a, b] = await Promise.all(['A', 'B'].map(async name => await startReplica(t, name, config))) as [Awaited<ReturnType<typeof startReplica>>, Awaited<ReturnType<typeof startReplica>>]
+  const meta = { 'io.modelcontextprotocol/protocolVersion': V, 'io.modelcontextprotocol/clientCapabilities': { sampling: {} } }
+  const call = async (base: string, params: Record<string, unknown>): Promise<{ status: number, body: Record<string, unknown> }> => {
+    const res = await fetch(`${base}/mcp/full`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream', 'mcp-protocol-version': V, 'mcp-method': 'tools/call', 'mcp-name': 'sample' },
+      body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'tools/call', params: { name: 'sample', arguments: { prompt: 'x' }, _meta: meta, ...params } })
+    })
+    return { status: res.status, body: await res.json() as Record<string, unknown> }
+  }
+  const round = (await call(a.url, {})).body.result as { requestState: string, inputRequests: Record<string, unknown> }
+  t.type(round.requestState, 'string', 'the call is parked on A')
+  await a.kill()
+  const started = Date.now()
+  const key = Object.keys(round.inputRequests)[0] as string
+  const retry = await call(b.url, { requestState: round.requestState, inputResponses: { [key]: { role: 'assistant', model: 'm', content: { type: 'text', text: 'late' } } } })
+  t.equal(retry.status, 502)
+  t.match(retry.body, { id: 1, error: { code: -32007 } }, 'the retry is answered with -32007: the call died with its replica')
+  t.ok(Date.now() - started < 10_000, `within seconds (${Date.now() - started} ms)`)
+})

@@ -12,6 +12,7 @@ import t, { type Test } from 'tap'
 import { startStreamableUpstream } from '../fixtures/http-upstreams.js'
 import { startGateway, stdioFixture } from '../helpers/gateway.js'
 import { eventually, textOf } from '../helpers/wait.js'
+import { MAX_PARKED_PER_PRINCIPAL } from '../../src/http/modern.js'
 
 const V = '2026-07-28'
 
@@ -24,6 +25,7 @@ const envelope = (capabilities: Record<string, unknown> = {}, extra: Record<stri
 
 interface Answer {
   status: number
+  headers: Headers
   contentType: string
   /** Every JSON-RPC message of the body (one for JSON, each event for SSE). */
   messages: Array<Record<string, unknown>>
@@ -53,7 +55,7 @@ async function modernPost (url: string, method: string, params: Record<string, u
   } else if (text !== '') {
     messages.push(JSON.parse(text) as Record<string, unknown>)
   }
-  return { status: res.status, contentType, messages }
+  return { status: res.status, headers: res.headers, contentType, messages }
 }
 
 const last = (a: Answer): Record<string, unknown> => a.messages[a.messages.length - 1] ?? {}
@@ -254,4 +256,22 @@ t.test('Streamable HTTP backend: modern requests run on a pooled backend session
   for (let i = 0; i < 5; i++) await client.callTool({ name: 'echo', arguments: { message: 'again' } })
   t.equal(upstream.sessions.size, opened, 'sequential calls reuse the pooled sessions: no session per request')
   t.equal(textOf(await client.callTool({ name: 'ask-sampling', arguments: {} })), 'sampled: model says: say something', 'sampling bridged from an HTTP backend')
+})
+
+t.test('one caller may not park more than its share of calls: 429 with Retry-After, the others still served', async t => {
+  const upstream = await startStreamableUpstream()
+  t.teardown(upstream.close)
+  const gw = await startGateway(t, { servers: { remote: { transport: 'streamable-http', url: upstream.url, protocol: 'legacy' } } })
+  const url = `${gw.url}/mcp/remote`
+  const ask = async (id: number): Promise<Answer> => await modernPost(url, 'tools/call', { name: 'ask-sampling', arguments: {}, _meta: envelope({ sampling: {} }) }, id)
+  const rounds = await Promise.all(Array.from({ length: MAX_PARKED_PER_PRINCIPAL }, async (_, i) => await ask(i + 1)))
+  t.ok(rounds.every(r => resultOf(r).resultType === 'input_required'), `${MAX_PARKED_PER_PRINCIPAL} calls parked`)
+  const over = await ask(100)
+  t.equal(over.status, 429, 'one more is refused')
+  t.ok(Number(over.headers.get('retry-after')) > 0, 'with Retry-After')
+  t.match(last(over), { id: 100, error: { code: -32000 } })
+  const first = resultOf(rounds[0] as Answer)
+  const key = Object.keys(first.inputRequests as object)[0] as string
+  const done = await modernPost(url, 'tools/call', { name: 'ask-sampling', arguments: {}, _meta: envelope({ sampling: {} }), requestState: first.requestState, inputResponses: { [key]: { role: 'assistant', model: 'm', content: { type: 'text', text: 'ok' } } } }, 101)
+  t.equal(textOf(resultOf(done)), 'sampled: ok', 'a parked call still completes')
 })
