@@ -11,59 +11,44 @@
 // `inputResponses` answer the backend, round after round. Closing the response cancels the call
 // upstream (M-11).
 //
-// The response is lazy: JSON when the answer is the first thing to send (one write, and an HTTP
-// status for the spec's 400/404 errors), SSE as soon as a notification comes first.
+// In front of a modern backend (`protocol`, probed once on `auto`) a request is relayed as it is.
+// MRTR retries that land on another replica than the one holding the call are forwarded over the
+// bus. `subscriptions/listen` streams are held here. The pieces: modern-rules.ts (pure rules),
+// modern-response.ts (where answers are written), modern-exchange.ts (one pooled call and its rounds).
 import type { FastifyReply, FastifyRequest } from 'fastify'
 import type { Logger } from 'pino'
-import type { ServerResponse } from 'node:http'
 import type { ToolPolicyLookup } from '../auth/tool-policy.js'
 import { filterToolsList, toolNameOf } from '../auth/tool-policy.js'
 import {
-  GW_ERR_BACKEND_LOST, GW_ERR_BACKEND_UNAVAILABLE, GW_ERR_INVALID_PARAMS, GW_ERR_RATE_LIMITED, GW_ERR_MISSING_CAPABILITY, GW_ERR_INTERNAL, GW_ERR_UNKNOWN_TOOL,
-  isGatewayError, toJsonRpcError, withData, type GatewayError
+  GW_ERR_BACKEND_LOST, GW_ERR_BACKEND_UNAVAILABLE, GW_ERR_INVALID_PARAMS, GW_ERR_INTERNAL, GW_ERR_UNKNOWN_TOOL,
+  isGatewayError, toJsonRpcError
 } from '../core/errors.js'
-import {
-  isNotification, isRequest, isResponse, type JsonRpcErrorObject, type JsonRpcMessage, type JsonRpcRequest, type JsonRpcResponse, type RequestId
-} from '../core/jsonrpc.js'
-import type { ConnectionPool, PoolSink, PooledCall } from '../routing/pool.js'
-import type { InputRequest, ParkedCall, ParkedCalls } from '../routing/mrtr.js'
+import { isNotification, isRequest, type JsonRpcMessage, type JsonRpcRequest, type RequestId } from '../core/jsonrpc.js'
+import type { ConnectionPool } from '../routing/pool.js'
+import type { ParkedCall, ParkedCalls } from '../routing/mrtr.js'
 import { audit } from '../telemetry/audit.js'
 import type { GatewayMetrics } from '../telemetry/metrics.js'
 import type { Envelope } from '../state/bus.js'
 import {
-  checkModernNotification, checkModernRequest, completeResult, envelopeOf, legacyParams, logPasses, META_SUBSCRIPTION_ID, MODERN_VERSIONS,
-  trimOws, type RequestEnvelope, type ModernHeaders
+  checkModernNotification, checkModernRequest, completeResult, envelopeOf, legacyParams, META_SUBSCRIPTION_ID, MODERN_VERSIONS,
+  trimOws, type ModernHeaders
 } from './modern-rules.js'
 import { clientHeaders, header, replyHeaders } from './request.js'
+import { KEEPALIVE_MS, ModernResponse, RemoteResponse, type Peers } from './modern-response.js'
+import { Exchange } from './modern-exchange.js'
 import type { ServerSource } from '../config/live.js'
 import type { HttpServerConfig } from '../config/schema.js'
 import type { UpstreamLookup } from '../routing/ownership.js'
 import { eraOf, modernBaseHeaders, modernRequestHeaders, relayModern, type BackendEra } from '../backends/modern-http.js'
 import { MAX_BODY_BYTES, readText } from '../backends/http-io.js'
 
-/** Methods that may answer with `input_required` (M-8); elsewhere a backend's request is refused. */
-const MRTR_METHODS = new Set(['tools/call', 'prompts/get', 'resources/read'])
-/** Server-to-client requests and the client capability each needs. */
-const NEEDS_CAPABILITY: Record<string, string> = { 'sampling/createMessage': 'sampling', 'elicitation/create': 'elicitation', 'roots/list': 'roots' }
-/** Server requests that arrive this close together are handed to the client in one round. */
-const ROUND_GATHER_MS = 15
-/** Where a legacy backend may name the key of its ask (see inputRequestOf). */
-const INPUT_KEY_META = 'mcp-gateway/inputKey'
-const KEEPALIVE_MS = 15_000
+export type { Peers } from './modern-response.js'
+export { MAX_PARKED_PER_PRINCIPAL } from './modern-exchange.js'
+
 /** How often a forwarded retry checks that the replica holding its call is alive. */
 const FORWARD_WATCH_MS = 1000
-/** Calls one principal may have parked at once (each holds a backend connection). */
-export const MAX_PARKED_PER_PRINCIPAL = 32
-const PARKED_RETRY_AFTER_S = 10
 /** Most resources one listen stream may subscribe to. */
 const MAX_LISTEN_URIS = 100
-
-/** What the face needs of the other replicas: an MRTR retry goes to the replica holding its call. */
-export interface Peers {
-  replicaId: string
-  send (replica: string, envelope: Envelope): Promise<void>
-  isAlive (replica: string): Promise<boolean>
-}
 
 export interface ModernFaceOptions {
   /** The servers as configured now (live reload). */
@@ -80,124 +65,11 @@ export interface ModernFaceOptions {
   log: Logger
 }
 
-/** Where an exchange writes: the client's HTTP response here, or another replica's (RemoteResponse). */
-interface ResponseSink {
-  readonly done: boolean
-  onClientGone: (() => void) | undefined
-  notify (message: JsonRpcMessage): void
-  finish (message: JsonRpcMessage, status?: number): void
-  fail (err: GatewayError, id: RequestId | null): void
-}
-
 export function modernHeaders (req: FastifyRequest): ModernHeaders {
   return {
     protocolVersion: trimOws(header(req, 'mcp-protocol-version')),
     method: trimOws(header(req, 'mcp-method')),
     name: trimOws(header(req, 'mcp-name'))
-  }
-}
-
-/**
- * One modern response: JSON until something other than the answer must be sent, then SSE. Ends
- * exactly once; after the client went away nothing is written.
- */
-class ModernResponse implements ResponseSink {
-  readonly #res: ServerResponse
-  readonly #headers: Record<string, string>
-  #sse = false
-  #done = false
-  #keepAlive: NodeJS.Timeout | undefined
-  onClientGone: (() => void) | undefined
-
-  constructor (res: ServerResponse, headers: Record<string, string>) {
-    this.#res = res
-    this.#headers = headers
-    const socket = res.socket
-    // The client may have gone while the request waited for a backend connection.
-    if (socket === null || socket.destroyed) this.#done = true
-    res.on('close', () => {
-      // A client that went away mid-response can leave its socket open and the request unfinished
-      // in the server's eyes, which would hold a shutdown for a whole keep-alive timeout.
-      if (!res.writableFinished) socket?.destroy()
-      if (this.#done) return
-      this.#done = true
-      clearInterval(this.#keepAlive)
-      this.onClientGone?.()
-    })
-  }
-
-  get done (): boolean { return this.#done }
-  get streaming (): boolean { return this.#sse }
-
-  notify (message: JsonRpcMessage): void {
-    if (this.#done) return
-    if (!this.#sse) {
-      this.#sse = true
-      this.#res.writeHead(200, { ...this.#headers, 'content-type': 'text/event-stream', 'cache-control': 'no-cache, no-transform', 'x-accel-buffering': 'no' })
-      this.#keepAlive = setInterval(() => { if (!this.#done) this.#res.write(': keepalive\n\n') }, KEEPALIVE_MS)
-      this.#keepAlive.unref()
-    }
-    this.#res.write(`event: message\ndata: ${JSON.stringify(message)}\n\n`)
-  }
-
-  /** The final message; `status` (and `extra` headers) apply only while nothing was streamed yet. */
-  finish (message: JsonRpcMessage, status = 200, extra: Record<string, string> = {}): void {
-    if (this.#done) return
-    this.#done = true
-    clearInterval(this.#keepAlive)
-    const text = JSON.stringify(message)
-    if (this.#sse) {
-      this.#res.end(`event: message\ndata: ${text}\n\n`)
-      return
-    }
-    this.#res.writeHead(status, { ...this.#headers, ...extra, 'content-type': 'application/json', 'content-length': String(Buffer.byteLength(text)) })
-    this.#res.end(text)
-  }
-
-  fail (err: GatewayError, id: RequestId | null): void {
-    this.finish(toJsonRpcError(err, id), err.statusCode ?? 500, err.retryAfter !== undefined ? { 'retry-after': String(err.retryAfter) } : {})
-  }
-}
-
-/** A response on another replica: what the exchange writes goes there over the bus (mrtr-out). */
-class RemoteResponse implements ResponseSink {
-  readonly #peers: Peers
-  readonly #to: string
-  readonly #ticket: string
-  #done = false
-  onClientGone: (() => void) | undefined
-
-  constructor (peers: Peers, to: string, ticket: string) {
-    this.#peers = peers
-    this.#to = to
-    this.#ticket = ticket
-  }
-
-  get done (): boolean { return this.#done }
-
-  /** The client at the other replica went away (mrtr-cancel). */
-  clientGone (): void {
-    if (this.#done) return
-    this.#done = true
-    this.onClientGone?.()
-  }
-
-  notify (message: JsonRpcMessage): void {
-    if (!this.#done) this.#send('notify', message)
-  }
-
-  finish (message: JsonRpcMessage, status = 200): void {
-    if (this.#done) return
-    this.#done = true
-    this.#send('finish', message, status)
-  }
-
-  fail (err: GatewayError, id: RequestId | null): void {
-    this.finish(toJsonRpcError(err, id), err.statusCode ?? 500)
-  }
-
-  #send (op: 'notify' | 'finish', message: JsonRpcMessage, status?: number): void {
-    this.#peers.send(this.#to, { kind: 'mrtr-out', ticket: this.#ticket, op, message, ...(status !== undefined ? { status } : {}) }).catch(() => {})
   }
 }
 
@@ -324,7 +196,7 @@ export class ModernFace {
     }
     this.#remote.set(ticket, out)
     this.#o.log.info({ server: parked.server, from }, 'input_required retry resumed for a client of another replica')
-    const exchange = new Exchange(this.#o, out, request, envelopeOf(request), parked.server, principal, parked.serverInfo, {})
+    const exchange = new Exchange(this.#o.parked, out, request, envelopeOf(request), parked.server, principal, parked.serverInfo, {})
     const params = isRecord(request.params) ? request.params : {}
     exchange.resume(parked, params.inputResponses)
     // The ticket is forgotten once the exchange ends here (its last message went out).
@@ -518,7 +390,7 @@ export class ModernFace {
     const out = new ModernResponse(reply.raw, replyHeaders(reply))
     // inputResponses on a first call (no requestState) answer the backend's asks by key as they come.
     const preAnswers = parked === null && isRecord(params.inputResponses) ? params.inputResponses : {}
-    const exchange = new Exchange(this.#o, out, message, envelope, server, req.principal.key, info.serverInfo, preAnswers)
+    const exchange = new Exchange(this.#o.parked, out, message, envelope, server, req.principal.key, info.serverInfo, preAnswers)
     if (parked !== null) {
       exchange.resume(parked, params.inputResponses)
       return
@@ -570,239 +442,3 @@ export class ModernFace {
 function modernCapabilities (legacy: Record<string, unknown>): Record<string, unknown> {
   return { ...legacy }
 }
-
-/**
- * One client request and its answer: relays what the pooled call sends, turns the backend's
- * server-to-client requests into `input_required` rounds, and parks the call between rounds.
- */
-class Exchange implements PoolSink {
-  readonly #o: ModernFaceOptions
-  readonly #out: ResponseSink
-  readonly #request: JsonRpcRequest
-  readonly #envelope: RequestEnvelope
-  readonly #server: string
-  readonly #principal: string
-  readonly #serverInfo: Record<string, unknown>
-  readonly #progressToken: RequestId | undefined
-  #call: PooledCall | null = null
-  /** Server requests gathered for the next input_required round, by the key the client sees. */
-  readonly #pending = new Map<string, InputRequest>()
-  #gather: NodeJS.Timeout | undefined
-  #parked = false
-  /** Answers the client sent before being asked (inputResponses without requestState), by key. */
-  readonly #preAnswers: Record<string, unknown>
-
-  constructor (options: ModernFaceOptions, out: ResponseSink, request: JsonRpcRequest, envelope: RequestEnvelope, server: string, principal: string,
-    serverInfo: Record<string, unknown>, preAnswers: Record<string, unknown>) {
-    this.#o = options
-    this.#preAnswers = preAnswers
-    this.#out = out
-    this.#request = request
-    this.#envelope = envelope
-    this.#server = server
-    this.#principal = principal
-    this.#serverInfo = serverInfo
-    const meta = isRecord(request.params) && isRecord(request.params._meta) ? request.params._meta : undefined
-    const token = meta?.progressToken
-    this.#progressToken = typeof token === 'string' || typeof token === 'number' ? token : undefined
-    out.onClientGone = () => {
-      clearTimeout(this.#gather)
-      // Closing the response stream cancels the request (M-11), unless it waits parked for a retry.
-      if (!this.#parked) this.#call?.cancel('the client closed the response stream')
-    }
-  }
-
-  start (call: PooledCall): void {
-    this.#call = call
-    if (this.#out.done) call.cancel('the client closed the response stream')
-  }
-
-  /** A retry: takes over the parked call and answers the backend's requests it carries. */
-  resume (parked: ParkedCall, inputResponses: unknown): void {
-    this.#call = parked.call
-    if (parked.final !== undefined) {
-      // The backend answered while the call was parked (it gave up waiting, or failed).
-      this.#finish(parked.final)
-      return
-    }
-    parked.call.rebind(this)
-    const responses = isRecord(inputResponses) ? inputResponses : {}
-    for (const [key, input] of parked.pending) {
-      const answer = responses[key]
-      // Unknown keys are ignored; a missing or malformed answer is asked again (M-8 SHOULD).
-      if (!validInputResponse(input.method, answer)) { this.#pending.set(key, input); continue }
-      parked.call.answer({ jsonrpc: '2.0', id: input.opaqueId, result: answer })
-    }
-    // Inputs the retry did not answer are asked again (SHOULD), with any the backend added meanwhile.
-    if (this.#pending.size > 0) this.#scheduleRound(0)
-    if (this.#out.done) this.#call.cancel('the client closed the response stream')
-  }
-
-  onMessage (message: JsonRpcMessage): void {
-    if (isResponse(message)) {
-      clearTimeout(this.#gather)
-      this.#finish(message)
-      return
-    }
-    if (isRequest(message)) {
-      this.#onServerRequest(message)
-      return
-    }
-    if (this.#parked || this.#out.done) return
-    const params = isRecord(message.params) ? message.params : {}
-    if (message.method === 'notifications/progress') {
-      if (this.#progressToken === undefined) return
-      this.#out.notify({ ...message, params: { ...params, progressToken: this.#progressToken } })
-    } else if (message.method === 'notifications/message') {
-      if (logPasses(params.level, this.#envelope.logLevel)) this.#out.notify(message)
-    }
-  }
-
-  #finish (response: JsonRpcResponse): void {
-    const id = this.#request.id
-    if ('error' in response) {
-      // An unknown method is 404 in this era (H-26-1), the backend's answer says so.
-      const status = response.error.code === -32601 ? 404 : 200
-      this.#out.finish({ ...response, id, error: modernError(this.#request, response.error) }, status)
-      return
-    }
-    this.#out.finish({ jsonrpc: '2.0', id, result: completeResult(this.#request.method, response.result, this.#serverInfo) })
-  }
-
-  #onServerRequest (request: JsonRpcRequest): void {
-    const call = this.#call
-    if (call === null) return
-    const capability = NEEDS_CAPABILITY[request.method]
-    if (capability === undefined || !MRTR_METHODS.has(this.#request.method)) {
-      call.answer({ jsonrpc: '2.0', id: request.id, error: { code: -32601, message: `${request.method} is not available to a ${this.#request.method} request of protocol 2026-07-28` } })
-      return
-    }
-    if (this.#envelope.clientCapabilities[capability] === undefined) {
-      // The request did not declare what the backend needs (M-5): -32021, and the call is withdrawn.
-      call.answer({ jsonrpc: '2.0', id: request.id, error: { code: -32601, message: `the client did not declare the '${capability}' capability` } })
-      this.#parked = false
-      call.cancel(`missing client capability ${capability}`)
-      this.#out.fail(withData(new GW_ERR_MISSING_CAPABILITY(capability), { requiredCapabilities: { [capability]: {} } }), this.#request.id)
-      return
-    }
-    const input = inputRequestOf(request, this.#pending)
-    const early = this.#preAnswers[input.key]
-    if (validInputResponse(input.method, early)) {
-      delete this.#preAnswers[input.key]
-      call.answer({ jsonrpc: '2.0', id: input.opaqueId, result: early })
-      return
-    }
-    this.#pending.set(input.key, input)
-    this.#scheduleRound(ROUND_GATHER_MS)
-  }
-
-  /** After a short gathering window, hands the pending server requests to the client as one round. */
-  #scheduleRound (delayMs: number): void {
-    if (this.#gather !== undefined) return
-    this.#gather = setTimeout(() => {
-      this.#gather = undefined
-      this.#round()
-    }, delayMs)
-    this.#gather.unref()
-  }
-
-  #round (): void {
-    const call = this.#call
-    if (call === null || this.#out.done || this.#pending.size === 0) return
-    const pending = new Map(this.#pending)
-    this.#pending.clear()
-    const inputRequests: Record<string, unknown> = {}
-    for (const [key, input] of pending) inputRequests[key] = { method: input.method, params: input.params }
-    if (this.#o.parked.countOf(this.#principal) >= MAX_PARKED_PER_PRINCIPAL) {
-      // Each parked call holds a backend connection: one caller may not hold them all.
-      call.cancel('too many calls waiting for input')
-      const err: GatewayError = new GW_ERR_RATE_LIMITED(PARKED_RETRY_AFTER_S)
-      err.retryAfter = PARKED_RETRY_AFTER_S
-      this.#out.fail(err, this.#request.id)
-      return
-    }
-    const parkedSink = new ParkedSink()
-    const parked: ParkedCall = {
-      call,
-      server: this.#server,
-      serverInfo: this.#serverInfo,
-      method: this.#request.method,
-      pending,
-      onExpire: () => { call.cancel('the client did not come back for an input_required result') }
-    }
-    parkedSink.parked = parked
-    call.rebind(parkedSink)
-    this.#parked = true
-    const requestState = this.#o.parked.park(parked, this.#principal)
-    this.#out.finish({ jsonrpc: '2.0', id: this.#request.id, result: { resultType: 'input_required', inputRequests, requestState } })
-  }
-}
-
-/** The key a backend's ask gets in `inputRequests`, and what the client is asked (see inputRequestOf). */
-interface KeyedInput extends InputRequest { key: string }
-
-/**
- * A backend's server-to-client request as an input request. Its key is the one the backend named in
- * `_meta["mcp-gateway/inputKey"]` (a gateway extension: a 2025-era request has no such key, and a
- * backend that wants stable keys across retries can name them), else the request's opaque id.
- */
-function inputRequestOf (request: JsonRpcRequest, taken: ReadonlyMap<string, InputRequest>): KeyedInput {
-  const params = isRecord(request.params) ? { ...request.params } : {}
-  let key = String(request.id)
-  if (isRecord(params._meta)) {
-    const { [INPUT_KEY_META]: named, ...meta } = params._meta
-    if (typeof named === 'string' && /^[A-Za-z0-9_.-]{1,64}$/.test(named) && !taken.has(named)) key = named
-    if (Object.keys(meta).length > 0) params._meta = meta
-    else delete params._meta
-  }
-  return { key, opaqueId: String(request.id), method: request.method, params }
-}
-
-/** Whether a client's input response has the shape its method's result needs (else it is asked again). */
-function validInputResponse (method: string, value: unknown): value is Record<string, unknown> {
-  if (!isRecord(value)) return false
-  switch (method) {
-    case 'sampling/createMessage':
-      return typeof value.role === 'string' && typeof value.model === 'string' && (isRecord(value.content) || Array.isArray(value.content))
-    case 'elicitation/create':
-      return value.action === 'accept' || value.action === 'decline' || value.action === 'cancel'
-    case 'roots/list':
-      return Array.isArray(value.roots)
-    default:
-      return false
-  }
-}
-
-/**
- * A backend's error in this era: a resource that does not exist is -32602 (2025's -32002) and
- * names its uri in `data` (SEP-2164).
- */
-function modernError (request: JsonRpcRequest, error: JsonRpcErrorObject): JsonRpcErrorObject {
-  if (request.method !== 'resources/read' || (error.code !== -32002 && error.code !== -32602)) return error
-  const uri = isRecord(request.params) ? request.params.uri : undefined
-  const data = isRecord(error.data) ? error.data : {}
-  return { ...error, code: -32602, data: { ...data, uri: data.uri ?? uri } }
-}
-
-/**
- * Holds a parked call between rounds: backend requests that arrive meanwhile join its pending
- * inputs (asked in the next round); an answer or error that arrives meanwhile is kept for the retry.
- */
-class ParkedSink implements PoolSink {
-  parked: ParkedCall | undefined
-
-  onMessage (message: JsonRpcMessage): void {
-    const parked = this.parked
-    if (parked === undefined) return
-    if (isRequest(message) && NEEDS_CAPABILITY[message.method] !== undefined) {
-      const input = inputRequestOf(message, parked.pending)
-      parked.pending.set(input.key, input)
-    } else if (isRequest(message)) {
-      parked.call.answer({ jsonrpc: '2.0', id: message.id, error: { code: -32601, message: `${message.method} is not available to a modern request` } })
-    } else if (isResponse(message)) {
-      parked.final = message
-    }
-    // Notifications of a parked call have no stream to go to: dropped.
-  }
-}
-

@@ -5,11 +5,13 @@
 // Exit status follows the suite's: only scored scenarios count (tasks-* and the pending header
 // scenarios run but are not scored at 2026-07-28).
 //
-//   node dist/test/conformance/run-conformance.js [--backend stdio|http]
+//   node dist/test/conformance/run-conformance.js [--backend stdio|http|modern]
 //
 // 1. backend stdio (default): the config fronts `node dist/test/fixtures/conformance-server.js`
 //    as stdio server `conformance`; backend http: starts dist/test/fixtures/conformance-http.js,
-//    reads the URL it prints and fronts it as streamable-http server `conformance`. Either way
+//    reads the URL it prints and fronts it as streamable-http server `conformance`; backend
+//    modern: the same with dist/test/fixtures/conformance-modern.js, a 2026-07-28 server (v2 SDK),
+//    fronted with `protocol: modern`. Either way
 //    the gateway listens on 127.0.0.1 and a free port (loopback, no auth: C-1, C-2);
 // 2. starts the gateway and waits for GET /readyz to answer 200;
 // 3. runs `npx conformance server --url …/mcp/conformance --requirements 2025-11-25` from
@@ -48,7 +50,8 @@ const TOOLS = join(ROOT, 'tools/conformance')
 const GATEWAY = join(ROOT, 'dist/src/main.js')
 const FIXTURE_STDIO = join(ROOT, 'dist/test/fixtures/conformance-server.js')
 const FIXTURE_HTTP = join(ROOT, 'dist/test/fixtures/conformance-http.js')
-const BACKENDS = ['stdio', 'http'] as const
+const FIXTURE_MODERN = join(ROOT, 'dist/test/fixtures/conformance-modern.js')
+const BACKENDS = ['stdio', 'http', 'modern'] as const
 type Backend = typeof BACKENDS[number]
 const SERVER_NAME = 'conformance'
 const READY_TIMEOUT_MS = 30_000
@@ -132,8 +135,8 @@ async function stopChild (name: string, child: ChildProcess): Promise<void> {
  * first stdout line. Its stdin stays open as a lifeline (--exit-with-stdin): should this runner
  * die without stopping it, the fixture sees stdin close and exits. Its output goes to logPath.
  */
-async function startHttpFixture (logPath: string): Promise<{ child: ChildProcess, url: string }> {
-  const child = spawn(process.execPath, [FIXTURE_HTTP, '--port', '0', '--exit-with-stdin', '--log-requests'], { cwd: ROOT, stdio: ['pipe', 'pipe', 'pipe'] })
+async function startHttpFixture (file: string, logPath: string): Promise<{ child: ChildProcess, url: string }> {
+  const child = spawn(process.execPath, [file, '--port', '0', '--exit-with-stdin', '--log-requests'], { cwd: ROOT, stdio: ['pipe', 'pipe', 'pipe'] })
   const log = createWriteStream(logPath)
   child.stderr?.pipe(log)
   const lines = createInterface({ input: child.stdout! })
@@ -239,15 +242,16 @@ async function main (): Promise<number> {
 
   try {
     if (url === undefined) {
-      const fixtureFile = backend === 'http' ? FIXTURE_HTTP : FIXTURE_STDIO
+      const fixtureFile = backend === 'http' ? FIXTURE_HTTP : backend === 'modern' ? FIXTURE_MODERN : FIXTURE_STDIO
       for (const file of [GATEWAY, fixtureFile]) {
         if (!existsSync(file)) throw new Error(`${file} is missing: run \`npm run build\` first`)
       }
       let server: Record<string, unknown>
-      if (backend === 'http') {
-        const started = await startHttpFixture(join(resultsDir, 'fixture.log'))
+      if (backend === 'http' || backend === 'modern') {
+        const started = await startHttpFixture(fixtureFile, join(resultsDir, 'fixture.log'))
         fixture = started.child
-        server = { transport: 'streamable-http', url: started.url }
+        // modern: a 2026-07-28 server (v2 SDK); 2026 requests are relayed, 2025 sessions bridged.
+        server = { transport: 'streamable-http', url: started.url, ...(backend === 'modern' ? { protocol: 'modern' } : {}) }
         say(`HTTP fixture pid ${String(fixture.pid)} at ${started.url}, log ${join(resultsDir, 'fixture.log')}`)
       } else {
         server = { transport: 'stdio', command: process.execPath, args: [FIXTURE_STDIO] }

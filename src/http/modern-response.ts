@@ -1,0 +1,133 @@
+// Where the answer of a 2026-07-28 request is written (http/modern.ts, modern-exchange.ts): the
+// client's HTTP response on this replica (ModernResponse), or, for an MRTR retry that landed on
+// another replica, that replica's response over the bus (RemoteResponse, `mrtr-out` envelopes).
+//
+// ModernResponse is lazy: JSON when the answer is the first thing to send (one write, and an HTTP
+// status for the spec's 400/404 errors), SSE as soon as a notification comes first.
+import type { ServerResponse } from 'node:http'
+import { toJsonRpcError, type GatewayError } from '../core/errors.js'
+import type { JsonRpcMessage, RequestId } from '../core/jsonrpc.js'
+import type { Envelope } from '../state/bus.js'
+
+/** SSE comment keep-alives on a long response or listen stream. */
+export const KEEPALIVE_MS = 15_000
+
+/** What the face needs of the other replicas: an MRTR retry goes to the replica holding its call. */
+export interface Peers {
+  replicaId: string
+  send (replica: string, envelope: Envelope): Promise<void>
+  isAlive (replica: string): Promise<boolean>
+}
+
+/** Where an exchange writes: the client's HTTP response here, or another replica's (RemoteResponse). */
+export interface ResponseSink {
+  readonly done: boolean
+  onClientGone: (() => void) | undefined
+  notify (message: JsonRpcMessage): void
+  finish (message: JsonRpcMessage, status?: number): void
+  fail (err: GatewayError, id: RequestId | null): void
+}
+
+/**
+ * One modern response: JSON until something other than the answer must be sent, then SSE. Ends
+ * exactly once; after the client went away nothing is written.
+ */
+export class ModernResponse implements ResponseSink {
+  readonly #res: ServerResponse
+  readonly #headers: Record<string, string>
+  #sse = false
+  #done = false
+  #keepAlive: NodeJS.Timeout | undefined
+  onClientGone: (() => void) | undefined
+
+  constructor (res: ServerResponse, headers: Record<string, string>) {
+    this.#res = res
+    this.#headers = headers
+    const socket = res.socket
+    // The client may have gone while the request waited for a backend connection.
+    if (socket === null || socket.destroyed) this.#done = true
+    res.on('close', () => {
+      // A client that went away mid-response can leave its socket open and the request unfinished
+      // in the server's eyes, which would hold a shutdown for a whole keep-alive timeout.
+      if (!res.writableFinished) socket?.destroy()
+      if (this.#done) return
+      this.#done = true
+      clearInterval(this.#keepAlive)
+      this.onClientGone?.()
+    })
+  }
+
+  get done (): boolean { return this.#done }
+  get streaming (): boolean { return this.#sse }
+
+  notify (message: JsonRpcMessage): void {
+    if (this.#done) return
+    if (!this.#sse) {
+      this.#sse = true
+      this.#res.writeHead(200, { ...this.#headers, 'content-type': 'text/event-stream', 'cache-control': 'no-cache, no-transform', 'x-accel-buffering': 'no' })
+      this.#keepAlive = setInterval(() => { if (!this.#done) this.#res.write(': keepalive\n\n') }, KEEPALIVE_MS)
+      this.#keepAlive.unref()
+    }
+    this.#res.write(`event: message\ndata: ${JSON.stringify(message)}\n\n`)
+  }
+
+  /** The final message; `status` (and `extra` headers) apply only while nothing was streamed yet. */
+  finish (message: JsonRpcMessage, status = 200, extra: Record<string, string> = {}): void {
+    if (this.#done) return
+    this.#done = true
+    clearInterval(this.#keepAlive)
+    const text = JSON.stringify(message)
+    if (this.#sse) {
+      this.#res.end(`event: message\ndata: ${text}\n\n`)
+      return
+    }
+    this.#res.writeHead(status, { ...this.#headers, ...extra, 'content-type': 'application/json', 'content-length': String(Buffer.byteLength(text)) })
+    this.#res.end(text)
+  }
+
+  fail (err: GatewayError, id: RequestId | null): void {
+    this.finish(toJsonRpcError(err, id), err.statusCode ?? 500, err.retryAfter !== undefined ? { 'retry-after': String(err.retryAfter) } : {})
+  }
+}
+
+/** A response on another replica: what the exchange writes goes there over the bus (mrtr-out). */
+export class RemoteResponse implements ResponseSink {
+  readonly #peers: Peers
+  readonly #to: string
+  readonly #ticket: string
+  #done = false
+  onClientGone: (() => void) | undefined
+
+  constructor (peers: Peers, to: string, ticket: string) {
+    this.#peers = peers
+    this.#to = to
+    this.#ticket = ticket
+  }
+
+  get done (): boolean { return this.#done }
+
+  /** The client at the other replica went away (mrtr-cancel). */
+  clientGone (): void {
+    if (this.#done) return
+    this.#done = true
+    this.onClientGone?.()
+  }
+
+  notify (message: JsonRpcMessage): void {
+    if (!this.#done) this.#send('notify', message)
+  }
+
+  finish (message: JsonRpcMessage, status = 200): void {
+    if (this.#done) return
+    this.#done = true
+    this.#send('finish', message, status)
+  }
+
+  fail (err: GatewayError, id: RequestId | null): void {
+    this.finish(toJsonRpcError(err, id), err.statusCode ?? 500)
+  }
+
+  #send (op: 'notify' | 'finish', message: JsonRpcMessage, status?: number): void {
+    this.#peers.send(this.#to, { kind: 'mrtr-out', ticket: this.#ticket, op, message, ...(status !== undefined ? { status } : {}) }).catch(() => {})
+  }
+}
