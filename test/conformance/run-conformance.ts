@@ -1,7 +1,7 @@
 // Runs the official MCP conformance suite (SPEC.md section 11) against the gateway, with our
 // conformance fixture as the only backend, reached over stdio or over Streamable HTTP:
-// `npm run test:conformance` runs both, at the 2025-11-25 requirements (sessions) and at the
-// 2026-07-28 ones (stateless requests through the pool and the MRTR bridge), one after the other.
+// `npm run test:conformance` runs each backend (stdio, http, modern) at the 2025-11-25
+// requirements (sessions) and at the 2026-07-28 ones (stateless requests), one after the other.
 // Exit status follows the suite's: only scored scenarios count (tasks-* and the pending header
 // scenarios run but are not scored at 2026-07-28).
 //
