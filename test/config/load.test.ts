@@ -1,3 +1,6 @@
+// Loading the config: YAML and JSON, ${ENV} placeholders, defaults, every refusal named by its path.
+// Over 500 lines on purpose: one case per rule of the one schema, kept together so a new key gets
+// its default and its refusals side by side.
 import t from 'tap'
 import { readFile } from 'node:fs/promises'
 import { join } from 'node:path'
