@@ -5,6 +5,8 @@ import { GW_ERR_CONFIG_INVALID } from '../core/errors.js'
 import { LegacySseBackend } from './legacy-sse.js'
 import { StreamableHttpBackend } from './streamable-http.js'
 import { ModernSessionBackend } from './modern-session.js'
+import { eraOf, modernBaseHeaders, type BackendEra } from './modern-http.js'
+import type { HttpServerConfig } from '../config/schema.js'
 
 export type { HttpBackendConnection, HttpBackendOpenOptions } from './http-base.js'
 export { closeHttpDispatchers } from './http-io.js'
@@ -21,10 +23,25 @@ export async function openHttpBackend (options: HttpBackendOpenOptions): Promise
     throw new GW_ERR_CONFIG_INVALID(`server '${options.server}' is not an HTTP backend`)
   }
   if (config.transport === 'sse') return new LegacySseBackend(options, config)
-  // `protocol: modern`: the server speaks only 2026-07-28, and the client's session is bridged
-  // (modern-session.ts). `auto` is probed for 2026-07-28 clients only (http/modern.ts): a session
-  // opens as it always did, with no probe on its path, so a dual-era server serves it natively.
-  return config.protocol === 'modern' ? new ModernSessionBackend(options, config) : new StreamableHttpBackend(options, config)
+  return await sessionEra(options, config) === 'modern' ? new ModernSessionBackend(options, config) : new StreamableHttpBackend(options, config)
+}
+
+/**
+ * Which way a client session reaches a Streamable HTTP server: `modern` bridges it to a server that
+ * speaks only 2026-07-28 (modern-session.ts). `auto` uses the probe (modern-http.ts eraOf, once per
+ * server config); a probe that finds nothing (unreachable, 5xx, auth) opens the session the 2025
+ * way, whose own errors then reach the client. A session resumed on another replica (it has a
+ * backend session id) is a 2025 one. A hand-built config without `protocol` is legacy.
+ */
+async function sessionEra (options: HttpBackendOpenOptions, config: HttpServerConfig): Promise<BackendEra> {
+  const protocol = config.protocol ?? 'legacy'
+  if (protocol !== 'auto') return protocol
+  if (options.backendSessionId != null) return 'legacy'
+  try {
+    return await eraOf(options.server, config, modernBaseHeaders(config, options.upstream, options.forwardedHeaders ?? {}))
+  } catch {
+    return 'legacy'
+  }
 }
 
 /** The BackendFactory for transports 'streamable-http' and 'sse'. */

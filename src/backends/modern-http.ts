@@ -18,6 +18,8 @@ export type BackendEra = 'legacy' | 'modern'
 /** The revision a probe asks for (the gateway's own modern revision). */
 const MODERN = '2026-07-28'
 const PROBE_BODY_MAX = 1024 * 1024
+/** A probe waits at most this long (a silent server then gets the 2025 path and its own deadline). */
+const PROBE_TIMEOUT_MS = 5000
 
 /** What goes upstream besides the protocol headers: the server's, the tenant's, the forwarded ones. */
 export function modernBaseHeaders (config: HttpServerConfig, upstream: TenantUpstream | undefined, clientHeaders: Record<string, string>): Record<string, string> {
@@ -49,8 +51,8 @@ export async function probeEra (server: string, config: HttpServerConfig, header
       path: url.pathname + url.search,
       headers: { ...headers, 'content-type': 'application/json', accept: 'application/json, text/event-stream', 'mcp-protocol-version': MODERN, 'mcp-method': 'server/discover' },
       body,
-      headersTimeout: config.requestTimeoutMs,
-      bodyTimeout: config.requestTimeoutMs
+      headersTimeout: Math.min(config.requestTimeoutMs, PROBE_TIMEOUT_MS),
+      bodyTimeout: Math.min(config.requestTimeoutMs, PROBE_TIMEOUT_MS)
     })
   } catch (err) {
     throw new GW_ERR_BACKEND_UNAVAILABLE(server, `its protocol era could not be probed: ${describe(err)}`)

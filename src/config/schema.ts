@@ -71,8 +71,7 @@ const httpServerSchema = {
     /**
      * Streamable HTTP only: the MCP era the server speaks. legacy: sessions (2025 and before;
      * 2026-07-28 requests run on the pool); modern: only 2026-07-28 (2026-07-28 requests relayed as
-     * they are, 2025 sessions bridged); auto: 2026-07-28 requests probe with server/discover once,
-     * sessions open as for legacy.
+     * they are, 2025 sessions bridged); auto: probe with server/discover once, fall back to legacy.
      */
     protocol: { enum: ['legacy', 'modern', 'auto'], default: 'auto' },
     /** Legacy `sse` upstreams only (a Streamable HTTP backend session outlives any replica). */

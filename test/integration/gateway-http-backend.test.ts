@@ -51,7 +51,11 @@ t.test('Streamable HTTP upstream: every message passes, credentials stay per hop
   t.ok(upstream.requests.length > 0)
   t.ok(upstream.requests.every(r => r.headers.authorization === undefined), "the client's Authorization never goes upstream")
   t.ok(upstream.requests.every(r => r.headers['x-api-key'] === 'configured-secret'), 'configured headers go upstream')
-  t.ok(upstream.requests.filter(r => r.method === 'POST').slice(1).every(r => r.headers['mcp-protocol-version'] === '2025-11-25'), 'MCP-Protocol-Version sent after initialize')
+  // The first POST is the era probe (protocol: auto), a 2026-07-28 server/discover; then the session.
+  const posts = upstream.requests.filter(r => r.method === 'POST')
+  t.equal((posts[0]?.body as { method?: string } | undefined)?.method, 'server/discover', 'the era is probed first, once')
+  t.equal(posts.filter(r => (r.body as { method?: string } | undefined)?.method === 'server/discover').length, 1)
+  t.ok(posts.slice(2).every(r => r.headers['mcp-protocol-version'] === '2025-11-25'), 'MCP-Protocol-Version sent after initialize')
 
   await (client.transport as StreamableHTTPClientTransport).terminateSession()
   await eventually('the upstream DELETE', () => upstream.requests.some(r => r.method === 'DELETE') ? true : undefined)
@@ -217,7 +221,7 @@ t.test('with Redis: resuming replicas send the backend\'s version; a graceful st
   const proxy = await startRoundRobinProxy(t, replicas.map(r => r.url))
   const client = await connect(t, `${proxy.url}/mcp/old`)
   for (let i = 0; i < 4; i++) t.equal(textOf(await client.callTool({ name: 'echo', arguments: { message: `v${i}` } })), `old: v${i}`, `call ${i}: both replicas send 2025-06-18`)
-  t.ok(seen.filter(s => s.method === 'POST' && s.rpc !== 'initialize').every(s => s.version === '2025-06-18'), 'every request after initialize carried the backend\'s version')
+  t.ok(seen.filter(s => s.method === 'POST' && s.rpc !== 'initialize' && s.rpc !== 'server/discover').every(s => s.version === '2025-06-18'), 'every request after initialize carried the backend\'s version')
 
   const [a, b] = replicas
   proxy.setTargets([b?.url ?? ''])

@@ -89,6 +89,20 @@ t.test('a 2025 client in front of a modern-only backend: its session is bridged,
   t.notOk(upstream.requests.some(r => (r.body as { method?: string } | undefined)?.method === 'initialize'), 'no initialize ever reached the modern backend')
 })
 
+t.test('protocol auto: a 2025 session finds the modern-only server by the probe and is bridged', async t => {
+  const upstream = await startModernUpstream({ modernOnly: true })
+  t.teardown(upstream.close)
+  const gw = await startGateway(t, { servers: { modern: { transport: 'streamable-http', url: upstream.url } } })
+  for (let i = 0; i < 2; i++) {
+    const client = new ClientV1({ name: `auto-${i}`, version: '1' })
+    await client.connect(new TransportV1(new URL(`${gw.url}/mcp/modern`)))
+    t.equal(textOf(await client.callTool({ name: 'echo', arguments: { message: `s${i}` } })), `modern echo: s${i}`, `session ${i} bridged`)
+    await client.close()
+  }
+  const probes = upstream.requests.filter(r => String((r.body as { id?: unknown } | undefined)?.id).startsWith('gw-probe'))
+  t.equal(probes.length, 1, 'probed once for both sessions')
+})
+
 t.test('legacy backend on protocol auto: probed once, then served through the pool', async t => {
   const upstream = await startStreamableUpstream()
   t.teardown(upstream.close)
