@@ -251,6 +251,7 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
     toolPolicy: toolPolicies(tenants),
     peers: { replicaId, send: async (replica, envelope) => { await router.sendEnvelope(replica, envelope) }, isAlive: async replica => await router.isAlive(replica) },
     forwardTimeoutMs: PARKED_CALL_TTL_MS * 2,
+    listenRegistry: services.store,
     log
   })
   router.onModernEnvelope(envelope => { modern.onEnvelope(envelope) })

@@ -29,6 +29,7 @@ import type { ParkedCall, ParkedCalls } from '../routing/mrtr.js'
 import { audit } from '../telemetry/audit.js'
 import type { GatewayMetrics } from '../telemetry/metrics.js'
 import type { Envelope } from '../state/bus.js'
+import type { SessionStore } from '../state/session-store.js'
 import {
   checkModernNotification, checkModernRequest, completeResult, envelopeOf, legacyParams, META_SUBSCRIPTION_ID, MODERN_VERSIONS,
   trimOws, type ModernHeaders
@@ -47,6 +48,12 @@ export { MAX_PARKED_PER_PRINCIPAL } from './modern-exchange.js'
 
 /** How often a forwarded retry checks that the replica holding its call is alive. */
 const FORWARD_WATCH_MS = 1000
+/** How long a replica's listen registration lives unless renewed (a third of it apart). */
+const LISTEN_REGISTRATION_MS = 15_000
+
+/** The registry topic of a server and tenant. */
+const listenTopic = (server: string, tenant: string | null): string => `${server}:${tenant ?? ''}`
+
 /** Most resources one listen stream may subscribe to. */
 const MAX_LISTEN_URIS = 100
 
@@ -62,6 +69,8 @@ export interface ModernFaceOptions {
   toolPolicy?: ToolPolicyLookup
   /** How long a forwarded retry waits for the replica holding its call to answer. */
   forwardTimeoutMs: number
+  /** Which replicas hold listen streams of a server and tenant (the session store). */
+  listenRegistry: Pick<SessionStore, 'addListener' | 'listeners'>
   log: Logger
 }
 
@@ -117,8 +126,12 @@ export class ModernFace {
   readonly #remote = new Map<string, RemoteResponse>()
   #seq = 0
 
+  readonly #tick: NodeJS.Timeout
+
   constructor (options: ModernFaceOptions) {
     this.#o = options
+    this.#tick = setInterval(() => { this.#renewRegistrations() }, LISTEN_REGISTRATION_MS / 3)
+    this.#tick.unref()
   }
 
   async #eraOf (server: string, config: HttpServerConfig, req: FastifyRequest): Promise<BackendEra> {
@@ -180,7 +193,10 @@ export class ModernFace {
         const remote = this.#remote.get(envelope.ticket)
         this.#remote.delete(envelope.ticket)
         remote?.clientGone()
+        return
       }
+      case 'listen-event':
+        this.#deliverEvent(envelope.server, envelope.tenant, envelope.message)
     }
   }
 
@@ -247,8 +263,34 @@ export class ModernFace {
     }
   }
 
-  /** A backend's session-level notification (list_changed): to the listen streams that asked for it. */
+  /**
+   * A backend's session-level notification (list_changed, resources/updated) seen by this replica's
+   * pool: to the listen streams here that asked for it, and to every other replica that holds
+   * listen streams of the same server and tenant (a change made through one replica reaches a
+   * listener on another).
+   */
   onServerEvent (server: string, tenant: string | null, message: JsonRpcMessage): void {
+    if (!isNotification(message)) return
+    this.#deliverEvent(server, tenant, message)
+    const peers = this.#o.peers
+    this.#o.listenRegistry.listeners(listenTopic(server, tenant)).then(async replicas => {
+      await Promise.all(replicas.filter(r => r !== peers.replicaId).map(async r => { await peers.send(r, { kind: 'listen-event', server, tenant, message }) }))
+    }).catch(err => { this.#o.log.warn({ err, server }, 'listen event not sent to other replicas') })
+  }
+
+  /** Registers this replica for the topics it holds listen streams of (renewed by the face's tick). */
+  #register (key: string): void {
+    const [server = '', tenant = ''] = key.split('\0')
+    this.#o.listenRegistry.addListener(listenTopic(server, tenant === '' ? null : tenant), this.#o.peers.replicaId, LISTEN_REGISTRATION_MS)
+      .catch(err => { this.#o.log.warn({ err, server }, 'listen registration failed') })
+  }
+
+  /** Keeps this replica registered for every topic it holds listen streams of. */
+  #renewRegistrations (): void {
+    for (const key of this.#listeners.keys()) this.#register(key)
+  }
+
+  #deliverEvent (server: string, tenant: string | null, message: JsonRpcMessage): void {
     if (!isNotification(message)) return
     const uri = message.method === 'notifications/resources/updated' && isRecord(message.params) ? message.params.uri : undefined
     for (const listener of this.#listeners.get(`${server}\0${tenant ?? ''}`) ?? []) {
@@ -267,6 +309,7 @@ export class ModernFace {
 
   /** Shutdown: every listen stream ends gracefully. */
   endListeners (): void {
+    clearInterval(this.#tick)
     for (const set of this.#listeners.values()) for (const listener of [...set]) listener.end()
     this.#listeners.clear()
   }
@@ -307,7 +350,10 @@ export class ModernFace {
     write(tag({ jsonrpc: '2.0', method: 'notifications/subscriptions/acknowledged', params: { notifications: honoured } }))
     const key = `${server}\0${tenant ?? ''}`
     let set = this.#listeners.get(key)
-    if (set === undefined) this.#listeners.set(key, set = new Set())
+    if (set === undefined) {
+      this.#listeners.set(key, set = new Set())
+      this.#register(key)
+    }
     const keepAlive = setInterval(() => { if (!res.writableEnded) res.write(': keepalive\n\n') }, KEEPALIVE_MS)
     keepAlive.unref()
     const listener: Listener = {

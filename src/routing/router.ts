@@ -371,6 +371,7 @@ export class Router {
       case 'mrtr-resume':
       case 'mrtr-out':
       case 'mrtr-cancel':
+      case 'listen-event':
         this.#modernEnvelopes?.(envelope)
     }
   }

@@ -21,6 +21,8 @@ export type Envelope =
   | { kind: 'mrtr-out', ticket: string, op: 'notify' | 'finish', message: JsonRpcMessage, status?: number }
   /** The client of a forwarded retry went away: the resumed call is cancelled. */
   | { kind: 'mrtr-cancel', ticket: string }
+  /** A backend's session-level notification seen by another replica's pool, for listen streams here. */
+  | { kind: 'listen-event', server: string, tenant: string | null, message: JsonRpcMessage }
 
 export type EnvelopeHandler = (envelope: Envelope) => void
 

@@ -37,6 +37,8 @@ export class MemorySessionStore implements SessionStore {
   readonly #records = new Map<string, Expiring<SessionRecord>>()
   readonly #sides = new Map<string, SessionSide>()
   readonly #replicas = new Map<string, number>()
+  /** Listen topics: replica -> until (ms since the epoch). */
+  readonly #listeners = new Map<string, Map<string, number>>()
   readonly #parts: MemorySessionPart[] = []
   #sweeper: NodeJS.Timeout | null
 
@@ -169,6 +171,21 @@ export class MemorySessionStore implements SessionStore {
   async getCursor (sid: string, streamId: string): Promise<string | null> {
     const cursor = this.#sides.get(sid)?.cursors.get(streamId)
     return live(cursor, Date.now()) ? cursor.value : null
+  }
+
+  async addListener (topic: string, replicaId: string, ttlMs: number): Promise<void> {
+    let replicas = this.#listeners.get(topic)
+    if (replicas === undefined) this.#listeners.set(topic, replicas = new Map())
+    replicas.set(replicaId, Date.now() + ttlMs)
+  }
+
+  async listeners (topic: string): Promise<string[]> {
+    const replicas = this.#listeners.get(topic)
+    if (replicas === undefined) return []
+    const now = Date.now()
+    for (const [replica, until] of replicas) if (until <= now) replicas.delete(replica)
+    if (replicas.size === 0) this.#listeners.delete(topic)
+    return [...replicas.keys()]
   }
 
   async heartbeat (replicaId: string, ttlMs: number): Promise<void> {

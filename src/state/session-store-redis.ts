@@ -1,7 +1,7 @@
 // Redis twin of the session store (ARCHITECTURE.md section 4). Every change that checks then
 // writes runs as one Lua script (redis/scripts.ts); every key gets a TTL passed in by the caller.
 import { GW_ERR_CONFLICT } from '../core/errors.js'
-import { replicaKey, sessionKeys } from './redis/keys.js'
+import { listenKey, replicaKey, sessionKeys } from './redis/keys.js'
 import { isRedisReady, storeCall, type Redis } from './redis/client.js'
 import { defineScripts } from './redis/scripts.js'
 import type { SessionRecord, SessionStore } from './session-store.js'
@@ -110,6 +110,17 @@ export class RedisSessionStore implements SessionStore {
 
   async getCursor (sid: string, streamId: string): Promise<string | null> {
     return await storeCall(this.#redis.get(this.#keys(sid).cursor(streamId)))
+  }
+
+  async addListener (topic: string, replicaId: string, ttlMs: number): Promise<void> {
+    const key = listenKey(this.#prefix, topic)
+    // A sorted set scored by expiry: stale members are dropped on read; the key outlives its newest.
+    await storeCall(this.#redis.multi().zadd(key, Date.now() + ttlMs, replicaId).pexpire(key, ttlMs).exec())
+  }
+
+  async listeners (topic: string): Promise<string[]> {
+    const key = listenKey(this.#prefix, topic)
+    return await storeCall(this.#redis.zrangebyscore(key, Date.now(), '+inf'))
   }
 
   async heartbeat (replicaId: string, ttlMs: number): Promise<void> {

@@ -82,6 +82,15 @@ export interface SessionStore {
   setCursor (sid: string, streamId: string, entryId: string, ttlMs: number): Promise<void>
   getCursor (sid: string, streamId: string): Promise<string | null>
 
+  /**
+   * 2026-07-28 listen streams: `replicaId` holds some for `topic` (a server and tenant) until
+   * `ttlMs` from now (renewed while it does), so a backend notification seen on another replica
+   * reaches them (ARCHITECTURE.md flow 8).
+   */
+  addListener (topic: string, replicaId: string, ttlMs: number): Promise<void>
+  /** The replicas holding listen streams of a topic now. */
+  listeners (topic: string): Promise<string[]>
+
   /** This replica's liveness: a key with a TTL. */
   heartbeat (replicaId: string, ttlMs: number): Promise<void>
   isAlive (replicaId: string): Promise<boolean>

@@ -1,13 +1,14 @@
 // 2026-07-28 requests across replicas (issue 9): two gateway processes on one Redis behind a
 // non-sticky round-robin proxy, the v2 SDK client pinned to the modern revision. Stateless requests
 // are served by whichever replica gets them (each with its own pool); an MRTR retry that lands on
-// the other replica is forwarded to the one holding the parked call, which completes it.
+// the other replica is forwarded to the one holding the parked call, which completes it; a listen
+// stream on one replica hears a backend change made through the other.
 import { Client as ClientV2, StreamableHTTPClientTransport as TransportV2 } from '@modelcontextprotocol/client'
 import t from 'tap'
 import { stdioFixture } from '../helpers/gateway.js'
 import { randomPrefix, startRedis } from '../helpers/redis-server.js'
 import { startReplica, startRoundRobinProxy } from '../helpers/replicas.js'
-import { textOf } from '../helpers/wait.js'
+import { eventually, textOf } from '../helpers/wait.js'
 
 const V = '2026-07-28'
 
@@ -73,4 +74,30 @@ t.test('a retry whose holder died gets -32007 within seconds, not silence', asyn
   t.equal(retry.status, 502)
   t.match(retry.body, { id: 1, error: { code: -32007 } }, 'the retry is answered with -32007: the call died with its replica')
   t.ok(Date.now() - started < 10_000, `within seconds (${Date.now() - started} ms)`)
+})
+
+t.test('a listen stream on one replica hears a change made through another', async t => {
+  const redis = await startRedis(t)
+  const config = {
+    redis: { url: redis.url, keyPrefix: randomPrefix(), leaseMs: 1500, connectTimeoutMs: 2000 },
+    servers: { full: stdioFixture('full-server', [], { poolSize: 1 }) }
+  }
+  const [a, b] = await Promise.all(['A', 'B'].map(async name => await startReplica(t, name, config))) as [Awaited<ReturnType<typeof startReplica>>, Awaited<ReturnType<typeof startReplica>>]
+  const listener = new ClientV2({ name: 'listener', version: '1' }, { versionNegotiation: { mode: { pin: V } } })
+  const changed: unknown[] = []
+  listener.setNotificationHandler('notifications/tools/list_changed', n => { changed.push(n) })
+  await listener.connect(new TransportV2(new URL(`${a.url}/mcp/full`)))
+  t.teardown(async () => { await listener.close().catch(() => {}) })
+  const subscription = await listener.listen({ toolsListChanged: true })
+  t.match(subscription.honoredFilter, { toolsListChanged: true }, 'listening on A')
+  const res = await fetch(`${b.url}/mcp/full`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream', 'mcp-protocol-version': V, 'mcp-method': 'tools/call', 'mcp-name': 'add-tool' },
+    body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'tools/call', params: { name: 'add-tool', arguments: {}, _meta: { 'io.modelcontextprotocol/protocolVersion': V, 'io.modelcontextprotocol/clientCapabilities': {} } } })
+  })
+  t.equal(res.status, 200, 'the change is made through B')
+  await res.text()
+  await eventually('tools/list_changed reached the listen stream on A', () => changed.length > 0 ? true : undefined)
+  t.equal(changed.length, 1, 'once')
+  await subscription.close()
 })

@@ -228,6 +228,20 @@ export function sessionStoreContract (t: Test, make: MakeSessionStore): void {
     t.equal(await store.isAlive(id), true)
   })
 
+  t.test('listen topics name the replicas registered for them until their TTL', async t => {
+    const store = await make(t)
+    const topic = `full:tenant-${randomUUID()}`
+    t.same(await store.listeners(topic), [])
+    await store.addListener(topic, 'replica-a', SHORT_TTL)
+    await store.addListener(topic, 'replica-b', LONG_TTL)
+    t.same((await store.listeners(topic)).sort(), ['replica-a', 'replica-b'])
+    t.same(await store.listeners(`${topic}-other`), [], 'topics are apart')
+    await sleep(PAST_SHORT_TTL)
+    t.same(await store.listeners(topic), ['replica-b'], 'a registration not renewed lapses')
+    await store.addListener(topic, 'replica-a', LONG_TTL)
+    t.same((await store.listeners(topic)).sort(), ['replica-a', 'replica-b'], 'renewing brings it back')
+  })
+
   t.test('a connected store is ready', async t => {
     const store = await make(t)
     t.equal(store.isReady(), true)

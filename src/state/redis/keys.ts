@@ -49,6 +49,9 @@ export function sessionKeys (prefix: string, sid: string): SessionKeys {
 /** A replica's heartbeat: present while the replica lives. */
 export const replicaKey = (prefix: string, replicaId: string): string => `${prefix}:replica:${replicaId}`
 
+/** The replicas holding 2026-07-28 listen streams of a topic (server and tenant): zset scored by expiry. */
+export const listenKey = (prefix: string, topic: string): string => `${prefix}:listen:${topic}`
+
 /** A replica's bus inbox (a stream). */
 export const inboxKey = (prefix: string, replicaId: string): string => `${prefix}:inbox:${replicaId}`
 
