@@ -4,6 +4,10 @@
 // the other replica is forwarded to the one holding the parked call, which completes it; a listen
 // stream on one replica hears a backend change made through the other.
 import { Client as ClientV2, StreamableHTTPClientTransport as TransportV2 } from '@modelcontextprotocol/client'
+import { Client as ClientV1 } from '@modelcontextprotocol/sdk/client/index.js'
+import { StreamableHTTPClientTransport as TransportV1 } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
+import { ElicitRequestSchema } from '@modelcontextprotocol/sdk/types.js'
+import { startModernUpstream } from '../fixtures/modern-upstream.js'
 import t from 'tap'
 import { stdioFixture } from '../helpers/gateway.js'
 import { randomPrefix, startRedis } from '../helpers/redis-server.js'
@@ -100,4 +104,34 @@ t.test('a listen stream on one replica hears a change made through another', asy
   await eventually('tools/list_changed reached the listen stream on A', () => changed.length > 0 ? true : undefined)
   t.equal(changed.length, 1, 'once')
   await subscription.close()
+})
+
+t.test('modern backend behind two replicas: 2026 requests relayed by either, a 2025 session bridged across them', async t => {
+  const redis = await startRedis(t)
+  const upstream = await startModernUpstream({ modernOnly: true })
+  t.teardown(upstream.close)
+  const config = {
+    redis: { url: redis.url, keyPrefix: randomPrefix(), leaseMs: 1500, connectTimeoutMs: 2000 },
+    servers: { modern: { transport: 'streamable-http', url: upstream.url } }
+  }
+  const replicas = await Promise.all(['A', 'B'].map(async name => await startReplica(t, name, config)))
+  const proxy = await startRoundRobinProxy(t, replicas.map(r => r.url))
+  const modern = new ClientV2({ name: 'modern', version: '1' }, { capabilities: { elicitation: { form: {} } }, versionNegotiation: { mode: { pin: V } } })
+  modern.setRequestHandler('elicitation/create', async () => ({ action: 'accept', content: { ok: true } }))
+  await modern.connect(new TransportV2(new URL(`${proxy.url}/mcp/modern`)))
+  t.teardown(async () => { await modern.close().catch(() => {}) })
+  const legacy = new ClientV1({ name: 'legacy', version: '1' }, { capabilities: { elicitation: {} } })
+  legacy.setRequestHandler(ElicitRequestSchema, async () => ({ action: 'accept', content: { ok: true } }))
+  await legacy.connect(new TransportV1(new URL(`${proxy.url}/mcp/modern`)))
+  t.teardown(async () => { await legacy.close().catch(() => {}) })
+  for (let i = 0; i < 4; i++) {
+    const [m, l] = await Promise.all([
+      modern.callTool({ name: 'echo', arguments: { message: `m${i}` } }),
+      legacy.callTool({ name: 'echo', arguments: { message: `l${i}` } })
+    ])
+    t.equal(textOf(m), `modern echo: m${i}`)
+    t.equal(textOf(l), `modern echo: l${i}`)
+  }
+  t.equal(textOf(await modern.callTool({ name: 'confirm', arguments: {} })), 'confirmed: {"ok":true}', "the backend's own MRTR through either replica")
+  t.equal(textOf(await legacy.callTool({ name: 'confirm', arguments: {} })), 'confirmed: {"ok":true}', 'the bridged session answers its round from any replica')
 })
