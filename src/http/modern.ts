@@ -158,8 +158,11 @@ export class ModernFace {
       const answer = contentType.includes('text/event-stream')
         ? text.split('\n').filter(l => l.startsWith('data:')).map(l => l.slice(5).trim()).reverse().find(l => l.includes('"result"') || l.includes('"error"'))
         : text
-      const parsed = answer === undefined ? null : JSON.parse(answer) as Record<string, unknown>
-      if (parsed === null) throw new GW_ERR_BACKEND_UNAVAILABLE(server, 'no answer to tools/list')
+      let parsed: Record<string, unknown> | null = null
+      try {
+        if (answer !== undefined) parsed = JSON.parse(answer) as Record<string, unknown>
+      } catch {}
+      if (parsed === null || typeof parsed !== 'object') throw new GW_ERR_BACKEND_UNAVAILABLE(server, 'no readable answer to tools/list')
       if (isRecord(parsed.result)) parsed.result = filterToolsList(parsed.result, policy)
       reply.code(upstream.statusCode).type('application/json').send(parsed)
       return
