@@ -16,6 +16,9 @@
 //   (only on the replica holding the session's lease, like a backend GET stream), re-opened with a
 //   new filter when the subscriptions change.
 // - notifications/cancelled from the client aborts the upstream request (the modern cancellation).
+// - A tools/call carries its `x-mcp-header` arguments as Mcp-Param-* headers (mcp-param-headers.ts),
+//   from the marks tools/list showed (read once if the client never listed); a tool with invalid
+//   marks is dropped from tools/list.
 import { randomUUID } from 'node:crypto'
 import type { Logger } from 'pino'
 import type { Dispatcher } from 'undici'
@@ -28,6 +31,7 @@ import type { BackendHandlers, BackendOpenOptions } from './backend.js'
 import type { HttpBackendConnection } from './http-base.js'
 import { describe, MAX_BODY_BYTES, mediaType, pumpSse, readText } from './http-io.js'
 import { modernBaseHeaders, relayModern } from './modern-http.js'
+import { encodeHeaderValue, paramHeaders, scanHeaderDeclarations, type HeaderDeclaration } from './mcp-param-headers.js'
 
 const MODERN = '2026-07-28'
 /** input_required rounds one request may take before the gateway gives up on it. */
@@ -59,6 +63,9 @@ export class ModernSessionBackend implements HttpBackendConnection {
   /** Server-to-client requests of the rounds in progress, by their id. */
   readonly #waiting = new Map<string, Waiting>()
   #seq = 0
+  /** The `x-mcp-header` marks of each listed tool (SPEC.md M-17). */
+  readonly #toolHeaders = new Map<string, HeaderDeclaration[]>()
+  #toolsKnown = false
 
   constructor (options: BackendOpenOptions, config: HttpServerConfig) {
     this.#server = options.server
@@ -175,10 +182,12 @@ export class ModernSessionBackend implements HttpBackendConnection {
     const base = isRecord(request.params) ? { ...request.params } : {}
     let extra: Record<string, unknown> = {}
     try {
+      // A tools/call mirrors marked arguments as Mcp-Param-* headers: the marks come from tools/list.
+      if (request.method === 'tools/call' && !this.#toolsKnown) await this.#learnTools()
       for (let round = 0; round <= MAX_ROUNDS; round++) {
         const answer = await this.#exchange(request.id, request.method, { ...base, ...extra }, m => { this.#answer(m) })
         if ('error' in answer || !isRecord(answer.result) || answer.result.resultType !== 'input_required') {
-          this.#answer(answer)
+          this.#answer(request.method === 'tools/list' ? this.#keepToolHeaders(answer) : answer)
           return
         }
         const inputRequests = isRecord(answer.result.inputRequests) ? answer.result.inputRequests : {}
@@ -198,6 +207,38 @@ export class ModernSessionBackend implements HttpBackendConnection {
     } catch (err) {
       this.#answer(this.#failure(request.id, err))
     }
+  }
+
+  /**
+   * A tools/list answer: each tool's `x-mcp-header` marks are kept for its calls, and a tool whose
+   * marks are invalid is dropped (SPEC.md M-17; its calls could never carry valid headers).
+   */
+  #keepToolHeaders (answer: JsonRpcResponse): JsonRpcResponse {
+    if (!('result' in answer) || !isRecord(answer.result) || !Array.isArray(answer.result.tools)) return answer
+    this.#toolsKnown = true
+    const tools = answer.result.tools.filter(tool => {
+      if (!isRecord(tool) || typeof tool.name !== 'string') return false
+      const scan = scanHeaderDeclarations(tool.inputSchema)
+      if (scan.valid) {
+        this.#toolHeaders.set(tool.name, scan.declarations)
+        return true
+      }
+      this.#log.warn({ tool: tool.name.slice(0, 128), reason: scan.reason }, 'tool dropped from tools/list: invalid x-mcp-header')
+      return false
+    })
+    return { ...answer, result: { ...answer.result, tools } }
+  }
+
+  /** Reads tools/list once (every page), so a tools/call knows its tool's header marks. */
+  async #learnTools (): Promise<void> {
+    let cursor: unknown
+    for (let page = 0; page < 20; page++) {
+      const answer = await this.#exchange(`gw-tools-${++this.#seq}`, 'tools/list', cursor === undefined ? {} : { cursor }, () => {})
+      this.#keepToolHeaders(answer)
+      cursor = 'result' in answer && isRecord(answer.result) ? answer.result.nextCursor : undefined
+      if (typeof cursor !== 'string') break
+    }
+    this.#toolsKnown = true
   }
 
   /** One input request of a round, as a server-to-client request; the client's answer. */
@@ -225,7 +266,8 @@ export class ModernSessionBackend implements HttpBackendConnection {
         ...this.#headers,
         'mcp-protocol-version': MODERN,
         'mcp-method': method,
-        ...(typeof name === 'string' ? { 'mcp-name': /^[\x20-\x7e]*$/.test(name) ? name.trim() : `=?base64?${Buffer.from(name).toString('base64')}?=` } : {})
+        ...(typeof name === 'string' ? { 'mcp-name': encodeHeaderValue(name) } : {}),
+        ...(method === 'tools/call' && typeof name === 'string' ? paramHeaders(this.#toolHeaders.get(name) ?? [], params.arguments) : {})
       }
       const res = await relayModern(this.#server, this.#config, headers, JSON.stringify(body), abort.signal)
       return await this.#readAnswer(res, id, onNotification)

@@ -80,6 +80,9 @@ t.test('a 2025 client in front of a modern-only backend: its session is bridged,
   t.equal(textOf(await client.callTool({ name: 'echo', arguments: { message: 'old' } })), 'modern echo: old')
   t.equal(textOf(await client.callTool({ name: 'confirm', arguments: {} })), 'confirmed: {"ok":true}', 'the input_required round was answered by the client over its session')
   t.match(asked, [{ message: 'Sure?' }], 'as an elicitation/create request')
+  t.equal(textOf(await client.callTool({ name: 'regional', arguments: { region: 'Zürich' } })), 'region Zürich', 'a marked argument went upstream as its Mcp-Param header too')
+  const regional = upstream.requests.filter(r => JSON.stringify(r.body).includes('"regional"') && (r.body as { method?: string }).method === 'tools/call').at(-1)
+  t.equal(regional?.headers['mcp-param-region'], `=?base64?${Buffer.from('Zürich').toString('base64')}?=`, 'Base64-encoded, as it is not header-safe')
   await client.setLoggingLevel('warning')
   const sent = upstream.requests.filter(r => (r.body as { method?: string } | undefined)?.method === 'tools/call').at(-1)?.body as { params: { _meta: Record<string, unknown> } }
   t.match(sent.params._meta, { 'io.modelcontextprotocol/protocolVersion': V, 'io.modelcontextprotocol/clientCapabilities': { elicitation: {} }, 'io.modelcontextprotocol/clientInfo': { name: 'legacy-client' } }, "each request carried an envelope built from the client's initialize")

@@ -8,6 +8,7 @@ import { Client as ClientV1 } from '@modelcontextprotocol/sdk/client/index.js'
 import { StreamableHTTPClientTransport as TransportV1 } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
 import { ElicitRequestSchema } from '@modelcontextprotocol/sdk/types.js'
 import { startModernUpstream } from '../fixtures/modern-upstream.js'
+import { startStreamableUpstream } from '../fixtures/http-upstreams.js'
 import t from 'tap'
 import { stdioFixture } from '../helpers/gateway.js'
 import { randomPrefix, startRedis } from '../helpers/redis-server.js'
@@ -18,12 +19,19 @@ const V = '2026-07-28'
 
 t.test('stateless calls and MRTR rounds alternate between replicas; every call completes once', async t => {
   const redis = await startRedis(t)
+  const legacyHttp = await startStreamableUpstream()
+  t.teardown(legacyHttp.close)
   const config = {
     redis: { url: redis.url, keyPrefix: randomPrefix(), leaseMs: 1500, connectTimeoutMs: 2000 },
-    servers: { full: stdioFixture('full-server', [], { poolSize: 1 }) }
+    servers: { full: stdioFixture('full-server', [], { poolSize: 1 }), remote: { transport: 'streamable-http', url: legacyHttp.url } }
   }
   const replicas = await Promise.all(['A', 'B'].map(async name => await startReplica(t, name, config)))
   const proxy = await startRoundRobinProxy(t, replicas.map(r => r.url))
+  const remote = new ClientV2({ name: 'modern-remote', version: '1' }, { versionNegotiation: { mode: { pin: V } } })
+  await remote.connect(new TransportV2(new URL(`${proxy.url}/mcp/remote`)))
+  t.teardown(async () => { await remote.close().catch(() => {}) })
+  const remoteEchoes = await Promise.all([1, 2, 3, 4].map(async i => textOf(await remote.callTool({ name: 'echo', arguments: { message: `r${i}` } }))))
+  t.same(remoteEchoes, [1, 2, 3, 4].map(i => `echo: r${i}`), 'a 2025 HTTP backend through both replicas\' pools')
   const client = new ClientV2({ name: 'modern-replicas', version: '1' }, {
     capabilities: { sampling: {}, elicitation: { form: {} } },
     versionNegotiation: { mode: { pin: V } }
