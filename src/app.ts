@@ -27,7 +27,7 @@ import httpStreamable from './http/streamable.js'
 import { createLogger } from './telemetry/logger.js'
 import { startTracing, stopTracing } from './telemetry/tracing.js'
 import { createMetrics, type GatewayMetrics } from './telemetry/metrics.js'
-import type { BackendFactory } from './backends/backend.js'
+import type { BackendFactory, TenantUpstream } from './backends/backend.js'
 import { newReplicaId } from './core/replica.js'
 import { RedisBus } from './state/bus-redis.js'
 import { RedisEventLog } from './state/event-log-redis.js'
@@ -205,6 +205,9 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
     factories: { stdio: countingChildren(openStdioBackend, metrics), 'streamable-http': httpBackendFactory, sse: httpBackendFactory }
   })
   const tenants = new TenantDirectory(config)
+  // Looked up per use, so a replaced tenant table (config reload) applies at once.
+  const upstream = (tenant: string | null | undefined, server: string): TenantUpstream => tenants.upstream(tenant, server)
+  const toolPolicy = toolPolicies(tenants)
   const quotaGate = new QuotaGate(tenant => tenants.limits(tenant), services.quotas, async sid => await services.store.get(sid) !== null)
   const router = new Router({
     replicaId,
@@ -214,8 +217,8 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
     eventLog: services.eventLog,
     bus: services.bus,
     backends: supervisor,
-    upstream: (tenant, server) => tenants.upstream(tenant, server),
-    toolPolicy: toolPolicies(tenants),
+    upstream,
+    toolPolicy,
     log,
     metrics,
     admitSession: async record => {
@@ -237,18 +240,18 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
     backends: supervisor,
     log,
     metrics,
-    upstream: (tenant, server) => tenants.upstream(tenant, server),
-    toolPolicy: toolPolicies(tenants),
+    upstream,
+    toolPolicy,
     onServerEvent: (server, tenant, message) => { modern.onServerEvent(server, tenant, message) }
   })
   const parked = new ParkedCalls({ replicaId, ttlMs: PARKED_CALL_TTL_MS })
   const modern = new ModernFace({
     live,
-    upstream: (tenant, server) => tenants.upstream(tenant, server),
+    upstream,
     pool,
     parked,
     metrics,
-    toolPolicy: toolPolicies(tenants),
+    toolPolicy,
     peers: { replicaId, send: async (replica, envelope) => { await router.sendEnvelope(replica, envelope) }, isAlive: async replica => await router.isAlive(replica) },
     forwardTimeoutMs: PARKED_CALL_TTL_MS * 2,
     listenRegistry: services.store,

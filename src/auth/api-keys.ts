@@ -30,9 +30,9 @@ export interface ApiKeyEntry {
 }
 
 /** Finds the entry whose digest matches the presented key; every entry is compared. */
-export function matchApiKey (entries: readonly ApiKeyEntry[], presented: string): ApiKeyEntry | null {
+export function matchApiKey<E extends ApiKeyEntry> (entries: readonly E[], presented: string): E | null {
   const digest = createHash('sha256').update(presented, 'utf8').digest()
-  let found: ApiKeyEntry | null = null
+  let found: E | null = null
   for (const entry of entries) {
     // No early exit: the time taken does not depend on where (or whether) the key matches.
     if (timingSafeEqual(entry.digest, digest) && found === null) found = entry

@@ -82,9 +82,9 @@ export async function authenticate (headers: IncomingHttpHeaders, endpoint: Endp
     throw new AuthRefusal(err, 'malformed credential', 'none')
   }
   if (credential.type === 'api-key') {
-    const match = directory.matchApiKey(credential.value)
-    if (match === null) throw new AuthRefusal(invalidToken(directory, endpoint, 'unknown API key'), 'unknown API key', 'api-key')
-    return principalOf(match.tenant, `key:${match.id}`, 'api-key')
+    const principal = directory.principalOfApiKey(credential.value)
+    if (principal === null) throw new AuthRefusal(invalidToken(directory, endpoint, 'unknown API key'), 'unknown API key', 'api-key')
+    return principal
   }
   if (jwt === undefined) throw new AuthRefusal(invalidToken(directory, endpoint, 'no JWT issuer is configured'), 'jwt without issuers', 'jwt')
   const { tenant, subject } = await jwt(credential.value, endpoint)

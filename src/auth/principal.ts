@@ -32,6 +32,11 @@ declare module 'fastify' {
   }
 }
 
+/** Tenant and subject digest of a session (audit lines, relays): never the subject itself. */
+export function principalOfRecord (record: { tenant?: string | null | undefined, principal: string }): { tenant: string | null, subject: string } {
+  return { tenant: record.tenant ?? null, subject: subjectOfKey(record.principal) }
+}
+
 /** The subject digest inside a principal key (`<tenant>:<digest>`, or 'anonymous'). */
 export function subjectOfKey (key: string): string {
   const colon = key.lastIndexOf(':')

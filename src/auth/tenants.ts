@@ -4,6 +4,7 @@
 import type { Config, TenantConfig, TenantJwtConfig, TenantLimitsConfig, TenantServerConfig } from '../config/schema.js'
 import type { TenantUpstream } from '../backends/backend.js'
 import { matchApiKey, type ApiKeyEntry } from './api-keys.js'
+import { principalOf, type Principal } from './principal.js'
 
 export type { TenantUpstream }
 
@@ -22,7 +23,8 @@ export type TenantSettings = Pick<Config, 'auth' | 'tenants'>
 
 export class TenantDirectory {
   #tenants = new Map<string, TenantConfig>()
-  #apiKeys: ApiKeyEntry[] = []
+  /** Each key with the principal it authenticates as (fixed by config: made once, shared, frozen). */
+  #apiKeys: Array<ApiKeyEntry & { principal: Readonly<Principal> }> = []
   #issuers = new Map<string, TenantIssuer[]>()
   #enabled = false
   #publicUrl = ''
@@ -37,11 +39,13 @@ export class TenantDirectory {
    */
   replace (settings: TenantSettings): void {
     const tenants = new Map<string, TenantConfig>()
-    const apiKeys: ApiKeyEntry[] = []
+    const apiKeys: Array<ApiKeyEntry & { principal: Readonly<Principal> }> = []
     const issuers = new Map<string, TenantIssuer[]>()
     for (const [name, tenant] of Object.entries(settings.tenants ?? {})) {
       tenants.set(name, tenant)
-      for (const key of tenant.apiKeys) apiKeys.push({ tenant: name, id: key.id, digest: Buffer.from(key.sha256, 'hex') })
+      for (const key of tenant.apiKeys) {
+        apiKeys.push({ tenant: name, id: key.id, digest: Buffer.from(key.sha256, 'hex'), principal: Object.freeze(principalOf(name, `key:${key.id}`, 'api-key')) })
+      }
       for (const jwt of tenant.jwt) {
         const list = issuers.get(jwt.issuer) ?? []
         list.push({ tenant: name, jwt })
@@ -58,20 +62,14 @@ export class TenantDirectory {
   /** Whether tenants are configured: then every MCP endpoint needs a credential. */
   get enabled (): boolean { return this.#enabled }
 
-  /** The API key's tenant and id, or null; constant time in the key (api-keys.ts). */
-  matchApiKey (presented: string): { tenant: string, id: string } | null {
-    const entry = matchApiKey(this.#apiKeys, presented)
-    return entry === null ? null : { tenant: entry.tenant, id: entry.id }
+  /** The principal an API key authenticates as, or null; constant time in the key (api-keys.ts). */
+  principalOfApiKey (presented: string): Readonly<Principal> | null {
+    return matchApiKey(this.#apiKeys, presented)?.principal ?? null
   }
 
   /** The tenants' configurations of a JWT issuer (several tenants may share one). */
   issuer (iss: string): readonly TenantIssuer[] {
     return this.#issuers.get(iss) ?? []
-  }
-
-  /** Every configured JWT issuer with its tenants, for the JWKS caches. */
-  issuers (): ReadonlyMap<string, readonly TenantIssuer[]> {
-    return this.#issuers
   }
 
   /** The tenant's settings for a server, or undefined when the server does not exist for it. */

@@ -23,7 +23,7 @@
 import { setTimeout as sleep } from 'node:timers/promises'
 import type { Dispatcher, Pool } from 'undici'
 import type { Logger } from 'pino'
-import type { BackendConnection, BackendHandlers, BackendOpenOptions } from './backend.js'
+import type { BackendConnection, BackendHandlers, BackendOpenOptions, TenantUpstream } from './backend.js'
 import type { HttpServerConfig } from '../config/schema.js'
 import { GW_ERR_BACKEND_TIMEOUT, GW_ERR_BACKEND_UNAVAILABLE, toJsonRpcError, type GatewayError } from '../core/errors.js'
 import { classify, type JsonRpcMessage, type JsonRpcNotification, type JsonRpcRequest, type JsonRpcResponse, type RequestId } from '../core/jsonrpc.js'
@@ -113,8 +113,8 @@ export abstract class HttpBackend implements HttpBackendConnection {
   protected initParams: Record<string, unknown> | undefined
   /** The client (or a resumed session) completed the handshake: re-initialising makes sense. */
   protected initialized = false
-  readonly #forwarded: Record<string, string>
-  readonly #upstream: Readonly<Record<string, string>>
+  /** What goes upstream besides the protocol headers; fixed for the connection's life. */
+  readonly #base: Readonly<Record<string, string>>
   #closing: Promise<void> | null = null
   #exited = false
 
@@ -127,8 +127,7 @@ export abstract class HttpBackend implements HttpBackendConnection {
     this.requests = dispatcherFor(this.url.origin, config.connections, config.connectTimeoutMs)
     this.streams = dispatcherFor(this.url.origin, null, config.connectTimeoutMs)
     this.initParams = options.initializeParams
-    this.#forwarded = pickForwarded(config.forwardHeaders, options.forwardedHeaders)
-    this.#upstream = options.upstream?.headers ?? {}
+    this.#base = upstreamBaseHeaders(config, options.upstream, options.forwardedHeaders ?? {})
   }
 
   abstract send (message: JsonRpcMessage): Promise<void>
@@ -180,10 +179,7 @@ export abstract class HttpBackend implements HttpBackendConnection {
    * forwarded client headers; no protocol headers.
    */
   protected baseHeaders (): Record<string, string> {
-    const headers: Record<string, string> = { ...this.#forwarded }
-    for (const [name, value] of Object.entries(this.config.headers)) headers[name.toLowerCase()] = value
-    for (const [name, value] of Object.entries(this.#upstream)) headers[name.toLowerCase()] = value
-    return headers
+    return { ...this.#base }
   }
 
   protected async request (pool: Pool, method: 'GET' | 'POST' | 'DELETE', url: URL, headers: Record<string, string>,
@@ -391,7 +387,18 @@ export abstract class HttpBackend implements HttpBackendConnection {
   }
 }
 
-export function pickForwarded (names: readonly string[], clientHeaders: Record<string, string> | undefined): Record<string, string> {
+/**
+ * What goes upstream besides the protocol headers: the forwarded client headers, then the
+ * server's configured headers, then the tenant's upstream headers (later ones win; names lower-cased).
+ */
+export function upstreamBaseHeaders (config: HttpServerConfig, upstream: TenantUpstream | undefined, clientHeaders: Record<string, string>): Record<string, string> {
+  const headers = pickForwarded(config.forwardHeaders, clientHeaders)
+  for (const [name, value] of Object.entries(config.headers)) headers[name.toLowerCase()] = value
+  for (const [name, value] of Object.entries(upstream?.headers ?? {})) headers[name.toLowerCase()] = value
+  return headers
+}
+
+function pickForwarded (names: readonly string[], clientHeaders: Record<string, string> | undefined): Record<string, string> {
   const out: Record<string, string> = {}
   if (clientHeaders === undefined || names.length === 0) return out
   const wanted = new Set(names.map(n => n.toLowerCase()).filter(n => !RESERVED_HEADERS.has(n)))

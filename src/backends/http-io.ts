@@ -53,6 +53,11 @@ export function mediaType (headers: IncomingHttpHeaders): string {
   return (headerValue(headers, 'content-type') ?? '').split(';')[0]?.trim().toLowerCase() ?? ''
 }
 
+/** The `data:` payloads of an SSE body read whole, one per line, in order. */
+export function sseDataLines (text: string): string[] {
+  return text.split('\n').filter(l => l.startsWith('data:')).map(l => l.slice(5).trim())
+}
+
 export async function drain (body: Body): Promise<void> {
   await body.dump({ limit: 65_536 }).catch(() => {})
 }

@@ -5,7 +5,8 @@ import { GW_ERR_CONFIG_INVALID } from '../core/errors.js'
 import { LegacySseBackend } from './legacy-sse.js'
 import { StreamableHttpBackend } from './streamable-http.js'
 import { ModernSessionBackend } from './modern-session.js'
-import { eraOf, modernBaseHeaders, type BackendEra } from './modern-http.js'
+import { eraOf, type BackendEra } from './modern-http.js'
+import { upstreamBaseHeaders } from './http-base.js'
 import type { HttpServerConfig } from '../config/schema.js'
 
 export type { HttpBackendConnection, HttpBackendOpenOptions } from './http-base.js'
@@ -38,7 +39,7 @@ async function sessionEra (options: HttpBackendOpenOptions, config: HttpServerCo
   if (protocol !== 'auto') return protocol
   if (options.backendSessionId != null) return 'legacy'
   try {
-    return await eraOf(options.server, config, modernBaseHeaders(config, options.upstream, options.forwardedHeaders ?? {}))
+    return await eraOf(options.server, config, () => upstreamBaseHeaders(config, options.upstream, options.forwardedHeaders ?? {}))
   } catch {
     return 'legacy'
   }

@@ -8,6 +8,8 @@
 // combinators, conditionals or definitions), with a non-empty RFC 9110 token as its value, unique
 // case-insensitively, on a string, integer or boolean property.
 
+import { isRecord } from '../core/jsonrpc.js'
+
 export interface HeaderDeclaration {
   /** Property names from the arguments' root. */
   path: string[]
@@ -23,7 +25,6 @@ const PRIMITIVE = new Set(['string', 'integer', 'boolean'])
 const UNREACHABLE = ['items', 'prefixItems', 'contains', 'additionalProperties', 'unevaluatedProperties', 'unevaluatedItems',
   'propertyNames', 'patternProperties', 'dependentSchemas', 'oneOf', 'anyOf', 'allOf', 'not', 'if', 'then', 'else', '$defs', 'definitions']
 
-const isRecord = (value: unknown): value is Record<string, unknown> => typeof value === 'object' && value !== null && !Array.isArray(value)
 
 /** The `x-mcp-header` marks of a tool's inputSchema, or why they are invalid. */
 export function scanHeaderDeclarations (inputSchema: unknown): ScanResult {

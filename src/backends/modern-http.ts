@@ -9,25 +9,16 @@ import { randomBytes } from 'node:crypto'
 import type { Dispatcher } from 'undici'
 import type { HttpServerConfig } from '../config/schema.js'
 import { GW_ERR_BACKEND_TIMEOUT, GW_ERR_BACKEND_UNAVAILABLE } from '../core/errors.js'
-import type { TenantUpstream } from './backend.js'
-import { pickForwarded } from './http-base.js'
-import { describe, dispatcherFor, drain, readText } from './http-io.js'
+import { isRecord } from '../core/jsonrpc.js'
+import { MODERN_VERSION, META_CLIENT_CAPABILITIES, META_CLIENT_INFO, META_PROTOCOL_VERSION } from '../core/protocol-version.js'
+import { describe, dispatcherFor, drain, readText, sseDataLines } from './http-io.js'
 
 export type BackendEra = 'legacy' | 'modern'
 
 /** The revision a probe asks for (the gateway's own modern revision). */
-const MODERN = '2026-07-28'
 const PROBE_BODY_MAX = 1024 * 1024
 /** A probe waits at most this long (a silent server then gets the 2025 path and its own deadline). */
 const PROBE_TIMEOUT_MS = 5000
-
-/** What goes upstream besides the protocol headers: the server's, the tenant's, the forwarded ones. */
-export function modernBaseHeaders (config: HttpServerConfig, upstream: TenantUpstream | undefined, clientHeaders: Record<string, string>): Record<string, string> {
-  const headers = pickForwarded(config.forwardHeaders, clientHeaders)
-  for (const [name, value] of Object.entries(config.headers)) headers[name.toLowerCase()] = value
-  for (const [name, value] of Object.entries(upstream?.headers ?? {})) headers[name.toLowerCase()] = value
-  return headers
-}
 
 /**
  * Which era a server speaks (SPEC.md H-BC-2): a modern `server/discover`; a result naming
@@ -36,20 +27,20 @@ export function modernBaseHeaders (config: HttpServerConfig, upstream: TenantUps
  * is no evidence either way: it throws, and the next request probes again.
  */
 export async function probeEra (server: string, config: HttpServerConfig, headers: Record<string, string>): Promise<BackendEra> {
-  const url = new URL(config.url)
+  const url = urlOf(config)
   const pool = dispatcherFor(url.origin, config.connections, config.connectTimeoutMs)
   const body = JSON.stringify({
     jsonrpc: '2.0',
     id: `gw-probe-${randomBytes(4).toString('hex')}`,
     method: 'server/discover',
-    params: { _meta: { 'io.modelcontextprotocol/protocolVersion': MODERN, 'io.modelcontextprotocol/clientCapabilities': {}, 'io.modelcontextprotocol/clientInfo': { name: 'mcp-gateway', version: '0.1.0' } } }
+    params: { _meta: { [META_PROTOCOL_VERSION]: MODERN_VERSION, [META_CLIENT_CAPABILITIES]: {}, [META_CLIENT_INFO]: { name: 'mcp-gateway', version: '0.1.0' } } }
   })
   let res: Dispatcher.ResponseData
   try {
     res = await pool.request({
       method: 'POST',
       path: url.pathname + url.search,
-      headers: { ...headers, 'content-type': 'application/json', accept: 'application/json, text/event-stream', 'mcp-protocol-version': MODERN, 'mcp-method': 'server/discover' },
+      headers: { ...headers, 'content-type': 'application/json', accept: 'application/json, text/event-stream', 'mcp-protocol-version': MODERN_VERSION, 'mcp-method': 'server/discover' },
       body,
       headersTimeout: Math.min(config.requestTimeoutMs, PROBE_TIMEOUT_MS),
       bodyTimeout: Math.min(config.requestTimeoutMs, PROBE_TIMEOUT_MS)
@@ -69,13 +60,22 @@ export async function probeEra (server: string, config: HttpServerConfig, header
   const message = lastJsonRpc(text)
   if (status === 200 && message !== null && isRecord(message.result)) {
     const versions = message.result.supportedVersions
-    return Array.isArray(versions) && versions.some(v => typeof v === 'string' && v >= MODERN) ? 'modern' : 'legacy'
+    return Array.isArray(versions) && versions.some(v => typeof v === 'string' && v >= MODERN_VERSION) ? 'modern' : 'legacy'
   }
   if (status === 400 && message !== null && isRecord(message.error)) {
     const code = message.error.code
     if (code === -32022 || code === -32020 || code === -32602 || code === -32021) return 'modern'
   }
   return 'legacy'
+}
+
+/** Each server's parsed URL, by config object (frozen, so the URL never changes under it). */
+const urls = new WeakMap<HttpServerConfig, URL>()
+
+function urlOf (config: HttpServerConfig): URL {
+  let url = urls.get(config)
+  if (url === undefined) urls.set(config, url = new URL(config.url))
+  return url
 }
 
 /** Probed eras, by server config object (a reload's new config probes again). */
@@ -85,12 +85,11 @@ const eras = new WeakMap<HttpServerConfig, Promise<BackendEra>>()
  * The era a Streamable HTTP server speaks: its `protocol` when set, else probed once (see probeEra)
  * and kept; a failed probe is forgotten, so the next call probes again.
  */
-export async function eraOf (server: string, config: HttpServerConfig, headers: Record<string, string>): Promise<BackendEra> {
+export async function eraOf (server: string, config: HttpServerConfig, headers: () => Record<string, string>): Promise<BackendEra> {
   if (config.protocol === 'legacy' || config.protocol === 'modern') return config.protocol
-  if (config.transport !== 'streamable-http') return 'legacy'
   let era = eras.get(config)
   if (era === undefined) {
-    era = probeEra(server, config, headers)
+    era = probeEra(server, config, headers())
     eras.set(config, era)
     era.catch(() => { eras.delete(config) })
   }
@@ -99,7 +98,7 @@ export async function eraOf (server: string, config: HttpServerConfig, headers: 
 
 /** The last JSON-RPC message of a JSON or SSE body, if any. */
 function lastJsonRpc (text: string): Record<string, unknown> | null {
-  const candidates = text.trimStart().startsWith('{') ? [text] : text.split('\n').filter(l => l.startsWith('data:')).map(l => l.slice(5).trim())
+  const candidates = text.trimStart().startsWith('{') ? [text] : sseDataLines(text)
   for (const candidate of candidates.reverse()) {
     try {
       const value: unknown = JSON.parse(candidate)
@@ -126,7 +125,7 @@ export function modernRequestHeaders (clientHeaders: Record<string, string>): Re
  * server's requestTimeoutMs is -32006.
  */
 export async function relayModern (server: string, config: HttpServerConfig, headers: Record<string, string>, body: string, signal: AbortSignal): Promise<Dispatcher.ResponseData> {
-  const url = new URL(config.url)
+  const url = urlOf(config)
   const pool = dispatcherFor(url.origin, config.connections, config.connectTimeoutMs)
   let res: Dispatcher.ResponseData
   try {
@@ -151,6 +150,3 @@ export async function relayModern (server: string, config: HttpServerConfig, hea
   return res
 }
 
-function isRecord (value: unknown): value is Record<string, unknown> {
-  return typeof value === 'object' && value !== null && !Array.isArray(value)
-}

@@ -25,25 +25,21 @@ import type { Dispatcher } from 'undici'
 import type { HttpServerConfig } from '../config/schema.js'
 import { GW_ERR_BACKEND_UNAVAILABLE, isGatewayError, toJsonRpcError } from '../core/errors.js'
 import {
-  classify, errorResponse, isNotification, isRequest, type JsonRpcMessage, type JsonRpcRequest, type JsonRpcResponse, type RequestId
+  classify, errorResponse, isNotification, isRecord, isRequest, type JsonRpcMessage, type JsonRpcRequest, type JsonRpcResponse, type RequestId
 } from '../core/jsonrpc.js'
 import type { BackendHandlers, BackendOpenOptions } from './backend.js'
-import type { HttpBackendConnection } from './http-base.js'
+import { upstreamBaseHeaders, type HttpBackendConnection } from './http-base.js'
 import { describe, MAX_BODY_BYTES, mediaType, pumpSse, readText } from './http-io.js'
-import { modernBaseHeaders, relayModern } from './modern-http.js'
+import { relayModern } from './modern-http.js'
+import {
+  LATEST_VERSION, MODERN_VERSION, META_CLIENT_CAPABILITIES, META_CLIENT_INFO, META_LOG_LEVEL, META_PROTOCOL_VERSION, META_SERVER_INFO, META_SUBSCRIPTION_ID
+} from '../core/protocol-version.js'
 import { encodeHeaderValue, paramHeaders, scanHeaderDeclarations, type HeaderDeclaration } from './mcp-param-headers.js'
 
-const MODERN = '2026-07-28'
 /** input_required rounds one request may take before the gateway gives up on it. */
 export const MAX_ROUNDS = 10
 
-const isRecord = (value: unknown): value is Record<string, unknown> => typeof value === 'object' && value !== null && !Array.isArray(value)
 
-/** A round's server-to-client request waiting for the client's answer. */
-interface Waiting {
-  key: string
-  resolve: (answer: JsonRpcResponse) => void
-}
 
 export class ModernSessionBackend implements HttpBackendConnection {
   readonly #server: string
@@ -61,7 +57,7 @@ export class ModernSessionBackend implements HttpBackendConnection {
   /** Upstream exchanges in flight, by the relay's request id (as a string key). */
   readonly #inFlight = new Map<string, AbortController>()
   /** Server-to-client requests of the rounds in progress, by their id. */
-  readonly #waiting = new Map<string, Waiting>()
+  readonly #waiting = new Map<string, (answer: JsonRpcResponse) => void>()
   #seq = 0
   /** The `x-mcp-header` marks of each listed tool (SPEC.md M-17). */
   readonly #toolHeaders = new Map<string, HeaderDeclaration[]>()
@@ -72,7 +68,7 @@ export class ModernSessionBackend implements HttpBackendConnection {
     this.#config = config
     this.#handlers = options.handlers
     this.#log = options.log.child({ backend: options.server, transport: 'modern' })
-    this.#headers = modernBaseHeaders(config, options.upstream, options.forwardedHeaders ?? {})
+    this.#headers = upstreamBaseHeaders(config, options.upstream, options.forwardedHeaders ?? {})
     // Another replica's session (failover or a direct session): the client's initialize is known.
     this.#initParams = options.initializeParams
     this.#listening = options.listen ?? true
@@ -105,10 +101,10 @@ export class ModernSessionBackend implements HttpBackendConnection {
     }
     // The client's answer to one of a round's server-to-client requests.
     const id = message.id
-    const waiting = typeof id === 'string' ? this.#waiting.get(id) : undefined
-    if (waiting !== undefined && id !== null && id !== undefined) {
-      this.#waiting.delete(String(id))
-      waiting.resolve(message)
+    const resolve = typeof id === 'string' ? this.#waiting.get(id) : undefined
+    if (typeof id === 'string' && resolve !== undefined) {
+      this.#waiting.delete(id)
+      resolve(message)
     }
   }
 
@@ -161,12 +157,12 @@ export class ModernSessionBackend implements HttpBackendConnection {
       const discovered = isRecord(result.result) ? result.result : {}
       this.#capabilities = isRecord(discovered.capabilities) ? discovered.capabilities : {}
       const meta = isRecord(discovered._meta) ? discovered._meta : {}
-      const serverInfo = isRecord(meta['io.modelcontextprotocol/serverInfo']) ? meta['io.modelcontextprotocol/serverInfo'] : { name: this.#server, version: '0' }
+      const serverInfo = isRecord(meta[META_SERVER_INFO]) ? meta[META_SERVER_INFO] : { name: this.#server, version: '0' }
       const capabilities: Record<string, unknown> = { ...this.#capabilities }
       // Session features the gateway provides on top of the backend: log level and subscriptions.
       capabilities.logging = {}
       if (isRecord(capabilities.resources)) capabilities.resources = { ...capabilities.resources, subscribe: true }
-      const version = typeof this.#initParams?.protocolVersion === 'string' ? this.#initParams.protocolVersion : '2025-11-25'
+      const version = typeof this.#initParams?.protocolVersion === 'string' ? this.#initParams.protocolVersion : LATEST_VERSION
       this.#answer({
         jsonrpc: '2.0',
         id: request.id,
@@ -245,7 +241,7 @@ export class ModernSessionBackend implements HttpBackendConnection {
   async #ask (key: string, ask: unknown): Promise<JsonRpcResponse> {
     const id = `gw-mrtr-${++this.#seq}`
     if (!isRecord(ask) || typeof ask.method !== 'string') return errorResponse(id, -32602, `input request '${key.slice(0, 64)}' is malformed`)
-    const answered = new Promise<JsonRpcResponse>(resolve => { this.#waiting.set(id, { key, resolve }) })
+    const answered = new Promise<JsonRpcResponse>(resolve => { this.#waiting.set(id, resolve) })
     this.#answer({ jsonrpc: '2.0', id, method: ask.method, ...(isRecord(ask.params) ? { params: ask.params } : {}) })
     return await answered
   }
@@ -264,7 +260,7 @@ export class ModernSessionBackend implements HttpBackendConnection {
       const name = method === 'resources/read' ? params.uri : (method === 'tools/call' || method === 'prompts/get') ? params.name : undefined
       const headers = {
         ...this.#headers,
-        'mcp-protocol-version': MODERN,
+        'mcp-protocol-version': MODERN_VERSION,
         'mcp-method': method,
         ...(typeof name === 'string' ? { 'mcp-name': encodeHeaderValue(name) } : {}),
         ...(method === 'tools/call' && typeof name === 'string' ? paramHeaders(this.#toolHeaders.get(name) ?? [], params.arguments) : {})
@@ -297,10 +293,10 @@ export class ModernSessionBackend implements HttpBackendConnection {
   #envelope (): Record<string, unknown> {
     const params = this.#initParams ?? {}
     return {
-      'io.modelcontextprotocol/protocolVersion': MODERN,
-      'io.modelcontextprotocol/clientCapabilities': isRecord(params.capabilities) ? params.capabilities : {},
-      ...(isRecord(params.clientInfo) ? { 'io.modelcontextprotocol/clientInfo': params.clientInfo } : {}),
-      ...(this.#logLevel !== undefined ? { 'io.modelcontextprotocol/logLevel': this.#logLevel } : {})
+      [META_PROTOCOL_VERSION]: MODERN_VERSION,
+      [META_CLIENT_CAPABILITIES]: isRecord(params.capabilities) ? params.capabilities : {},
+      ...(isRecord(params.clientInfo) ? { [META_CLIENT_INFO]: params.clientInfo } : {}),
+      ...(this.#logLevel !== undefined ? { [META_LOG_LEVEL]: this.#logLevel } : {})
     }
   }
 
@@ -320,14 +316,14 @@ export class ModernSessionBackend implements HttpBackendConnection {
     const id = `gw-listen-${randomUUID()}`
     const body = JSON.stringify({ jsonrpc: '2.0', id, method: 'subscriptions/listen', params: { notifications, _meta: this.#envelope() } })
     void (async () => {
-      const res = await relayModern(this.#server, this.#config, { ...this.#headers, 'mcp-protocol-version': MODERN, 'mcp-method': 'subscriptions/listen' }, body, abort.signal)
+      const res = await relayModern(this.#server, this.#config, { ...this.#headers, 'mcp-protocol-version': MODERN_VERSION, 'mcp-method': 'subscriptions/listen' }, body, abort.signal)
       await pumpSse(res.body, event => {
         try {
           const c = classify(JSON.parse(event.data))
           if (c.kind === 'notification' && c.message.method !== 'notifications/subscriptions/acknowledged') {
             const params = isRecord(c.message.params) ? { ...c.message.params } : {}
             if (isRecord(params._meta)) {
-              const { 'io.modelcontextprotocol/subscriptionId': _, ...meta } = params._meta
+              const { [META_SUBSCRIPTION_ID]: _, ...meta } = params._meta
               params._meta = meta
             }
             this.#answer({ ...c.message, params })

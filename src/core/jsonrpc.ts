@@ -44,7 +44,8 @@ export type Classified =
   | { kind: 'response', message: JsonRpcResponse }
   | { kind: 'invalid', id: RequestId | null, reason: string }
 
-function isObject (value: unknown): value is Record<string, unknown> {
+/** A plain JSON object (not null, not an array). */
+export function isRecord (value: unknown): value is Record<string, unknown> {
   return typeof value === 'object' && value !== null && !Array.isArray(value)
 }
 
@@ -54,19 +55,19 @@ function isValidId (id: unknown): id is RequestId {
 
 /** Reads an id only when it is one the spec allows, so an error can echo it (J-4). */
 export function readableId (value: unknown): RequestId | null {
-  return isObject(value) && isValidId(value.id) ? value.id : null
+  return isRecord(value) && isValidId(value.id) ? value.id : null
 }
 
 /** Classifies one decoded JSON value as a JSON-RPC message; never throws. */
 export function classify (value: unknown): Classified {
-  if (!isObject(value)) return { kind: 'invalid', id: null, reason: 'message must be a JSON object' }
+  if (!isRecord(value)) return { kind: 'invalid', id: null, reason: 'message must be a JSON object' }
   const id = readableId(value)
   if (value.jsonrpc !== '2.0') return { kind: 'invalid', id, reason: 'jsonrpc must be "2.0"' }
   const hasId = 'id' in value
   if ('method' in value) {
     if (typeof value.method !== 'string' || value.method.length === 0) return { kind: 'invalid', id, reason: 'method must be a non-empty string' }
     // MCP narrows JSON-RPC here too: params, when present, is an object (never an array).
-    if ('params' in value && value.params !== undefined && !isObject(value.params)) return { kind: 'invalid', id, reason: 'params must be an object' }
+    if ('params' in value && value.params !== undefined && !isRecord(value.params)) return { kind: 'invalid', id, reason: 'params must be an object' }
     if (!hasId) return { kind: 'notification', message: value as unknown as JsonRpcNotification }
     if (!isValidId(value.id)) return { kind: 'invalid', id: null, reason: 'id must be a string or an integer (not null)' }
     return { kind: 'request', message: value as unknown as JsonRpcRequest }
@@ -75,7 +76,7 @@ export function classify (value: unknown): Classified {
     if ('result' in value && 'error' in value) return { kind: 'invalid', id, reason: 'a response carries result or error, not both' }
     if ('error' in value) {
       const err = value.error
-      if (!isObject(err) || typeof err.code !== 'number' || !Number.isInteger(err.code) || typeof err.message !== 'string') {
+      if (!isRecord(err) || typeof err.code !== 'number' || !Number.isInteger(err.code) || typeof err.message !== 'string') {
         return { kind: 'invalid', id, reason: 'error must have an integer code and a string message' }
       }
       if (hasId && value.id !== null && !isValidId(value.id)) return { kind: 'invalid', id: null, reason: 'id must be a string or an integer' }
@@ -108,9 +109,9 @@ export function errorResponse (id: RequestId | null, code: number, message: stri
 /** The request's `_meta.progressToken`, if it carries a valid one (U-PROG-1). */
 export function progressTokenOf (m: JsonRpcRequest): RequestId | undefined {
   const params = m.params
-  if (!isObject(params)) return undefined
+  if (!isRecord(params)) return undefined
   const meta = params._meta
-  if (!isObject(meta)) return undefined
+  if (!isRecord(meta)) return undefined
   const token = meta.progressToken
   return isValidId(token) ? token : undefined
 }

@@ -2,10 +2,20 @@
 // Client-facing negotiation is the gateway's own, independent of the backend's (SPEC.md G-1, L-2).
 import { GW_ERR_UNSUPPORTED_PROTOCOL_VERSION } from './errors.js'
 
-/** Newest first. 2026-07-28 (stateless) is not served yet: see README "Limits". */
+/** The session revisions, newest first (2026-07-28, stateless, is MODERN_VERSIONS below). */
 export const SUPPORTED_VERSIONS = ['2025-11-25', '2025-06-18', '2025-03-26', '2024-11-05'] as const
 export type ProtocolVersion = typeof SUPPORTED_VERSIONS[number]
 export const LATEST_VERSION: ProtocolVersion = '2025-11-25'
+/** The 2026-07-28 (stateless) revisions served; a version dated from the first one on is modern. */
+export const MODERN_VERSIONS = ['2026-07-28'] as const
+export const MODERN_VERSION = MODERN_VERSIONS[0]
+/** The per-request `_meta` keys of the modern revision (SPEC.md M-2, M-7, M-9). */
+export const META_PROTOCOL_VERSION = 'io.modelcontextprotocol/protocolVersion'
+export const META_CLIENT_CAPABILITIES = 'io.modelcontextprotocol/clientCapabilities'
+export const META_CLIENT_INFO = 'io.modelcontextprotocol/clientInfo'
+export const META_LOG_LEVEL = 'io.modelcontextprotocol/logLevel'
+export const META_SERVER_INFO = 'io.modelcontextprotocol/serverInfo'
+export const META_SUBSCRIPTION_ID = 'io.modelcontextprotocol/subscriptionId'
 /** Assumed when a Streamable HTTP request has no MCP-Protocol-Version and nothing else is known (H-PV-2). */
 export const HEADERLESS_DEFAULT_VERSION: ProtocolVersion = '2025-03-26'
 /** What a legacy HTTP+SSE session speaks until its initialize says otherwise. */

@@ -22,6 +22,11 @@ const MCP_ROUTES = new Map<string, EndpointKind>([
 ])
 const SERVER_NAME = /^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$/
 
+/** Whether a route is one of the MCP endpoints (authenticated here, charged by http/limits.ts). */
+export function isMcpRoute (url: string | undefined): boolean {
+  return url !== undefined && MCP_ROUTES.has(url)
+}
+
 export default fp<HttpAuthenticateOptions>(async function httpAuthenticate (app: FastifyInstance, opts) {
   const { tenants, jwt } = opts
   app.addHook('onRequest', async (req: FastifyRequest) => {

@@ -9,7 +9,6 @@ import type { Config } from '../config/schema.js'
 import { GW_ERR_FORBIDDEN } from '../core/errors.js'
 import { isLoopbackAddress } from '../core/loopback.js'
 
-export { isLoopbackAddress }
 
 export interface HttpGuardOptions {
   config: Readonly<Config>

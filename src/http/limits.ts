@@ -14,6 +14,7 @@ import { bucketsFor, retryAfterSeconds, type RateLimiter } from '../auth/rate-li
 import type { TenantDirectory } from '../auth/tenants.js'
 import { GW_ERR_INVALID_REQUEST, GW_ERR_RATE_LIMITED, isGatewayError, type GatewayError } from '../core/errors.js'
 import { audit } from '../telemetry/audit.js'
+import { isMcpRoute } from './authenticate.js'
 
 export interface HttpLimitsOptions {
   /** Read per request, so a replaced tenant table (config reload) applies at once. */
@@ -21,10 +22,6 @@ export interface HttpLimitsOptions {
   limiter: RateLimiter
 }
 
-/** The routes whose requests are charged: the MCP endpoints of both transports. */
-export function isLimitedRoute (url: string | undefined): boolean {
-  return url !== undefined && (url.startsWith('/mcp/') || url.startsWith('/sse/'))
-}
 
 /**
  * Charges one request, or, given the size of the batch it carries, the batch's other messages;
@@ -40,8 +37,10 @@ export async function chargeRequest (req: FastifyRequest, opts: HttpLimitsOption
   if (buckets.length === 0) return
   // A batch beyond a bucket's burst could never be admitted: say so, rather than a 429 whose
   // Retry-After would only invite the same refusal.
-  const burst = Math.min(...buckets.map(b => b.burst))
-  if (batchSize !== undefined && batchSize > burst) throw new GW_ERR_INVALID_REQUEST(`a batch holds at most ${burst} messages under this tenant's rate limit`)
+  if (batchSize !== undefined) {
+    const burst = Math.min(...buckets.map(b => b.burst))
+    if (batchSize > burst) throw new GW_ERR_INVALID_REQUEST(`a batch holds at most ${burst} messages under this tenant's rate limit`)
+  }
   // The request itself was charged on arrival; the batch's other messages now.
   const cost = batchSize === undefined ? 1 : batchSize - 1
   let decision
@@ -63,12 +62,12 @@ async function httpLimits (app: FastifyInstance, opts: HttpLimitsOptions): Promi
   // onRequest, so a refused request's body is never parsed. It runs after the auth hook's own
   // onRequest (registered before this plugin in app.ts), which sets req.principal.
   app.addHook('onRequest', async req => {
-    if (isLimitedRoute(req.routeOptions.url)) await chargeRequest(req, opts)
+    if (isMcpRoute(req.routeOptions.url)) await chargeRequest(req, opts)
   })
   // A JSON-RPC batch is as many requests as it holds messages, or a batch would carry thousands
   // of calls past the budget as one request: its other messages are charged once it is parsed.
   app.addHook('preHandler', async req => {
-    if (isLimitedRoute(req.routeOptions.url) && Array.isArray(req.body) && req.body.length > 1) await chargeRequest(req, opts, req.body.length)
+    if (isMcpRoute(req.routeOptions.url) && Array.isArray(req.body) && req.body.length > 1) await chargeRequest(req, opts, req.body.length)
   })
 }
 

@@ -8,7 +8,7 @@ import {
   GW_ERR_MISSING_CAPABILITY, GW_ERR_RATE_LIMITED, withData, type GatewayError
 } from '../core/errors.js'
 import {
-  isRequest, isResponse, type JsonRpcErrorObject, type JsonRpcMessage, type JsonRpcRequest, type JsonRpcResponse, type RequestId
+  isRecord, isRequest, isResponse, type JsonRpcErrorObject, type JsonRpcMessage, type JsonRpcRequest, type JsonRpcResponse, type RequestId
 } from '../core/jsonrpc.js'
 import type { PoolSink, PooledCall } from '../routing/pool.js'
 import type { InputRequest, ParkedCall, ParkedCalls } from '../routing/mrtr.js'
@@ -27,9 +27,6 @@ const INPUT_KEY_META = 'mcp-gateway/inputKey'
 export const MAX_PARKED_PER_PRINCIPAL = 32
 const PARKED_RETRY_AFTER_S = 10
 
-function isRecord (value: unknown): value is Record<string, unknown> {
-  return typeof value === 'object' && value !== null && !Array.isArray(value)
-}
 
 /**
  * One client request and its answer: relays what the pooled call sends, turns the backend's

@@ -14,17 +14,15 @@ import {
   withData
 } from '../core/errors.js'
 import type { JsonRpcNotification, JsonRpcRequest } from '../core/jsonrpc.js'
+import { isRecord } from '../core/jsonrpc.js'
 
-/** The modern revisions served; a claim naming a date from the first one on is modern. */
-export const MODERN_VERSIONS = ['2026-07-28'] as const
-const FIRST_MODERN_VERSION = '2026-07-28'
+import {
+  MODERN_VERSION, MODERN_VERSIONS, META_CLIENT_CAPABILITIES, META_CLIENT_INFO, META_LOG_LEVEL, META_PROTOCOL_VERSION, META_SERVER_INFO
+} from '../core/protocol-version.js'
 
-export const META_PROTOCOL_VERSION = 'io.modelcontextprotocol/protocolVersion'
-export const META_CLIENT_CAPABILITIES = 'io.modelcontextprotocol/clientCapabilities'
-export const META_CLIENT_INFO = 'io.modelcontextprotocol/clientInfo'
-export const META_LOG_LEVEL = 'io.modelcontextprotocol/logLevel'
-export const META_SERVER_INFO = 'io.modelcontextprotocol/serverInfo'
-export const META_SUBSCRIPTION_ID = 'io.modelcontextprotocol/subscriptionId'
+export {
+  MODERN_VERSIONS, META_CLIENT_CAPABILITIES, META_CLIENT_INFO, META_LOG_LEVEL, META_PROTOCOL_VERSION, META_SERVER_INFO, META_SUBSCRIPTION_ID
+} from '../core/protocol-version.js'
 
 /** RFC 5424 levels, lowest first (MCP logging). */
 export const LOG_LEVELS = ['debug', 'info', 'notice', 'warning', 'error', 'critical', 'alert', 'emergency'] as const
@@ -41,7 +39,7 @@ const CACHEABLE = new Set(['server/discover', 'tools/list', 'prompts/list', 'res
 const NAME_SOURCE: Record<string, 'name' | 'uri'> = { 'tools/call': 'name', 'prompts/get': 'name', 'resources/read': 'uri' }
 
 export function isModernVersion (version: string): boolean {
-  return version >= FIRST_MODERN_VERSION
+  return version >= MODERN_VERSION
 }
 
 /**
@@ -72,9 +70,6 @@ export type Classified =
   | { era: 'modern', kind: 'request', message: JsonRpcRequest }
   | { era: 'modern', kind: 'notification', message: JsonRpcNotification }
 
-function isRecord (value: unknown): value is Record<string, unknown> {
-  return typeof value === 'object' && value !== null && !Array.isArray(value)
-}
 
 function metaOf (value: unknown): Record<string, unknown> | undefined {
   if (!isRecord(value) || !isRecord(value.params)) return undefined

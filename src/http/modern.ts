@@ -23,7 +23,7 @@ import {
   GW_ERR_BACKEND_LOST, GW_ERR_BACKEND_UNAVAILABLE, GW_ERR_INVALID_PARAMS, GW_ERR_INTERNAL, GW_ERR_UNKNOWN_TOOL,
   isGatewayError, toJsonRpcError
 } from '../core/errors.js'
-import { isNotification, isRequest, type JsonRpcMessage, type JsonRpcRequest, type RequestId } from '../core/jsonrpc.js'
+import { isNotification, isRecord, isRequest, type JsonRpcMessage, type JsonRpcRequest, type RequestId } from '../core/jsonrpc.js'
 import type { ConnectionPool } from '../routing/pool.js'
 import type { ParkedCall, ParkedCalls } from '../routing/mrtr.js'
 import { audit } from '../telemetry/audit.js'
@@ -40,8 +40,9 @@ import { Exchange } from './modern-exchange.js'
 import type { ServerSource } from '../config/live.js'
 import type { HttpServerConfig } from '../config/schema.js'
 import type { UpstreamLookup } from '../routing/ownership.js'
-import { eraOf, modernBaseHeaders, modernRequestHeaders, relayModern, type BackendEra } from '../backends/modern-http.js'
-import { MAX_BODY_BYTES, readText } from '../backends/http-io.js'
+import { eraOf, modernRequestHeaders, relayModern, type BackendEra } from '../backends/modern-http.js'
+import { upstreamBaseHeaders } from '../backends/http-base.js'
+import { MAX_BODY_BYTES, readText, sseDataLines } from '../backends/http-io.js'
 
 export type { Peers } from './modern-response.js'
 export { MAX_PARKED_PER_PRINCIPAL } from './modern-exchange.js'
@@ -89,9 +90,6 @@ interface Forward {
   timer: NodeJS.Timeout
 }
 
-function isRecord (value: unknown): value is Record<string, unknown> {
-  return typeof value === 'object' && value !== null && !Array.isArray(value)
-}
 
 /** The notification kinds a listen filter can ask for, and the backend capability each needs. */
 const LIST_CHANGED: Record<string, { method: string, capability: string }> = {
@@ -135,7 +133,7 @@ export class ModernFace {
   }
 
   async #eraOf (server: string, config: HttpServerConfig, req: FastifyRequest): Promise<BackendEra> {
-    return await eraOf(server, config, modernBaseHeaders(config, this.#o.upstream?.(req.principal.tenant, server), clientHeaders(req)))
+    return await eraOf(server, config, () => upstreamBaseHeaders(config, this.#o.upstream?.(req.principal.tenant, server), clientHeaders(req)))
   }
 
   /**
@@ -146,7 +144,7 @@ export class ModernFace {
    */
   async #relay (req: FastifyRequest, reply: FastifyReply, server: string, config: HttpServerConfig, message: JsonRpcRequest): Promise<void> {
     const fromClient = clientHeaders(req)
-    const headers = { ...modernBaseHeaders(config, this.#o.upstream?.(req.principal.tenant, server), fromClient), ...modernRequestHeaders(fromClient) }
+    const headers = { ...upstreamBaseHeaders(config, this.#o.upstream?.(req.principal.tenant, server), fromClient), ...modernRequestHeaders(fromClient) }
     const abort = new AbortController()
     const res = reply.raw
     res.on('close', () => { if (!res.writableFinished) abort.abort() })
@@ -156,7 +154,7 @@ export class ModernFace {
     if (policy !== null) {
       const text = await readText(upstream.body, MAX_BODY_BYTES)
       const answer = contentType.includes('text/event-stream')
-        ? text.split('\n').filter(l => l.startsWith('data:')).map(l => l.slice(5).trim()).reverse().find(l => l.includes('"result"') || l.includes('"error"'))
+        ? sseDataLines(text).reverse().find(l => l.includes('"result"') || l.includes('"error"'))
         : text
       let parsed: Record<string, unknown> | null = null
       try {

@@ -52,7 +52,8 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
     // The priming entry is appended before the stream has a holder, so nobody is woken to read
     // it back: its frame is written directly with the id the log gave it (H-POST-7).
     const route = await router.admit(record)
-    const primingId = await router.markPending(record.id, streamId, requests.map(r => r.id), priming)
+    const ids = requests.map(r => r.id)
+    const primingId = await router.markPending(record.id, streamId, ids, priming)
     const writer = await router.openStream({
       res: reply.raw,
       sid: record.id,
@@ -61,7 +62,7 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
       cursor: primingId,
       fresh: true,
       batch,
-      requestIds: requests.map(r => r.id),
+      requestIds: ids,
       headers: replyHeaders(reply, { 'mcp-session-id': record.id }),
       ...(primingId !== null ? { preamble: `id: ${formatEventId(streamId, primingId)}\nretry: ${config.http.retryMs}\ndata: \n\n` } : {}),
       log: req.log

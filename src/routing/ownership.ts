@@ -24,12 +24,12 @@ import { shortHash } from '../telemetry/logger.js'
 import type { SupervisedHandlers, SupervisedOpenOptions } from '../backends/supervisor.js'
 import type { TenantUpstream } from '../backends/backend.js'
 import type { ReplicaContext } from './context.js'
-import { subjectOfKey } from '../auth/principal.js'
+import { principalOfRecord } from '../auth/principal.js'
 import { capabilitiesOf, Relay, type BackendSessionHandle, type RelayHost } from './relay.js'
 import { breathe } from './upkeep.js'
 
 /** How long a replica's heartbeat lives (at most the lease): a killed replica is dead after this. */
-export const HEARTBEAT_TTL_MS = 3000
+const HEARTBEAT_TTL_MS = 3000
 
 export function heartbeatTtl (leaseMs: number): number {
   return Math.min(leaseMs, HEARTBEAT_TTL_MS)
@@ -188,10 +188,10 @@ export class Ownership {
       cancelOnTimeout: server.transport === 'stdio',
       backendTransport: server.transport,
       host: this.#o.host,
-      principal: { tenant: record.tenant ?? null, subject: subjectOfKey(record.principal) },
+      principal: principalOfRecord(record),
       log: this.#o.log.child({ sid: shortHash(record.id), backend: record.server }),
       // Looked up per answer, so a replaced tenant table applies to sessions already open.
-      ...(policyOf !== undefined ? { filterResult: (method: string, result: unknown) => filterToolsListOf(method, result, policyOf(record.tenant, record.server)) } : {})
+      ...(policyOf !== undefined ? { filterResult: (method: string, result: unknown) => method === 'tools/list' ? filterToolsListOf(method, result, policyOf(record.tenant, record.server)) : result } : {})
     })
     this.#relays.set(record.id, relay)
     const log = relay.log

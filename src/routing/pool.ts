@@ -23,7 +23,7 @@ import type { Config, ServerConfig } from '../config/schema.js'
 import {
   GW_ERR_BACKEND_UNAVAILABLE, GW_ERR_SERVER_NOT_FOUND, GW_ERR_SHUTTING_DOWN, isGatewayError, type GatewayError
 } from '../core/errors.js'
-import { isRequest, isResponse, type JsonRpcMessage, type JsonRpcRequest, type JsonRpcResponse } from '../core/jsonrpc.js'
+import { isRecord, isRequest, isResponse, type JsonRpcMessage, type JsonRpcRequest, type JsonRpcResponse } from '../core/jsonrpc.js'
 import { LATEST_VERSION } from '../core/protocol-version.js'
 import type { GatewayMetrics } from '../telemetry/metrics.js'
 import type { BackendPool, UpstreamLookup } from './ownership.js'
@@ -426,6 +426,3 @@ export class ConnectionPool {
   }
 }
 
-function isRecord (value: unknown): value is Record<string, unknown> {
-  return typeof value === 'object' && value !== null && !Array.isArray(value)
-}

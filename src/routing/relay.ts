@@ -18,12 +18,13 @@ import {
   GW_ERR_BACKEND_TIMEOUT, GW_ERR_BACKEND_UNAVAILABLE, isGatewayError, toJsonRpcError, type GatewayError
 } from '../core/errors.js'
 import {
-  errorResponse, isNotification, isRequest, progressTokenOf, JSONRPC_METHOD_NOT_FOUND,
+  errorResponse, isRecord, isNotification, isRequest, progressTokenOf, JSONRPC_METHOD_NOT_FOUND,
   type JsonRpcMessage, type JsonRpcNotification, type JsonRpcRequest, type JsonRpcResponse, type RequestId
 } from '../core/jsonrpc.js'
 import { GET_STREAM, LEGACY_STREAM } from '../state/event-log.js'
 import { tracing, type ClientSpan, type TraceCarrier } from '../telemetry/tracing.js'
 import { audit } from '../telemetry/audit.js'
+import { toolNameOf } from '../auth/tool-policy.js'
 import { errorTypeOf, type BackendErrorKind, type SessionMetrics } from '../telemetry/metrics.js'
 
 /** What a relay needs of its backend connection (the supervisor's BackendSession). */
@@ -288,7 +289,9 @@ export class Relay {
       response = { ...response, result: { ...response.result, protocolVersion: this.#protocolVersion } }
     }
     if (this.#o.filterResult !== undefined && 'result' in response) {
-      response = { ...response, result: this.#o.filterResult(entry.method, response.result) }
+      // Most answers pass the filter unchanged: no copy for them.
+      const result = this.#o.filterResult(entry.method, response.result)
+      if (result !== response.result) response = { ...response, result }
     }
     await this.#o.host.append(this.sid, entry.streamId, response)
     if (entry.method === 'initialize' && 'error' in response) {
@@ -420,18 +423,13 @@ export class Relay {
 
 /** The tool a tools/call names (a metrics label once the backend listed it). */
 function toolOf (request: JsonRpcRequest): string | undefined {
-  if (request.method !== 'tools/call') return undefined
-  const name = (request.params as { name?: unknown } | undefined)?.name
-  return typeof name === 'string' ? name : ''
+  return request.method === 'tools/call' ? toolNameOf(request.params) ?? '' : undefined
 }
 
 function asRecord (value: unknown): Record<string, unknown> {
   return isRecord(value) ? value : {}
 }
 
-function isRecord (value: unknown): value is Record<string, unknown> {
-  return typeof value === 'object' && value !== null && !Array.isArray(value)
-}
 
 /** A client's declared capabilities, from its initialize params. */
 export function capabilitiesOf (initializeParams: Record<string, unknown> | null | undefined): Record<string, unknown> {

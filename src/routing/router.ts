@@ -398,6 +398,9 @@ export class Router {
     for (const { sid, streamId, id } of this.#answeredWithoutLog.splice(0)) await this.#o.eventLog.claim(sid, streamId, id, this.#idleMs).catch(() => {})
     for (const sid of this.#streams.awaitingSessions()) {
       if (this.#ownership.opening(sid) !== undefined) continue
+      // A routed session whose backend runs here: its answers come from here, nothing to watch.
+      const local = this.#ownership.local(sid)
+      if (local !== undefined && !local.direct) continue
       const record = await store.get(sid)
       if (record === null) continue
       if (this.#ownership.isDirect(record.server)) {

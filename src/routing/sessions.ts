@@ -9,7 +9,7 @@ import type { ReplicaContext } from './context.js'
 import type { Ownership } from './ownership.js'
 import { capabilitiesOf } from './relay.js'
 import type { ClientStreams } from './streams.js'
-import { subjectOfKey } from '../auth/principal.js'
+import { principalOfRecord } from '../auth/principal.js'
 import { audit } from '../telemetry/audit.js'
 import { shortHash } from '../telemetry/logger.js'
 
@@ -19,10 +19,7 @@ export function isValidSessionId (sid: string): boolean {
   return SESSION_ID.test(sid)
 }
 
-/** Tenant and subject digest of a session, for audit lines. */
-function who (record: SessionRecord): { tenant: string | null, subject: string } {
-  return { tenant: record.tenant ?? null, subject: subjectOfKey(record.principal) }
-}
+const who = principalOfRecord
 
 export type NewSession = Omit<SessionRecord, 'id' | 'createdAt' | 'backendSessionId'>
 

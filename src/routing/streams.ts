@@ -31,13 +31,16 @@ export function newRequestStreamId (mode: 'sse' | 'json', responses: number): st
   return `${mode === 'sse' ? 'r' : 'j'}${responses}_${STREAM_PREFIX}${(++streamSeq).toString(36)}`
 }
 
+/** A POST's stream id: `r` (SSE) or `j` (JSON), then how many answers end it. Not global: safe to share. */
+const REQUEST_STREAM = /^[rj](\d{1,4})_/
+
 /** Whether a stream is a POST's own stream (it carries the answers of that POST's requests). */
 export function isRequestStreamId (streamId: string): boolean {
-  return /^[rj]\d{1,4}_/.test(streamId)
+  return REQUEST_STREAM.test(streamId)
 }
 
 export function expectedResponsesOf (streamId: string): number {
-  const match = /^[rj](\d{1,4})_/.exec(streamId)
+  const match = REQUEST_STREAM.exec(streamId)
   return match === null ? Infinity : Number(match[1])
 }
 

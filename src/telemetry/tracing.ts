@@ -19,6 +19,7 @@ import type { Logger } from 'pino'
 import type { IncomingHttpHeaders } from 'node:http'
 import type { JsonRpcMessage, JsonRpcRequest, JsonRpcResponse, RequestId } from '../core/jsonrpc.js'
 import { shortHash } from './logger.js'
+import { isRecord } from '../core/jsonrpc.js'
 
 /** W3C trace context of one request, as it travels (bus envelope, `_meta`). */
 export interface TraceCarrier {
@@ -287,6 +288,3 @@ function metaOf (request: JsonRpcRequest): Record<string, unknown> | undefined {
   return isRecord(params) && isRecord(params._meta) ? params._meta : undefined
 }
 
-function isRecord (value: unknown): value is Record<string, unknown> {
-  return typeof value === 'object' && value !== null && !Array.isArray(value)
-}

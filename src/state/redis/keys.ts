@@ -1,10 +1,9 @@
 // Every Redis key name the gateway uses, built from one configured prefix (ARCHITECTURE.md
 // section 4, BullMQ's queue-keys.ts). All keys of one session share the cluster hash tag `{sid}`,
-// so one Lua script may touch all of them; scripts that find a session's stream keys at run time
-// build them from the same suffixes exported here, so the names still have one home.
+// so one Lua script may touch all of them; every script gets its keys in KEYS, built here.
 
-/** Suffixes after `<prefix>:{<sid>}:`; the Lua scripts interpolate these, never literals. */
-export const SESSION_SUFFIX = {
+/** Suffixes after `<prefix>:{<sid>}:`. */
+const SESSION_SUFFIX = {
   meta: 'meta',
   owner: 'owner',
   /** Set of the stream ids that have holder, cursor or event keys, so delete can find them. */
@@ -19,8 +18,6 @@ export const SESSION_SUFFIX = {
 } as const
 
 export interface SessionKeys {
-  /** `<prefix>:{<sid>}`: the base the scripts append suffixes to. */
-  base: string
   meta: string
   owner: string
   streams: string
@@ -34,7 +31,6 @@ export interface SessionKeys {
 export function sessionKeys (prefix: string, sid: string): SessionKeys {
   const base = `${prefix}:{${sid}}`
   return {
-    base,
     meta: `${base}:${SESSION_SUFFIX.meta}`,
     owner: `${base}:${SESSION_SUFFIX.owner}`,
     streams: `${base}:${SESSION_SUFFIX.streams}`,
