@@ -4,24 +4,13 @@
 // unknown session gets, and the owner's session and streams go on untouched. In one process
 // (memory store) and on two replicas sharing one Redis, each foreign request tried on each replica.
 import t, { type Test } from 'tap'
-import { startGateway, stdioFixture } from '../helpers/gateway.js'
-import { bearer, callTool, initMessage, newKey, openSession, post, PUBLIC_URL, type TestKey } from '../helpers/auth.js'
+import { startGateway } from '../helpers/gateway.js'
+import { bearer, callTool, initMessage, isolationTenants, openSession, post, type TestKey } from '../helpers/auth.js'
 import { randomPrefix, startRedis, testRedis } from '../helpers/redis-server.js'
 import { startReplica, startRoundRobinProxy } from '../helpers/replicas.js'
 import { SseReader } from '../helpers/sse-client.js'
 
-const owner = newKey('owner-bot')
-const sibling = newKey('sibling-bot') // same tenant, another subject
-const stranger = newKey('stranger-bot') // another tenant that may use the same server
-
-const tenantsConfig = {
-  auth: { publicUrl: PUBLIC_URL },
-  tenants: {
-    acme: { apiKeys: [owner.entry, sibling.entry], servers: { full: {} } },
-    beta: { apiKeys: [stranger.entry], servers: { full: {} } }
-  },
-  servers: { full: stdioFixture('full-server') }
-}
+const { owner, sibling, stranger, config: tenantsConfig } = isolationTenants()
 
 interface Answer { status: number, body: unknown }
 

@@ -4,24 +4,13 @@
 // opaque id - must never reach the owner's backend; the owner's own answer still does. One
 // process (memory store) and two replicas on one Redis behind a non-sticky balancer.
 import t, { type Test } from 'tap'
-import { startGateway, stdioFixture } from '../helpers/gateway.js'
-import { bearer, newKey, post, PUBLIC_URL, type TestKey } from '../helpers/auth.js'
+import { startGateway } from '../helpers/gateway.js'
+import { bearer, isolationTenants, post, type TestKey } from '../helpers/auth.js'
 import { randomPrefix, startRedis } from '../helpers/redis-server.js'
 import { startReplica, startRoundRobinProxy } from '../helpers/replicas.js'
 import { SseReader } from '../helpers/sse-client.js'
 
-const owner = newKey('owner-bot')
-const sibling = newKey('sibling-bot')
-const stranger = newKey('stranger-bot')
-
-const tenantsConfig = {
-  auth: { publicUrl: PUBLIC_URL },
-  tenants: {
-    acme: { apiKeys: [owner.entry, sibling.entry], servers: { full: {} } },
-    beta: { apiKeys: [stranger.entry], servers: { full: {} } }
-  },
-  servers: { full: stdioFixture('full-server') }
-}
+const { owner, sibling, stranger, config: tenantsConfig } = isolationTenants()
 
 const VERSION = '2025-11-25'
 

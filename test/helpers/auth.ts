@@ -2,6 +2,7 @@
 // MCP calls that carry a credential.
 import { apiKeyDigest, generateApiKey } from '../../src/auth/api-keys.js'
 import { SseReader } from './sse-client.js'
+import { stdioFixture } from './gateway.js'
 
 export const ACCEPT_BOTH = 'application/json, text/event-stream'
 export const PUBLIC_URL = 'https://gw.example.com'
@@ -49,4 +50,23 @@ export async function callTool (base: string, server: string, credential: Record
   const reader = new SseReader(res)
   await reader.until(ev => ev.some(e => e.data.includes(`"id":${id}`)))
   return { status: res.status, message: reader.messages().find(m => m.id === id) }
+}
+
+/**
+ * The isolation tests' tenants: `owner` and `sibling` (another subject) in tenant acme, `stranger`
+ * in tenant beta, both tenants allowed the full-server fixture.
+ */
+export function isolationTenants (): { owner: TestKey, sibling: TestKey, stranger: TestKey, config: Record<string, unknown> } {
+  const owner = newKey('owner-bot')
+  const sibling = newKey('sibling-bot')
+  const stranger = newKey('stranger-bot')
+  const config = {
+    auth: { publicUrl: PUBLIC_URL },
+    tenants: {
+      acme: { apiKeys: [owner.entry, sibling.entry], servers: { full: {} } },
+      beta: { apiKeys: [stranger.entry], servers: { full: {} } }
+    },
+    servers: { full: stdioFixture('full-server') }
+  }
+  return { owner, sibling, stranger, config }
 }

@@ -14,19 +14,10 @@ import { startStreamableUpstream } from '../fixtures/http-upstreams.js'
 import { startGateway } from '../helpers/gateway.js'
 import { bearer, newKey, PUBLIC_URL } from '../helpers/auth.js'
 import { eventually, textOf } from '../helpers/wait.js'
+import { last, modernPost } from '../helpers/modern.js'
 
 const V = '2026-07-28'
 const meta = { 'io.modelcontextprotocol/protocolVersion': V, 'io.modelcontextprotocol/clientCapabilities': { elicitation: {} } }
-
-async function post (url: string, method: string, params: Record<string, unknown>, headers: Record<string, string> = {}, signal?: AbortSignal): Promise<Response> {
-  const name: Record<string, string> = typeof params.name === 'string' ? { 'mcp-name': params.name } : {}
-  return await fetch(url, {
-    method: 'POST',
-    signal,
-    headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream', 'mcp-protocol-version': V, 'mcp-method': method, ...name, ...headers },
-    body: JSON.stringify({ jsonrpc: '2.0', id: 1, method, params })
-  })
-}
 
 t.test('modern backend: probed once, relayed as is, MRTR passes through, cancel on close', async t => {
   const upstream = await startModernUpstream({ modernOnly: true })
@@ -53,7 +44,7 @@ t.test('modern backend: probed once, relayed as is, MRTR passes through, cancel 
   t.equal(relayed?.headers['x-gateway-secret'], 'configured', "the server's configured headers go upstream")
 
   const abort = new AbortController()
-  const pending = post(url, 'tools/call', { name: 'slow', arguments: { tag: 'cancel-me' }, _meta: meta }, {}, abort.signal).catch(() => null)
+  const pending = modernPost(url, 'tools/call', { name: 'slow', arguments: { tag: 'cancel-me' }, _meta: meta }, 1, {}, abort.signal).catch(() => null)
   await eventually('the slow call reached the backend', () => upstream.requests.some(r => JSON.stringify(r.body).includes('cancel-me')) ? true : undefined)
   abort.abort()
   await pending
@@ -112,8 +103,7 @@ t.test('legacy backend on protocol auto: probed once, then served through the po
   const gw = await startGateway(t, { servers: { remote: { transport: 'streamable-http', url: upstream.url } } })
   const url = `${gw.url}/mcp/remote`
   for (let i = 0; i < 3; i++) {
-    const res = await post(url, 'tools/call', { name: 'echo', arguments: { message: `m${i}` }, _meta: meta })
-    const body = await res.json() as { result: Record<string, unknown> }
+    const body = last(await modernPost(url, 'tools/call', { name: 'echo', arguments: { message: `m${i}` }, _meta: meta })) as { result: Record<string, unknown> }
     t.equal(textOf(body.result), `echo: m${i}`)
     t.equal(body.result.resultType, 'complete', 'bridged: a modern result')
   }
@@ -131,11 +121,11 @@ t.test('tenants in front of a modern backend: no credential passthrough, tool po
     servers: { modern: { transport: 'streamable-http', url: upstream.url, protocol: 'modern' } }
   })
   const url = `${gw.url}/mcp/modern`
-  const listed = await (await post(url, 'tools/list', { _meta: meta }, bearer(key.key))).json() as { result: { tools: Array<{ name: string }> } }
+  const listed = last(await modernPost(url, 'tools/list', { _meta: meta }, 1, bearer(key.key))) as { result: { tools: Array<{ name: string }> } }
   const names = listed.result.tools.map(tool => tool.name)
   t.ok(names.includes('echo'))
   t.notOk(names.includes('secret'), 'a denied tool is not listed')
-  const denied = await (await post(url, 'tools/call', { name: 'secret', arguments: {}, _meta: meta }, bearer(key.key))).json() as { error?: { code: number } }
+  const denied = last(await modernPost(url, 'tools/call', { name: 'secret', arguments: {}, _meta: meta }, 1, bearer(key.key))) as { error?: { code: number } }
   t.equal(denied.error?.code, -32602, 'a denied tool is refused before the backend')
   const called = upstream.requests.filter(r => (r.body as { method?: string } | undefined)?.method === 'tools/list')
   t.ok(called.length > 0)

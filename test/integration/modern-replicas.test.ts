@@ -9,23 +9,26 @@ import { StreamableHTTPClientTransport as TransportV1 } from '@modelcontextproto
 import { ElicitRequestSchema } from '@modelcontextprotocol/sdk/types.js'
 import { startModernUpstream } from '../fixtures/modern-upstream.js'
 import { startStreamableUpstream } from '../fixtures/http-upstreams.js'
-import t from 'tap'
+import t, { type Test } from 'tap'
 import { stdioFixture } from '../helpers/gateway.js'
 import { randomPrefix, startRedis } from '../helpers/redis-server.js'
-import { startReplica, startRoundRobinProxy } from '../helpers/replicas.js'
+import { startReplica, startRoundRobinProxy, type ReplicaProcess } from '../helpers/replicas.js'
 import { eventually, textOf } from '../helpers/wait.js'
+import { last, modernPost } from '../helpers/modern.js'
 
 const V = '2026-07-28'
 
-t.test('stateless calls and MRTR rounds alternate between replicas; every call completes once', async t => {
+/** Two gateway processes on a Redis of their own, serving `servers`. */
+async function twoReplicas (t: Test, servers: Record<string, unknown>): Promise<[ReplicaProcess, ReplicaProcess]> {
   const redis = await startRedis(t)
+  const config = { redis: { url: redis.url, keyPrefix: randomPrefix(), leaseMs: 1500, connectTimeoutMs: 2000 }, servers }
+  return await Promise.all([startReplica(t, 'A', config), startReplica(t, 'B', config)])
+}
+
+t.test('stateless calls and MRTR rounds alternate between replicas; every call completes once', async t => {
   const legacyHttp = await startStreamableUpstream()
   t.teardown(legacyHttp.close)
-  const config = {
-    redis: { url: redis.url, keyPrefix: randomPrefix(), leaseMs: 1500, connectTimeoutMs: 2000 },
-    servers: { full: stdioFixture('full-server', [], { poolSize: 1 }), remote: { transport: 'streamable-http', url: legacyHttp.url } }
-  }
-  const replicas = await Promise.all(['A', 'B'].map(async name => await startReplica(t, name, config)))
+  const replicas = await twoReplicas(t, { full: stdioFixture('full-server', [], { poolSize: 1 }), remote: { transport: 'streamable-http', url: legacyHttp.url } })
   const proxy = await startRoundRobinProxy(t, replicas.map(r => r.url))
   const remote = new ClientV2({ name: 'modern-remote', version: '1' }, { versionNegotiation: { mode: { pin: V } } })
   await remote.connect(new TransportV2(new URL(`${proxy.url}/mcp/remote`)))
@@ -62,20 +65,11 @@ t.test('stateless calls and MRTR rounds alternate between replicas; every call c
 })
 
 t.test('a retry whose holder died gets -32007 within seconds, not silence', async t => {
-  const redis = await startRedis(t)
-  const config = {
-    redis: { url: redis.url, keyPrefix: randomPrefix(), leaseMs: 1500, connectTimeoutMs: 2000 },
-    servers: { full: stdioFixture('full-server', [], { poolSize: 1 }) }
-  }
-  const [a, b] = await Promise.all(['A', 'B'].map(async name => await startReplica(t, name, config))) as [Awaited<ReturnType<typeof startReplica>>, Awaited<ReturnType<typeof startReplica>>]
+  const [a, b] = await twoReplicas(t, { full: stdioFixture('full-server', [], { poolSize: 1 }) })
   const meta = { 'io.modelcontextprotocol/protocolVersion': V, 'io.modelcontextprotocol/clientCapabilities': { sampling: {} } }
   const call = async (base: string, params: Record<string, unknown>): Promise<{ status: number, body: Record<string, unknown> }> => {
-    const res = await fetch(`${base}/mcp/full`, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream', 'mcp-protocol-version': V, 'mcp-method': 'tools/call', 'mcp-name': 'sample' },
-      body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'tools/call', params: { name: 'sample', arguments: { prompt: 'x' }, _meta: meta, ...params } })
-    })
-    return { status: res.status, body: await res.json() as Record<string, unknown> }
+    const answer = await modernPost(`${base}/mcp/full`, 'tools/call', { name: 'sample', arguments: { prompt: 'x' }, _meta: meta, ...params })
+    return { status: answer.status, body: last(answer) }
   }
   const round = (await call(a.url, {})).body.result as { requestState: string, inputRequests: Record<string, unknown> }
   t.type(round.requestState, 'string', 'the call is parked on A')
@@ -89,12 +83,7 @@ t.test('a retry whose holder died gets -32007 within seconds, not silence', asyn
 })
 
 t.test('a listen stream on one replica hears a change made through another', async t => {
-  const redis = await startRedis(t)
-  const config = {
-    redis: { url: redis.url, keyPrefix: randomPrefix(), leaseMs: 1500, connectTimeoutMs: 2000 },
-    servers: { full: stdioFixture('full-server', [], { poolSize: 1 }) }
-  }
-  const [a, b] = await Promise.all(['A', 'B'].map(async name => await startReplica(t, name, config))) as [Awaited<ReturnType<typeof startReplica>>, Awaited<ReturnType<typeof startReplica>>]
+  const [a, b] = await twoReplicas(t, { full: stdioFixture('full-server', [], { poolSize: 1 }) })
   const listener = new ClientV2({ name: 'listener', version: '1' }, { versionNegotiation: { mode: { pin: V } } })
   const changed: unknown[] = []
   listener.setNotificationHandler('notifications/tools/list_changed', n => { changed.push(n) })
@@ -115,14 +104,9 @@ t.test('a listen stream on one replica hears a change made through another', asy
 })
 
 t.test('modern backend behind two replicas: 2026 requests relayed by either, a 2025 session bridged across them', async t => {
-  const redis = await startRedis(t)
   const upstream = await startModernUpstream({ modernOnly: true })
   t.teardown(upstream.close)
-  const config = {
-    redis: { url: redis.url, keyPrefix: randomPrefix(), leaseMs: 1500, connectTimeoutMs: 2000 },
-    servers: { modern: { transport: 'streamable-http', url: upstream.url } }
-  }
-  const replicas = await Promise.all(['A', 'B'].map(async name => await startReplica(t, name, config)))
+  const replicas = await twoReplicas(t, { modern: { transport: 'streamable-http', url: upstream.url } })
   const proxy = await startRoundRobinProxy(t, replicas.map(r => r.url))
   const modern = new ClientV2({ name: 'modern', version: '1' }, { capabilities: { elicitation: { form: {} } }, versionNegotiation: { mode: { pin: V } } })
   modern.setRequestHandler('elicitation/create', async () => ({ action: 'accept', content: { ok: true } }))

@@ -6,36 +6,21 @@ import t from 'tap'
 import { startGateway, stdioFixture } from '../helpers/gateway.js'
 import { bearer, newKey, PUBLIC_URL } from '../helpers/auth.js'
 import { textOf } from '../helpers/wait.js'
+import { envelope, last, modernPost } from '../helpers/modern.js'
 
-const V = '2026-07-28'
 const acme = newKey('acme-bot')
 const acmeOther = newKey('acme-other')
 const globex = newKey('globex-bot')
 
-const meta = (capabilities: Record<string, unknown> = {}): Record<string, unknown> => ({
-  'io.modelcontextprotocol/protocolVersion': V,
-  'io.modelcontextprotocol/clientCapabilities': capabilities
-})
+/** The envelope without clientInfo (optional, SPEC M-2). */
+const meta = (capabilities: Record<string, unknown> = {}): Record<string, unknown> => {
+  const { 'io.modelcontextprotocol/clientInfo': _, ...rest } = envelope(capabilities)
+  return rest
+}
 
 async function modern (base: string, key: string | null, method: string, params: Record<string, unknown>, id = 1): Promise<{ status: number, headers: Headers, body: Record<string, unknown> }> {
-  const name = typeof params.name === 'string' ? params.name : undefined
-  const res = await fetch(`${base}/mcp/full`, {
-    method: 'POST',
-    headers: {
-      'content-type': 'application/json',
-      accept: 'application/json, text/event-stream',
-      'mcp-protocol-version': V,
-      'mcp-method': method,
-      ...(name !== undefined ? { 'mcp-name': name } : {}),
-      ...(key !== null ? bearer(key) : {})
-    },
-    body: JSON.stringify({ jsonrpc: '2.0', id, method, params })
-  })
-  const text = await res.text()
-  const data = (res.headers.get('content-type') ?? '').includes('event-stream')
-    ? text.split('\n').filter(l => l.startsWith('data: ')).map(l => JSON.parse(l.slice(6)) as Record<string, unknown>).at(-1) ?? {}
-    : JSON.parse(text) as Record<string, unknown>
-  return { status: res.status, headers: res.headers, body: data }
+  const answer = await modernPost(`${base}/mcp/full`, method, params, id, key !== null ? bearer(key) : {})
+  return { status: answer.status, headers: answer.headers, body: last(answer) }
 }
 
 t.test('modern requests are authenticated, isolated per principal and held to the tenant policy', async t => {

@@ -7,59 +7,14 @@
 import { Client as ClientV2, StreamableHTTPClientTransport as TransportV2 } from '@modelcontextprotocol/client'
 import { Client as ClientV1 } from '@modelcontextprotocol/sdk/client/index.js'
 import { StreamableHTTPClientTransport as TransportV1 } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
-import { createParser } from 'eventsource-parser'
 import t, { type Test } from 'tap'
 import { startStreamableUpstream } from '../fixtures/http-upstreams.js'
 import { startGateway, stdioFixture } from '../helpers/gateway.js'
 import { eventually, textOf } from '../helpers/wait.js'
 import { MAX_PARKED_PER_PRINCIPAL } from '../../src/http/modern.js'
+import { envelope, last, MODERN_VERSION, modernPost, resultOf, type Answer } from '../helpers/modern.js'
 
-const V = '2026-07-28'
-
-const envelope = (capabilities: Record<string, unknown> = {}, extra: Record<string, unknown> = {}): Record<string, unknown> => ({
-  'io.modelcontextprotocol/protocolVersion': V,
-  'io.modelcontextprotocol/clientCapabilities': capabilities,
-  'io.modelcontextprotocol/clientInfo': { name: 'raw', version: '1' },
-  ...extra
-})
-
-interface Answer {
-  status: number
-  headers: Headers
-  contentType: string
-  /** Every JSON-RPC message of the body (one for JSON, each event for SSE). */
-  messages: Array<Record<string, unknown>>
-}
-
-/** POSTs one modern request with the standard headers, and reads the whole answer. */
-async function modernPost (url: string, method: string, params: Record<string, unknown>, id: number | string = 1, headers: Record<string, string> = {}): Promise<Answer> {
-  const name = typeof params.name === 'string' ? params.name : typeof params.uri === 'string' ? params.uri : undefined
-  const res = await fetch(url, {
-    method: 'POST',
-    headers: {
-      'content-type': 'application/json',
-      accept: 'application/json, text/event-stream',
-      'mcp-protocol-version': V,
-      'mcp-method': method,
-      ...(name !== undefined ? { 'mcp-name': name } : {}),
-      ...headers
-    },
-    body: JSON.stringify({ jsonrpc: '2.0', id, method, params })
-  })
-  const contentType = res.headers.get('content-type') ?? ''
-  const text = await res.text()
-  const messages: Array<Record<string, unknown>> = []
-  if (contentType.includes('text/event-stream')) {
-    const parser = createParser({ onEvent: e => { if (e.data !== '') messages.push(JSON.parse(e.data) as Record<string, unknown>) } })
-    parser.feed(text)
-  } else if (text !== '') {
-    messages.push(JSON.parse(text) as Record<string, unknown>)
-  }
-  return { status: res.status, headers: res.headers, contentType, messages }
-}
-
-const last = (a: Answer): Record<string, unknown> => a.messages[a.messages.length - 1] ?? {}
-const resultOf = (a: Answer): Record<string, unknown> => last(a).result as Record<string, unknown>
+const V = MODERN_VERSION
 
 async function modernClient (t: Test, url: string, mode: 'pin' | 'auto' = 'pin'): Promise<ClientV2> {
   const client = new ClientV2({ name: 'modern-test', version: '1' }, {

@@ -18,7 +18,8 @@ import { ANSWERED_DIRECTLY, formatEventId, GET_STREAM } from '../../src/state/ev
 import { MemorySessionStore } from '../../src/state/session-store-memory.js'
 import { createLogger } from '../../src/telemetry/logger.js'
 
-t.test('renew walks every held stream and yields to the event loop between slices', async t => {
+/** ClientStreams of replica r1 over the memory twins (a log of 10 entries per stream). */
+function memoryStreams (t: Test): { store: MemorySessionStore, log: ReturnType<typeof createLogger>, streams: ClientStreams } {
   const config = parseConfig({ servers: { s: { transport: 'stdio', command: 'true' } } })
   const store = new MemorySessionStore()
   t.teardown(() => store.close())
@@ -29,6 +30,11 @@ t.test('renew walks every held stream and yields to the event loop between slice
     isAlive: async () => true,
     endSession: async () => {}
   })
+  return { store, log, streams }
+}
+
+t.test('renew walks every held stream and yields to the event loop between slices', async t => {
+  const { store, log, streams } = memoryStreams(t)
   const count = UPKEEP_SLICE * 3 + 7
   for (let i = 0; i < count; i++) {
     const sid = `session-${String(i).padStart(12, '0')}`
@@ -49,16 +55,7 @@ interface Frame { id: number, result?: unknown, error?: { code: number } }
 
 /** ClientStreams over the memory twins, with one session and a real HTTP server for its streams. */
 async function harness (t: Test): Promise<{ streams: ClientStreams, sid: string, serve: (open: Omit<OpenStreamOptions, 'res' | 'sid' | 'headers' | 'log' | 'mode'>) => Promise<{ writer: StreamWriter, body: Promise<string> }> }> {
-  const config = parseConfig({ servers: { s: { transport: 'stdio', command: 'true' } } })
-  const store = new MemorySessionStore()
-  t.teardown(() => store.close())
-  const eventLog = new MemoryEventLog(store, 10)
-  const log = createLogger('silent', 'r1')
-  const streams = new ClientStreams({
-    replicaId: 'r1', config, store, eventLog, bus: new MemoryBus(), log, metrics: NO_METRICS,
-    isAlive: async () => true,
-    endSession: async () => {}
-  })
+  const { store, log, streams } = memoryStreams(t)
   const sid = 'session-000000000001'
   await store.create({ id: sid, server: 's', principal: 'anonymous', transport: 'streamable', protocolVersion: '2025-11-25', initializeParams: null, backendSessionId: null, createdAt: 0 }, 60_000)
   let next: ((res: ServerResponse) => void) | undefined

@@ -1,0 +1,53 @@
+// Raw 2026-07-28 requests for tests: one POST with the standard headers and the `_meta` envelope,
+// its whole answer read (one JSON body, or every SSE event).
+import { createParser } from 'eventsource-parser'
+
+export const MODERN_VERSION = '2026-07-28'
+
+/** A request's `_meta` envelope: the version, these capabilities, a client info, and `extra` keys. */
+export const envelope = (capabilities: Record<string, unknown> = {}, extra: Record<string, unknown> = {}): Record<string, unknown> => ({
+  'io.modelcontextprotocol/protocolVersion': MODERN_VERSION,
+  'io.modelcontextprotocol/clientCapabilities': capabilities,
+  'io.modelcontextprotocol/clientInfo': { name: 'raw', version: '1' },
+  ...extra
+})
+
+export interface Answer {
+  status: number
+  headers: Headers
+  contentType: string
+  /** Every JSON-RPC message of the body (one for JSON, each event for SSE). */
+  messages: Array<Record<string, unknown>>
+}
+
+/** POSTs one modern request (Mcp-Name from params.name or params.uri) and reads the whole answer. */
+export async function modernPost (url: string, method: string, params: Record<string, unknown>, id: number | string = 1, headers: Record<string, string> = {}, signal?: AbortSignal): Promise<Answer> {
+  const name = typeof params.name === 'string' ? params.name : typeof params.uri === 'string' ? params.uri : undefined
+  const res = await fetch(url, {
+    method: 'POST',
+    ...(signal !== undefined ? { signal } : {}),
+    headers: {
+      'content-type': 'application/json',
+      accept: 'application/json, text/event-stream',
+      'mcp-protocol-version': MODERN_VERSION,
+      'mcp-method': method,
+      ...(name !== undefined ? { 'mcp-name': name } : {}),
+      ...headers
+    },
+    body: JSON.stringify({ jsonrpc: '2.0', id, method, params })
+  })
+  const contentType = res.headers.get('content-type') ?? ''
+  const text = await res.text()
+  const messages: Array<Record<string, unknown>> = []
+  if (contentType.includes('text/event-stream')) {
+    const parser = createParser({ onEvent: e => { if (e.data !== '') messages.push(JSON.parse(e.data) as Record<string, unknown>) } })
+    parser.feed(text)
+  } else if (text !== '') {
+    messages.push(JSON.parse(text) as Record<string, unknown>)
+  }
+  return { status: res.status, headers: res.headers, contentType, messages }
+}
+
+/** The last message of an answer (its response). */
+export const last = (a: Answer): Record<string, unknown> => a.messages[a.messages.length - 1] ?? {}
+export const resultOf = (a: Answer): Record<string, unknown> => last(a).result as Record<string, unknown>
