@@ -48,7 +48,7 @@ async function main (): Promise<void> {
     return
   }
   const replicaId = newReplicaId()
-  const log = createLogger(config.log.level, replicaId)
+  const log = createLogger(config.log.level, replicaId, undefined, config.log.flushMs)
   process.on('uncaughtException', err => {
     log.fatal({ err }, 'uncaught exception; stopping')
     void stopAllChildren().finally(() => process.exit(1))
@@ -102,6 +102,8 @@ async function main (): Promise<void> {
     const metricsAt = config.metrics.listen
     const metricsAddress = gateway.metricsApp === null || metricsAt === undefined ? undefined : await gateway.metricsApp.listen({ host: metricsAt.host, port: metricsAt.port })
     log.info({ address, metricsAddress, servers: Object.keys(config.servers) }, 'mcp-gateway listening')
+    // Whoever waits for this line (an orchestrator, a test) need not wait for the flush timer.
+    log.flush()
   } catch (err) {
     log.fatal({ err }, 'could not listen')
     await gateway.close().catch(() => {})

@@ -17,15 +17,26 @@ const REDACT = [
   'password'
 ]
 
-export function createLogger (level: string, replicaId: string, destination?: DestinationStream): Logger {
+/**
+ * The root logger. Lines go to stdout through a buffer flushed every `flushMs` (and whenever it
+ * holds 4 KiB, and synchronously at exit): a write(2) per line cost about a tenth of the gateway's
+ * own CPU per call, the audit line of every tools/call included (issue 10). `flushMs: 0` writes
+ * each line as it is logged. A SIGKILL loses at most `flushMs` of lines.
+ */
+export function createLogger (level: string, replicaId: string, destination?: DestinationStream, flushMs = 0): Logger {
   const options = {
     level,
     base: { replica: replicaId },
     redact: { paths: REDACT, censor: '[redacted]' },
     timestamp: pino.stdTimeFunctions.isoTime
   }
-  return destination === undefined ? pino(options) : pino(options, destination)
+  if (destination !== undefined) return pino(options, destination)
+  if (flushMs <= 0) return pino(options)
+  // pino registers a synchronous flush of this destination at process exit.
+  return pino(options, pino.destination({ dest: 1, sync: false, minLength: LOG_BUFFER_BYTES, periodicFlush: flushMs }))
 }
+
+const LOG_BUFFER_BYTES = 4096
 
 /** Session ids are bearer-like: logs carry a short hash, never the id itself. */
 export function shortHash (value: string): string {

@@ -37,8 +37,10 @@ async function waitExit (child: ChildProcess, ms: number): Promise<boolean> {
 export async function startReplica (t: Test, name: string, config: Record<string, unknown>): Promise<ReplicaProcess> {
   const dir = await mkdtemp(join(tmpdir(), 'mcpgw-'))
   const file = join(dir, 'gateway.json')
-  // No drain in tests: a stop should not wait for a load balancer that is not there.
-  await writeFile(file, JSON.stringify({ listen: { host: '127.0.0.1', port: 0 }, log: { level: 'info' }, shutdown: { drainMs: 0 }, ...config }))
+  // No drain in tests: a stop should not wait for a load balancer that is not there. Log lines are
+  // written as they are logged (flushMs 0), so a test can read what a request logged as soon as it
+  // is answered; process.test.ts covers the buffered default.
+  await writeFile(file, JSON.stringify({ listen: { host: '127.0.0.1', port: 0 }, log: { level: 'info', flushMs: 0 }, shutdown: { drainMs: 0 }, ...config }))
   const child = reap(spawn(process.execPath, [MAIN, '--config', file], { stdio: ['ignore', 'pipe', 'pipe'] }))
   const logs: Array<Record<string, unknown>> = []
   let stderr = ''

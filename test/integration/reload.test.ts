@@ -15,7 +15,7 @@ import { SseReader } from '../helpers/sse-client.js'
 import { eventually, textOf } from '../helpers/wait.js'
 
 // startReplica's own base settings: written again on every rewrite, so only what a test changes differs.
-const BASE = { listen: { host: '127.0.0.1', port: 0 }, log: { level: 'info' }, shutdown: { drainMs: 0 } }
+const BASE = { listen: { host: '127.0.0.1', port: 0 }, log: { level: 'info', flushMs: 0 }, shutdown: { drainMs: 0 } }
 
 /** A full-server whose environment carries one marker variable (visible through its `env` tool). */
 const marked = (mark: string): Record<string, unknown> => stdioFixture('full-server', [], { env: { [`RELOAD_MARK_${mark}`]: '1' } })
