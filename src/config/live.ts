@@ -12,7 +12,7 @@
 // request. A session keeps the ServerConfig object it was opened with, so a changed server's
 // existing sessions go on with their old settings while its new sessions get the new ones.
 import type { Config, ServerConfig } from './schema.js'
-import { deepFreeze } from './load.js'
+import { deepFreeze } from '../core/freeze.js'
 
 /** The top-level keys a reload applies; every other key needs a restart. */
 export const RELOADABLE_KEYS = ['servers', 'auth', 'tenants'] as const

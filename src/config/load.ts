@@ -20,6 +20,7 @@ import { parseDocument } from 'yaml'
 import { configSchema, type Config } from './schema.js'
 import { GW_ERR_CONFIG_INVALID } from '../core/errors.js'
 import { isLoopbackAddress } from '../core/loopback.js'
+import { deepFreeze } from '../core/freeze.js'
 
 export type { Config }
 
@@ -380,11 +381,3 @@ function lineCol (text: string, offset: number): string {
   return `${line}:${offset - before.lastIndexOf('\n')}`
 }
 
-/** Freezes `value` and everything reachable from it, as Fastify does with its initial config. */
-export function deepFreeze<T> (value: T): Readonly<T> {
-  if (typeof value === 'object' && value !== null && !Object.isFrozen(value)) {
-    Object.freeze(value)
-    for (const item of Object.values(value)) deepFreeze(item)
-  }
-  return value
-}

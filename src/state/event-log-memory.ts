@@ -6,16 +6,26 @@
 // stream of that name can have reached (it would need 1000 appends per millisecond).
 import { GW_ERR_BAD_REQUEST } from '../core/errors.js'
 import { isEntryId, parsePendingField, pendingField, type AppendResult, type EventLog, type LogEntry, type PendingRequest } from './event-log.js'
-import type { JsonRpcMessage, RequestId } from '../core/jsonrpc.js'
+import { isResponse, type JsonRpcMessage, type RequestId } from '../core/jsonrpc.js'
+import { deepFreeze } from '../core/freeze.js'
 import type { MemorySessionStore } from './session-store-memory.js'
+
+/**
+ * A message as JSON ('' for a priming entry) and as the object that was appended, frozen: readers
+ * get that same object, since parsing the text again per read cost more than the append did
+ * (issue 10), and a change to it after the append throws rather than alter what was logged.
+ */
+interface StoredEntry {
+  json: string
+  message: JsonRpcMessage | null
+}
 
 interface Stream {
   /** Sequence number of entries[0]; entries are contiguous from there. */
   first: number
   /** Sequence number of this stream's first entry ever: LogEntry.seq counts from it. */
   base: number
-  /** Messages as JSON ('' for a priming entry), so a reader never shares objects with a writer. */
-  entries: string[]
+  entries: StoredEntry[]
   expiresAt: number
 }
 
@@ -50,11 +60,7 @@ export class MemoryEventLog implements EventLog {
     if (marker !== undefined) { pending?.delete(field); return true }
     if (!this.#store.isLive(sid)) return false
     const stream = this.#live(sid, streamId)
-    return !(stream?.entries ?? []).some(json => {
-      if (json === '') return false
-      const message = JSON.parse(json) as Record<string, unknown>
-      return message.method === undefined && message.id === id
-    })
+    return !(stream?.entries ?? []).some(({ message }) => message !== null && isResponse(message) && message.id === id)
   }
 
   async markPending (sid: string, streamId: string, ids: RequestId[], ttlMs: number, priming: boolean, replicaId: string): Promise<string | null> {
@@ -112,7 +118,7 @@ export class MemoryEventLog implements EventLog {
       stream = { first, base: first, entries: [], expiresAt: 0 }
       streams.set(streamId, stream)
     }
-    stream.entries.push(message === null ? '' : JSON.stringify(message))
+    stream.entries.push({ json: message === null ? '' : JSON.stringify(message), message: deepFreeze(message) })
     if (stream.entries.length > this.#maxLen) {
       stream.entries.shift()
       stream.first++
@@ -132,9 +138,9 @@ export class MemoryEventLog implements EventLog {
     const stream = this.#live(sid, streamId)
     if (stream === null || limit < 1) return []
     const start = Math.max(0, after - stream.first + 1)
-    return stream.entries.slice(start, start + limit).map((json, i) => ({
+    return stream.entries.slice(start, start + limit).map(({ json, message }, i) => ({
       entryId: String(stream.first + start + i),
-      message: json === '' ? null : JSON.parse(json) as JsonRpcMessage,
+      message,
       json,
       seq: stream.first + start + i - stream.base + 1
     }))

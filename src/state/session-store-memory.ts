@@ -3,6 +3,7 @@
 // shared contract suite (test/state/contract-session-store.ts) holds for both.
 import { GW_ERR_CONFLICT } from '../core/errors.js'
 import type { SessionRecord, SessionStore } from './session-store.js'
+import { deepFreeze } from '../core/freeze.js'
 
 interface Expiring<T> {
   value: T
@@ -28,6 +29,13 @@ export interface MemorySessionPart {
 export interface MemorySessionStoreOptions {
   /** How often expired entries are swept; reads check expiry lazily either way. */
   sweepIntervalMs?: number
+}
+
+/** The stored form of a record: a copy nobody else holds, whose nested values are frozen. */
+const frozenCopy = (record: SessionRecord): SessionRecord => {
+  const copy = structuredClone(record)
+  for (const inner of Object.values(copy)) deepFreeze(inner)
+  return copy
 }
 
 const live = <T>(entry: Expiring<T> | null | undefined, now: number): entry is Expiring<T> =>
@@ -56,7 +64,7 @@ export class MemorySessionStore implements SessionStore {
   async create (record: SessionRecord, ttlMs: number): Promise<void> {
     const now = Date.now()
     if (live(this.#records.get(record.id), now)) throw new GW_ERR_CONFLICT(`session id ${record.id} already exists`)
-    this.#records.set(record.id, { value: structuredClone(record), expiresAt: now + ttlMs })
+    this.#records.set(record.id, { value: frozenCopy(record), expiresAt: now + ttlMs })
   }
 
   /** Synchronous existence check, for the memory event log's answer rule. */
@@ -66,7 +74,10 @@ export class MemorySessionStore implements SessionStore {
 
   async get (sid: string): Promise<SessionRecord | null> {
     const entry = this.#records.get(sid)
-    return live(entry, Date.now()) ? structuredClone(entry.value) : null
+    // A shallow copy of a deep-frozen record: what a caller changes on it stays its own, and a
+    // nested value it tried to change would throw, never reach the store. structuredClone per
+    // request cost more than the rest of the lookup (issue 10).
+    return live(entry, Date.now()) ? { ...entry.value } : null
   }
 
   async update (sid: string, patch: Partial<Omit<SessionRecord, 'id'>>): Promise<boolean> {
@@ -75,7 +86,7 @@ export class MemorySessionStore implements SessionStore {
     if (!live(entry, Date.now())) return false
     for (const [field, value] of Object.entries(patch)) {
       if (value === undefined || field === 'id') continue
-      ;(entry.value as unknown as Record<string, unknown>)[field] = structuredClone(value)
+      ;(entry.value as unknown as Record<string, unknown>)[field] = deepFreeze(structuredClone(value))
     }
     return true
   }
