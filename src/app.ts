@@ -288,8 +288,9 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
   })
   // The access line is at debug: at info it was a synchronous write per request, a tenth or more of
   // the gateway's own cost per call (issue 10). `log.level: debug` brings it back.
-  app.addHook('onResponse', async (req, reply) => {
-    req.log.debug({ method: req.method, route: req.routeOptions.url, status: reply.statusCode, ms: Math.round(reply.elapsedTime) }, 'request')
+  app.addHook('onResponse', (req, reply, done) => {
+    if (req.log.level === 'debug' || req.log.level === 'trace') req.log.debug({ method: req.method, route: req.routeOptions.url, status: reply.statusCode, ms: Math.round(reply.elapsedTime) }, 'request')
+    done()
   })
 
   await app.register(httpGuard, { config })

@@ -29,10 +29,15 @@ export function isMcpRoute (url: string | undefined): boolean {
 
 export default fp<HttpAuthenticateOptions>(async function httpAuthenticate (app: FastifyInstance, opts) {
   const { tenants, jwt } = opts
-  app.addHook('onRequest', async (req: FastifyRequest) => {
-    if (!tenants.enabled) return
+  app.addHook('onRequest', (req: FastifyRequest, _reply, done) => {
+    // Callback-style: with tenants off, a request costs no promise here.
+    if (!tenants.enabled) { done(); return }
     const kind = MCP_ROUTES.get(req.routeOptions.url ?? '')
-    if (kind === undefined) return
+    if (kind === undefined) { done(); return }
+    check(req, kind).then(() => { done() }, done)
+  })
+
+  async function check (req: FastifyRequest, kind: EndpointKind): Promise<void> {
     const server = (req.params as { server?: string }).server ?? ''
     // A name no server can have is 404 at once: it would otherwise end up in the challenge header.
     if (!SERVER_NAME.test(server)) throw new GW_ERR_SERVER_NOT_FOUND(server.slice(0, 64))
@@ -50,5 +55,5 @@ export default fp<HttpAuthenticateOptions>(async function httpAuthenticate (app:
       throw new GW_ERR_SERVER_NOT_ALLOWED(server)
     }
     req.principal = principal
-  })
+  }
 }, { name: 'gateway-authenticate', fastify: '5.x' })

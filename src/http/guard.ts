@@ -56,10 +56,18 @@ export default fp<HttpGuardOptions>(async function httpGuard (app: FastifyInstan
     exposedHeaders: ['Mcp-Session-Id', 'WWW-Authenticate'],
     maxAge: 600
   })
-  app.addHook('onRequest', async (req: FastifyRequest) => {
-    if (req.url.startsWith('/healthz') || req.url.startsWith('/readyz')) return
-    if (!hostAllowed(req.headers.host)) throw new GW_ERR_FORBIDDEN('Host header not allowed')
+  // The last Host header allowed: a client sends the same one on every request, so the parse and
+  // the loopback check run once per new value, not per request.
+  let lastAllowedHost: string | undefined
+  app.addHook('onRequest', (req: FastifyRequest, _reply, done) => {
+    if (req.url.startsWith('/healthz') || req.url.startsWith('/readyz')) { done(); return }
+    const host = req.headers.host
+    if (host !== lastAllowedHost || host === undefined) {
+      if (!hostAllowed(host)) { done(new GW_ERR_FORBIDDEN('Host header not allowed')); return }
+      lastAllowedHost = host
+    }
     const origin = req.headers.origin
-    if (origin !== undefined && !originAllowed(origin)) throw new GW_ERR_FORBIDDEN('Origin not allowed')
+    if (origin !== undefined && !originAllowed(origin)) { done(new GW_ERR_FORBIDDEN('Origin not allowed')); return }
+    done()
   })
 }, { name: 'gateway-http-guard', fastify: '5.x' })

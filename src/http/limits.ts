@@ -61,13 +61,16 @@ export async function chargeRequest (req: FastifyRequest, opts: HttpLimitsOption
 async function httpLimits (app: FastifyInstance, opts: HttpLimitsOptions): Promise<void> {
   // onRequest, so a refused request's body is never parsed. It runs after the auth hook's own
   // onRequest (registered before this plugin in app.ts), which sets req.principal.
-  app.addHook('onRequest', async req => {
-    if (isMcpRoute(req.routeOptions.url)) await chargeRequest(req, opts)
+  // Callback-style hooks: a request nothing is charged for (no tenant, no limits) costs no promise.
+  app.addHook('onRequest', (req, _reply, done) => {
+    if (req.principal.tenant === null || !isMcpRoute(req.routeOptions.url)) { done(); return }
+    chargeRequest(req, opts).then(() => { done() }, done)
   })
   // A JSON-RPC batch is as many requests as it holds messages, or a batch would carry thousands
   // of calls past the budget as one request: its other messages are charged once it is parsed.
-  app.addHook('preHandler', async req => {
-    if (isMcpRoute(req.routeOptions.url) && Array.isArray(req.body) && req.body.length > 1) await chargeRequest(req, opts, req.body.length)
+  app.addHook('preHandler', (req, _reply, done) => {
+    if (!Array.isArray(req.body) || req.body.length <= 1 || !isMcpRoute(req.routeOptions.url)) { done(); return }
+    chargeRequest(req, opts, req.body.length).then(() => { done() }, done)
   })
 }
 

@@ -23,7 +23,7 @@ import {
 } from '../core/jsonrpc.js'
 import { GET_STREAM, LEGACY_STREAM } from '../state/event-log.js'
 import { tracing, type ClientSpan, type TraceCarrier } from '../telemetry/tracing.js'
-import { audit } from '../telemetry/audit.js'
+import { auditSoon } from '../telemetry/audit.js'
 import { toolNameOf } from '../auth/tool-policy.js'
 import { errorTypeOf, type BackendErrorKind, type SessionMetrics } from '../telemetry/metrics.js'
 
@@ -396,7 +396,7 @@ export class Relay {
 
   /** The audit line of a tools/call (issue 8): who, which tool, how it ended, how long it took. */
   #auditCall (entry: InFlight, outcome: Outcome): void {
-    audit(this.log, 'tools.call', {
+    auditSoon(this.log, 'tools.call', {
       ...this.principal,
       server: this.server,
       tool: (entry.tool ?? '').slice(0, 128),

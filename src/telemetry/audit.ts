@@ -17,3 +17,20 @@ export interface AuditFields {
 export function audit (log: AuditLog, event: AuditEvent, fields: AuditFields): void {
   log.info({ audit: event, ...fields }, `audit: ${event}`)
 }
+
+/** Lines waiting for the end of this turn of the event loop. */
+let deferred: Array<[AuditLog, AuditEvent, AuditFields]> = []
+
+/**
+ * The same line, written once this turn of the event loop is over: the audit line of a tools/call
+ * is logged when its answer arrives, and serialising it there delayed the answer (issue 10).
+ * Everything logged in one turn is written by one setImmediate.
+ */
+export function auditSoon (log: AuditLog, event: AuditEvent, fields: AuditFields): void {
+  if (deferred.push([log, event, fields]) > 1) return
+  setImmediate(() => {
+    const lines = deferred
+    deferred = []
+    for (const [l, e, f] of lines) audit(l, e, f)
+  })
+}
