@@ -205,6 +205,10 @@ export function targetSpecs (compareMain: string | undefined): TargetSpec[] {
     gatewayTarget('gateway-redis-cross', { redis: 'cross', goals: { seqP50Max: 1.5 } }),
     // The same gateway with an optional feature off: the report divides on by off (FEATURE_COSTS).
     gatewayTarget('gateway-no-metrics', { config: { metrics: { enabled: false } } }),
+    // The default with one of issue 10's savings undone: every POST answered as an SSE stream
+    // at once (no lazy JSON), and one write(2) per log line (no buffer).
+    gatewayTarget('gateway-eager-sse', { config: { http: { lazySseMs: 0 } } }),
+    gatewayTarget('gateway-log-sync', { config: { log: { flushMs: 0 } } }),
     directHttpTarget,
     gatewayTarget('gateway-http-backend', { backend: 'http', compareTo: 'direct-http' }),
     // 2026-07-28 requests through the pool, next to the 2025 session path of the same build (issue 9).

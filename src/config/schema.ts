@@ -207,7 +207,12 @@ export const configSchema = {
       additionalProperties: false,
       default: {},
       properties: {
-        level: { enum: ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'], default: 'info' }
+        level: { enum: ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'], default: 'info' },
+        /**
+         * Lines are buffered and written at most this many ms after they are logged (or once 4 KiB
+         * are waiting, and at exit); 0 writes every line at once, one write(2) each.
+         */
+        flushMs: { type: 'integer', minimum: 0, maximum: 10_000, default: 100 }
       }
     },
     http: {
@@ -223,6 +228,14 @@ export const configSchema = {
         allowedHosts: { type: 'array', items: { type: 'string' }, default: [] },
         /** How a POSTed request is answered: an SSE stream (carries progress/logs) or one JSON body. */
         responseMode: { enum: ['sse', 'json'], default: 'sse' },
+        /**
+         * responseMode sse: a POST's SSE stream opens only when something other than its answers
+         * comes first, or after this many ms; answers that come sooner go out as one JSON body, in
+         * one write. 0 opens every stream at once. With Redis, sessions whose streams start with a
+         * resumable priming event (2025-11-25) always open at once, so that the death of the
+         * replica holding the POST never strands its call.
+         */
+        lazySseMs: { type: 'integer', minimum: 0, maximum: 60_000, default: 50 },
         /** SSE comment keep-alive interval. */
         keepAliveMs: { type: 'integer', minimum: 1000, default: 15_000 },
         /** SSE `retry` hint sent to 2025-11-25 clients and on shutdown. */

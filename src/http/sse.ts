@@ -48,6 +48,12 @@ export interface StreamWriterOptions {
   retryMs?: number
   /** Written right after the headers, before any log entry (the legacy `endpoint` event). */
   preamble?: string
+  /**
+   * SSE mode, a POST stream: hold the headers up to this many ms. If every answer comes first,
+   * they go out as one JSON body in one write; anything else first (a notification, a server
+   * request), the delay running out, or the stream ending opens the SSE stream as usual.
+   */
+  lazyMs?: number
   /** Called exactly once when the writer stops, with its last written entry id. */
   onEnd: (writer: StreamWriter, reason: WriterEndReason) => void
   log: FastifyBaseLogger
@@ -78,6 +84,12 @@ export class StreamWriter {
   /** Request ids of a POST stream answered so far. */
   readonly #answered = new Set<RequestId>()
   #keepAlive: NodeJS.Timeout | undefined
+  /** Lazy SSE: whether the headers are still held, the answers held meanwhile, and the delay. */
+  #holding = false
+  #held: LogEntry[] | undefined
+  #lazyTimer: NodeJS.Timeout | undefined
+  /** The frame of the stream's last answer, written together with the end of the response. */
+  #tail: string | undefined
 
   constructor (options: StreamWriterOptions) {
     this.#o = options
@@ -99,21 +111,13 @@ export class StreamWriter {
     this.#started = true
     const { res } = this.#o
     res.on('close', () => { if (!res.writableFinished) this.#finish('client-closed') })
-    if (this.#o.mode !== 'json') {
-      res.writeHead(200, {
-        'content-type': 'text/event-stream',
-        'cache-control': 'no-cache, no-transform',
-        connection: 'keep-alive',
-        'x-accel-buffering': 'no',
-        ...this.#o.headers
-      })
-      if (this.#o.preamble !== undefined) res.write(this.#o.preamble)
-      else res.flushHeaders()
-      this.#keepAlive = setInterval(() => {
-        if (this.#ended) return
-        res.write(': keepalive\n\n')
-      }, this.#o.keepAliveMs)
-      this.#keepAlive.unref()
+    const lazyMs = this.#o.lazyMs ?? 0
+    if (this.#o.mode === 'sse' && lazyMs > 0 && Number.isFinite(this.#remaining)) {
+      this.#holding = true
+      this.#lazyTimer = setTimeout(() => { this.#openSse() }, lazyMs)
+      this.#lazyTimer.unref()
+    } else if (this.#o.mode !== 'json') {
+      this.#openSse()
     }
     if (this.#cursor === ANSWERED_DIRECTLY) {
       // Resumed after answers written outside the log: nothing is left for this stream.
@@ -145,6 +149,34 @@ export class StreamWriter {
     await this.wake()
   }
 
+  /**
+   * Sends the SSE headers and the preamble, writes any answers held meanwhile, and starts
+   * keep-alives. Lazy streams open here on their first non-answer, their delay, or their end.
+   */
+  #openSse (): void {
+    if (this.#ended || this.#keepAlive !== undefined) return
+    const { res } = this.#o
+    this.#holding = false
+    clearTimeout(this.#lazyTimer)
+    res.writeHead(200, {
+      'content-type': 'text/event-stream',
+      'cache-control': 'no-cache, no-transform',
+      connection: 'keep-alive',
+      'x-accel-buffering': 'no',
+      ...this.#o.headers
+    })
+    const held = this.#held
+    this.#held = undefined
+    const first = (this.#o.preamble ?? '') + (held === undefined ? '' : held.map(entry => this.#frame(entry)).join(''))
+    if (first !== '') res.write(first)
+    else res.flushHeaders()
+    this.#keepAlive = setInterval(() => {
+      if (this.#ended) return
+      res.write(': keepalive\n\n')
+    }, this.#o.keepAliveMs)
+    this.#keepAlive.unref()
+  }
+
   /** Something was appended to this stream's log: pull it. Safe to call any number of times. */
   async wake (): Promise<void> {
     if (this.#ended) return
@@ -158,12 +190,13 @@ export class StreamWriter {
         for (const entry of page) {
           if (this.#ended) return
           if (this.#o.metrics !== undefined) this.#countLost(entry.seq)
-          await this.#emit(entry)
+          const answer = entry.message !== null && isResponse(entry.message) ? entry.message : null
+          await this.#emit(entry, answer !== null && this.#remaining === 1)
           this.#cursor = entry.entryId
           this.#advanced = true
-          if (entry.message !== null && isResponse(entry.message)) {
+          if (answer !== null) {
             // Tracing on: the SERVER span of the request this answers ends here.
-            if (tracing !== null) tracing.responded(this.sid, this.streamId, entry.message)
+            if (tracing !== null) tracing.responded(this.sid, this.streamId, answer)
             if (--this.#remaining <= 0) {
               this.#complete()
               return
@@ -183,6 +216,8 @@ export class StreamWriter {
   end (reason: WriterEndReason, retryMs?: number): void {
     if (this.#ended) return
     const { res } = this.#o
+    // A held lazy stream ends as the SSE stream it would have been: priming id, then the hint.
+    if (this.#holding && reason !== 'client-closed') this.#openSse()
     if (this.#o.mode !== 'json' && res.headersSent && !res.writableEnded && retryMs !== undefined) {
       res.write(`retry: ${retryMs}\n\n`)
     }
@@ -218,6 +253,7 @@ export class StreamWriter {
    */
   failUnanswered (answer: (id: RequestId) => JsonRpcResponse): RequestId[] {
     if (this.#ended || !this.#started) return []
+    if (this.#holding) this.#openSse()
     const { res, mode } = this.#o
     const failed: RequestId[] = []
     for (const id of this.#o.requestIds ?? []) {
@@ -232,11 +268,23 @@ export class StreamWriter {
     return failed
   }
 
-  async #emit (entry: LogEntry): Promise<void> {
+  async #emit (entry: LogEntry, last: boolean): Promise<void> {
     const { mode, res } = this.#o
     if (entry.message !== null && isResponse(entry.message) && entry.message.id !== null && entry.message.id !== undefined) this.#answered.add(entry.message.id)
     if (mode === 'json') {
       if (entry.message !== null && isResponse(entry.message)) this.#collected.push(entry.message)
+      return
+    }
+    if (this.#holding) {
+      if (entry.message !== null && isResponse(entry.message)) {
+        (this.#held ??= []).push(entry)
+        return
+      }
+      this.#openSse()
+    }
+    if (last) {
+      // The stream's last answer: written with the end of the response, in one write.
+      this.#tail = this.#frame(entry)
       return
     }
     const frame = this.#frame(entry)
@@ -263,17 +311,31 @@ export class StreamWriter {
       const body = this.#o.batch === true ? this.#collected : this.#collected[0]
       res.writeHead(200, { 'content-type': 'application/json', ...this.#o.headers })
       res.end(JSON.stringify(body))
+    } else if (this.#holding) {
+      // Every answer came before anything else: one JSON body, as the transport allows (H-POST-2).
+      const held = this.#held ?? []
+      const body = this.#o.batch === true ? `[${held.map(entry => entry.json).join(',')}]` : held[0]?.json ?? 'null'
+      this.#holding = false
+      res.writeHead(200, { 'content-type': 'application/json', ...this.#o.headers })
+      res.end(body)
     }
     this.#finish('complete')
   }
 
   #finish (reason: WriterEndReason): void {
     if (this.#ended) return
+    // A held lazy stream that ends without its answers ends as the SSE stream it would have been.
+    if (this.#holding && reason !== 'client-closed') this.#openSse()
     this.#ended = true
     clearInterval(this.#keepAlive)
+    clearTimeout(this.#lazyTimer)
     this.#closed?.abort()
     const { res } = this.#o
-    if (!res.writableEnded) res.end()
+    // The last answer's frame goes with the end of the chunked body: one write, not two.
+    if (!res.writableEnded) {
+      if (this.#tail !== undefined) res.end(this.#tail)
+      else res.end()
+    }
     this.#o.onEnd(this, reason)
   }
 

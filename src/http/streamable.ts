@@ -65,6 +65,7 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
       requestIds: ids,
       headers: replyHeaders(reply, { 'mcp-session-id': record.id }),
       ...(primingId !== null ? { preamble: `id: ${formatEventId(streamId, primingId)}\nretry: ${config.http.retryMs}\ndata: \n\n` } : {}),
+      ...(mode === 'sse' && (config.redis === undefined || !priming) ? { lazyMs: config.http.lazySseMs } : {}),
       log: req.log
     })
     reply.hijack()

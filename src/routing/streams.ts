@@ -55,6 +55,8 @@ export interface OpenStreamOptions {
   headers: Record<string, string>
   retryMs?: number
   preamble?: string
+  /** Lazy SSE (StreamWriterOptions.lazyMs). */
+  lazyMs?: number
   /** A POST stream: its requests' ids (answered directly if the store becomes unreachable). */
   requestIds?: RequestId[]
   /** A new standalone GET stream: 409 if this replica already writes one (checked atomically). */

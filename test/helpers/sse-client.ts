@@ -22,6 +22,22 @@ export class SseReader {
     })
     const body = res.body
     if (body === null) throw new Error('no body')
+    if ((res.headers.get('content-type') ?? '').startsWith('application/json')) {
+      // A POST answered before anything else came is one JSON body (lazy SSE): its messages are
+      // read as data events without ids, as an SSE stream without priming would carry them.
+      this.finished = (async () => {
+        try {
+          const value = JSON.parse(await res.text()) as unknown
+          for (const message of Array.isArray(value) ? value : [value]) this.events.push({ id: undefined, event: undefined, data: JSON.stringify(message) })
+        } catch {
+          // aborted by the test
+        } finally {
+          this.#done = true
+          this.#notify()
+        }
+      })()
+      return
+    }
     this.finished = (async () => {
       const decoder = new TextDecoder()
       try {

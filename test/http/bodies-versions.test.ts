@@ -79,7 +79,8 @@ t.test('a body on DELETE, of any type, is ignored; POST still parses strictly', 
 })
 
 t.test('MCP-Protocol-Version: any supported version is accepted on a session; the negotiated one decides', async t => {
-  const gw = await startGateway(t, { servers: { full: stdioFixture('full-server') } })
+  // Every answer as an SSE stream at once (no lazy JSON): the stream's first event shows the version.
+  const gw = await startGateway(t, { servers: { full: stdioFixture('full-server') }, http: { lazySseMs: 0 } })
   const sid = await session(gw, '2025-11-25')
   const list = JSON.stringify({ jsonrpc: '2.0', id: 3, method: 'tools/list' })
   for (const version of ['2025-03-26', '2025-06-18', '2024-11-05']) {
