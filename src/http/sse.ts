@@ -173,6 +173,9 @@ export class StreamWriter {
     this.#keepAlive = setInterval(() => {
       if (this.#ended) return
       res.write(': keepalive\n\n')
+      // A POST stream still waiting for answers also reads its log: a wake lost on the bus (a
+      // Redis failover drops what was in flight) delays an answer by one interval, never forever.
+      if (Number.isFinite(this.#remaining)) void this.wake()
     }, this.#o.keepAliveMs)
     this.#keepAlive.unref()
   }
@@ -188,20 +191,7 @@ export class StreamWriter {
         this.#again = false
         page = await this.#o.eventLog.readAfter(this.sid, this.streamId, this.#cursor, PAGE)
         for (const entry of page) {
-          if (this.#ended) return
-          if (this.#o.metrics !== undefined) this.#countLost(entry.seq)
-          const answer = entry.message !== null && isResponse(entry.message) ? entry.message : null
-          await this.#emit(entry, answer !== null && this.#remaining === 1)
-          this.#cursor = entry.entryId
-          this.#advanced = true
-          if (answer !== null) {
-            // Tracing on: the SERVER span of the request this answers ends here.
-            if (tracing !== null) tracing.responded(this.sid, this.streamId, answer)
-            if (--this.#remaining <= 0) {
-              this.#complete()
-              return
-            }
-          }
+          if (this.#ended || await this.#deliver(entry)) return
         }
       } while (!this.#ended && (this.#again || page.length === PAGE))
     } catch (err) {
@@ -210,6 +200,45 @@ export class StreamWriter {
     } finally {
       this.#pumping = false
     }
+  }
+
+  /**
+   * The entry just appended to this stream, handed over by the appender on this replica. When it
+   * is the one after the last this writer delivered (and nothing is being read), it is written
+   * at once, without reading the log back; otherwise this is a wake.
+   */
+  async offer (entry: LogEntry): Promise<void> {
+    if (this.#ended) return
+    if (!this.#started || this.#pumping || this.#again || this.#lastSeq === null || entry.seq !== this.#lastSeq + 1) {
+      await this.wake()
+      return
+    }
+    this.#pumping = true
+    try {
+      if (await this.#deliver(entry)) return
+    } catch (err) {
+      this.#o.log.error({ err, stream: this.streamId }, 'stream writer failed')
+      this.#finish('error')
+      return
+    } finally {
+      this.#pumping = false
+    }
+    if (this.#again) await this.wake()
+  }
+
+  /** Writes one entry after the cursor; true when that completed the stream. */
+  async #deliver (entry: LogEntry): Promise<boolean> {
+    this.#countLost(entry.seq)
+    const answer = entry.message !== null && isResponse(entry.message) ? entry.message : null
+    await this.#emit(entry, answer !== null && this.#remaining === 1)
+    this.#cursor = entry.entryId
+    this.#advanced = true
+    if (answer === null) return false
+    // Tracing on: the SERVER span of the request this answers ends here.
+    if (tracing !== null) tracing.responded(this.sid, this.streamId, answer)
+    if (--this.#remaining > 0) return false
+    this.#complete()
+    return true
   }
 
   /** Ends the stream from the gateway's side; SSE clients get a `retry` hint to reconnect. */

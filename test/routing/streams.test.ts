@@ -19,8 +19,8 @@ import { MemorySessionStore } from '../../src/state/session-store-memory.js'
 import { createLogger } from '../../src/telemetry/logger.js'
 
 /** ClientStreams of replica r1 over the memory twins (a log of 10 entries per stream). */
-function memoryStreams (t: Test): { store: MemorySessionStore, log: ReturnType<typeof createLogger>, streams: ClientStreams } {
-  const config = parseConfig({ servers: { s: { transport: 'stdio', command: 'true' } } })
+function memoryStreams (t: Test, http: Record<string, unknown> = {}): { store: MemorySessionStore, log: ReturnType<typeof createLogger>, streams: ClientStreams, eventLog: MemoryEventLog } {
+  const config = parseConfig({ servers: { s: { transport: 'stdio', command: 'true' } }, http })
   const store = new MemorySessionStore()
   t.teardown(() => store.close())
   const eventLog = new MemoryEventLog(store, 10)
@@ -30,7 +30,7 @@ function memoryStreams (t: Test): { store: MemorySessionStore, log: ReturnType<t
     isAlive: async () => true,
     endSession: async () => {}
   })
-  return { store, log, streams }
+  return { store, log, streams, eventLog }
 }
 
 t.test('renew walks every held stream and yields to the event loop between slices', async t => {
@@ -54,8 +54,8 @@ t.test('renew walks every held stream and yields to the event loop between slice
 interface Frame { id: number, result?: unknown, error?: { code: number } }
 
 /** ClientStreams over the memory twins, with one session and a real HTTP server for its streams. */
-async function harness (t: Test): Promise<{ streams: ClientStreams, sid: string, serve: (open: Omit<OpenStreamOptions, 'res' | 'sid' | 'headers' | 'log' | 'mode'>) => Promise<{ writer: StreamWriter, body: Promise<string> }> }> {
-  const { store, log, streams } = memoryStreams(t)
+async function harness (t: Test, http: Record<string, unknown> = {}): Promise<{ streams: ClientStreams, eventLog: MemoryEventLog, sid: string, serve: (open: Omit<OpenStreamOptions, 'res' | 'sid' | 'headers' | 'log' | 'mode'>) => Promise<{ writer: StreamWriter, body: Promise<string> }> }> {
+  const { store, log, streams, eventLog } = memoryStreams(t, http)
   const sid = 'session-000000000001'
   await store.create({ id: sid, server: 's', principal: 'anonymous', transport: 'streamable', protocolVersion: '2025-11-25', initializeParams: null, backendSessionId: null, createdAt: 0 }, 60_000)
   let next: ((res: ServerResponse) => void) | undefined
@@ -73,7 +73,7 @@ async function harness (t: Test): Promise<{ streams: ClientStreams, sid: string,
     const body = fetch(`http://127.0.0.1:${port}/`).then(async res => await res.text())
     return { writer: await started, body }
   }
-  return { streams, sid, serve }
+  return { streams, eventLog, sid, serve }
 }
 
 function framesOf (body: string): Array<{ eventId: string | undefined, message: Frame }> {
@@ -121,4 +121,16 @@ t.test('an answer written outside the log (store away) is never given twice to a
   const late = await serve({ streamId, cursor: ANSWERED_DIRECTLY, requestIds: [7] })
   t.same(framesOf(await within(late.body)), [], 'resumed after an orphan answer reached the log: no second answer')
   t.ok(late.writer.ended, 'and it is over')
+})
+
+t.test('an answer whose wake was lost still reaches its POST stream, at the next keep-alive', async t => {
+  const { eventLog, sid, serve } = await harness(t, { keepAliveMs: 1000 })
+  const streamId = newRequestStreamId('sse', 1)
+  const { body } = await serve({ streamId, cursor: null, fresh: true, requestIds: [3] })
+  // Appended to the log with no wake (as when the bus lost it in a Redis failover).
+  await eventLog.append(sid, streamId, { jsonrpc: '2.0', id: 3, result: { late: true } }, 60_000)
+  const startedAt = Date.now()
+  const frames = framesOf(await body)
+  t.same(frames.map(f => f.message), [{ id: 3, jsonrpc: '2.0', result: { late: true } }], 'the answer arrives, once, and the stream ends')
+  t.ok(Date.now() - startedAt < 2500, `within about one keep-alive interval (${Date.now() - startedAt} ms)`)
 })
