@@ -91,10 +91,12 @@ export class ClientStreams {
    */
   async append (sid: string, streamId: string, message: JsonRpcMessage | null, claimed = false): Promise<string> {
     const answers = !claimed && message !== null && isResponse(message) && message.id != null && isRequestStreamId(streamId) ? message.id : undefined
-    const { entryId, holder } = await this.#o.eventLog.append(sid, streamId, message, this.#idleMs, answers)
+    const { entryId, holder, entry } = await this.#o.eventLog.append(sid, streamId, message, this.#idleMs, answers)
     if (entryId === '') return entryId
     if (holder === this.#o.replicaId) {
-      this.wake(sid, streamId)
+      // Local first: the writer here takes the entry as appended, without reading it back.
+      const writer = this.#get(sid, streamId)
+      if (writer !== undefined) void (entry !== undefined ? writer.offer(entry) : writer.wake())
     } else if (holder !== null) {
       await this.#o.bus.send(holder, { kind: 'wake', sid, streamId }).catch(err => {
         this.#o.log.warn({ err, sid: shortHash(sid) }, 'wake not sent; the entry waits in the log')

@@ -118,14 +118,16 @@ export class MemoryEventLog implements EventLog {
       stream = { first, base: first, entries: [], expiresAt: 0 }
       streams.set(streamId, stream)
     }
-    stream.entries.push({ json: message === null ? '' : JSON.stringify(message), message: deepFreeze(message) })
+    const stored: StoredEntry = { json: message === null ? '' : JSON.stringify(message), message: deepFreeze(message) }
+    stream.entries.push(stored)
     if (stream.entries.length > this.#maxLen) {
       stream.entries.shift()
       stream.first++
     }
     stream.expiresAt = now + ttlMs
-    const entryId = String(stream.first + stream.entries.length - 1)
-    return { entryId, holder: this.#store.holderOf(sid, streamId) }
+    const id = stream.first + stream.entries.length - 1
+    const entryId = String(id)
+    return { entryId, holder: this.#store.holderOf(sid, streamId), entry: { entryId, message: stored.message, json: stored.json, seq: id - stream.base + 1 } }
   }
 
   async readAfter (sid: string, streamId: string, cursor: string | null, limit: number): Promise<LogEntry[]> {

@@ -36,8 +36,9 @@ export class RedisEventLog implements EventLog {
     const json = message === null ? '' : JSON.stringify(message)
     const field = answers === undefined ? '' : pendingField(streamId, answers)
     const kind = typeof answers === 'number' ? 'n' : 's'
-    const [entryId, holder] = await storeCall(this.#redis.appendEvent(keys.events(streamId), keys.holder(streamId), keys.streams, keys.pending, keys.meta, keys.seq, this.#maxLen, ttlMs, json, streamId, field, kind, String(answers ?? '')))
-    return { entryId, holder: entryId === '' ? null : holder }
+    const [entryId, holder, seq] = await storeCall(this.#redis.appendEvent(keys.events(streamId), keys.holder(streamId), keys.streams, keys.pending, keys.meta, keys.seq, this.#maxLen, ttlMs, json, streamId, field, kind, String(answers ?? '')))
+    if (entryId === '') return { entryId, holder: null }
+    return { entryId, holder, ...(typeof seq === 'number' ? { entry: { entryId, message, json, seq } } : {}) }
   }
 
   async markPending (sid: string, streamId: string, ids: RequestId[], ttlMs: number, priming: boolean, replicaId: string): Promise<string | null> {

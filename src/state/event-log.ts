@@ -22,6 +22,11 @@ export interface AppendResult {
   entryId: string
   /** The replica holding the stream at append time, or null: the entry waits in the log. */
   holder: string | null
+  /**
+   * The entry as a reader would get it, when written: a holder on this replica whose last entry
+   * was the one before (LogEntry.seq) takes it without reading the log back.
+   */
+  entry?: LogEntry
 }
 
 /** A request still waiting for its answer (a pending marker; see EventLog.markPending). */

@@ -105,6 +105,20 @@ export function eventLogContract (t: Test, make: MakeEventLog): void {
     t.equal(await log.seqOf(sid, 'nope', last.entryId), null, 'no such stream')
   })
 
+  t.test('append hands back the entry exactly as a reader gets it (the local hand-off, issue 10)', async t => {
+    const { log } = await make(t)
+    const sid = randomUUID()
+    const appended = []
+    for (let i = 1; i <= 3; i++) appended.push((await log.append(sid, 'get', note(i), LONG_TTL)).entry)
+    const read = await readAll(log, sid, 'get')
+    t.same(appended, read, 'entry id, message, JSON text and ordinal all match the log')
+    t.same(appended.map(e => e?.seq), [1, 2, 3], 'consecutive ordinals: a holder knows nothing came between')
+    await log.markPending(sid, 'r1_x', [1], LONG_TTL, false, 'r')
+    t.ok((await log.append(sid, 'r1_x', { jsonrpc: '2.0', id: 1, result: {} }, LONG_TTL, 1)).entry !== undefined, 'an answer written comes back too')
+    const refused = await log.append(sid, 'r1_x', { jsonrpc: '2.0', id: 1, result: {} }, LONG_TTL, 1)
+    t.same([refused.entryId, refused.entry], ['', undefined], 'an answer not written (answered already) hands back nothing')
+  })
+
   t.test('streams are separate per stream id and per session', async t => {
     const { log } = await make(t)
     const sid = randomUUID()

@@ -47,7 +47,7 @@ t.test('reply shapes of the scripts', async t => {
   defineScripts(redis)
   const p = randomPrefix()
   const appended = await redis.appendEvent(`${p}:ev`, `${p}:holder`, `${p}:streams`, `${p}:pending`, `${p}:meta`, `${p}:seq`, 10, 60_000, '', 'get', '', 's', '')
-  t.same(appended, [(await redis.xrange(`${p}:ev`, '-', '+'))[0]![0], null], 'appendEvent without a holder: [id, null] (Lua false is nil)')
+  t.same(appended, [(await redis.xrange(`${p}:ev`, '-', '+'))[0]![0], null, 1], 'appendEvent without a holder: [id, null, ordinal] (Lua false is nil, mid-table too)')
   t.equal(await redis.claimHolder(`${p}:holder`, `${p}:streams`, 'r1', 60_000, 'get'), null, 'claimHolder with no previous holder: null')
   t.equal(await redis.claimHolder(`${p}:holder`, `${p}:streams`, 'r2', 60_000, 'get'), 'r1', 'claimHolder: the previous holder')
   t.same((await redis.appendEvent(`${p}:ev`, `${p}:holder`, `${p}:streams`, `${p}:pending`, `${p}:meta`, `${p}:seq`, 10, 60_000, '{}', 'get', '', 's', ''))[1], 'r2')

@@ -219,7 +219,7 @@ return 1`
    *   ARGV[1] max length (approximate, MAXLEN ~)   ARGV[2] ttl ms   ARGV[3] message json ('' priming)
    *   ARGV[4] stream id   ARGV[5] pending field of the request answered ('' none)
    *   ARGV[6] 'n' or 's': the type of the answered id   ARGV[7] the id as a string
-   *   returns { entry id ('' not written: answered already), holder replica or false }
+   *   returns { entry id ('' not written: answered already), holder replica or false, the entry's ordinal }
    */
   appendEvent: {
     numberOfKeys: 6,
@@ -248,7 +248,7 @@ bump(KEYS[6], ARGV[2])
 local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', 'm', ARGV[3], 'n', n)
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 remember(KEYS[3], ARGV[4], ARGV[2])
-return { id, redis.call('GET', KEYS[2]) }`
+return { id, redis.call('GET', KEYS[2]), n }`
   },
 
   /*
@@ -349,7 +349,7 @@ declare module 'ioredis' {
     releaseLease (lease: RedisKey, replicaId: string): Result<0 | 1, Context>
     claimHolder (holder: RedisKey, streams: RedisKey, replicaId: string, ttlMs: number, streamId: string): Result<string | null, Context>
     setCursor (cursor: RedisKey, streams: RedisKey, entryId: string, ttlMs: number, streamId: string): Result<1, Context>
-    appendEvent (events: RedisKey, holder: RedisKey, streams: RedisKey, pending: RedisKey, meta: RedisKey, seq: RedisKey, maxLen: number, ttlMs: number, json: string, streamId: string, answers: string, idKind: string, id: string): Result<[string, string | null], Context>
+    appendEvent (events: RedisKey, holder: RedisKey, streams: RedisKey, pending: RedisKey, meta: RedisKey, seq: RedisKey, maxLen: number, ttlMs: number, json: string, streamId: string, answers: string, idKind: string, id: string): Result<[string, string | null, number | undefined], Context>
     settlePending (pending: RedisKey, field: string, ttlMs: number): Result<0 | 1, Context>
     sendEnvelope (inbox: RedisKey, maxLen: number, ttlMs: number, json: string): Result<string, Context>
   }
