@@ -7,25 +7,15 @@
 import { GW_ERR_BAD_REQUEST } from '../core/errors.js'
 import { isEntryId, parsePendingField, pendingField, type AppendResult, type EventLog, type LogEntry, type PendingRequest } from './event-log.js'
 import { isResponse, type JsonRpcMessage, type RequestId } from '../core/jsonrpc.js'
-import { deepFreeze } from '../core/freeze.js'
 import type { MemorySessionStore } from './session-store-memory.js'
-
-/**
- * A message as JSON ('' for a priming entry) and as the object that was appended, frozen: readers
- * get that same object, since parsing the text again per read cost more than the append did
- * (issue 10), and a change to it after the append throws rather than alter what was logged.
- */
-interface StoredEntry {
-  json: string
-  message: JsonRpcMessage | null
-}
 
 interface Stream {
   /** Sequence number of entries[0]; entries are contiguous from there. */
   first: number
   /** Sequence number of this stream's first entry ever: LogEntry.seq counts from it. */
   base: number
-  entries: StoredEntry[]
+  /** Messages as JSON ('' for a priming entry), so a reader never shares objects with a writer. */
+  entries: string[]
   expiresAt: number
 }
 
@@ -60,7 +50,11 @@ export class MemoryEventLog implements EventLog {
     if (marker !== undefined) { pending?.delete(field); return true }
     if (!this.#store.isLive(sid)) return false
     const stream = this.#live(sid, streamId)
-    return !(stream?.entries ?? []).some(({ message }) => message !== null && isResponse(message) && message.id === id)
+    return !(stream?.entries ?? []).some(json => {
+      if (json === '') return false
+      const message = JSON.parse(json) as JsonRpcMessage
+      return isResponse(message) && message.id === id
+    })
   }
 
   async markPending (sid: string, streamId: string, ids: RequestId[], ttlMs: number, priming: boolean, replicaId: string): Promise<string | null> {
@@ -118,8 +112,8 @@ export class MemoryEventLog implements EventLog {
       stream = { first, base: first, entries: [], expiresAt: 0 }
       streams.set(streamId, stream)
     }
-    const stored: StoredEntry = { json: message === null ? '' : JSON.stringify(message), message: deepFreeze(message) }
-    stream.entries.push(stored)
+    const json = message === null ? '' : JSON.stringify(message)
+    stream.entries.push(json)
     if (stream.entries.length > this.#maxLen) {
       stream.entries.shift()
       stream.first++
@@ -127,7 +121,9 @@ export class MemoryEventLog implements EventLog {
     stream.expiresAt = now + ttlMs
     const id = stream.first + stream.entries.length - 1
     const entryId = String(id)
-    return { entryId, holder: this.#store.holderOf(sid, streamId), entry: { entryId, message: stored.message, json: stored.json, seq: id - stream.base + 1 } }
+    // The hand-off to a local holder gets the appender's object (nobody changes a message once it
+    // is appended); the log keeps only the text, so what it retains is as small as it can be.
+    return { entryId, holder: this.#store.holderOf(sid, streamId), entry: { entryId, message, json, seq: id - stream.base + 1 } }
   }
 
   async readAfter (sid: string, streamId: string, cursor: string | null, limit: number): Promise<LogEntry[]> {
@@ -140,9 +136,9 @@ export class MemoryEventLog implements EventLog {
     const stream = this.#live(sid, streamId)
     if (stream === null || limit < 1) return []
     const start = Math.max(0, after - stream.first + 1)
-    return stream.entries.slice(start, start + limit).map(({ json, message }, i) => ({
+    return stream.entries.slice(start, start + limit).map((json, i) => ({
       entryId: String(stream.first + start + i),
-      message,
+      message: json === '' ? null : JSON.parse(json) as JsonRpcMessage,
       json,
       seq: stream.first + start + i - stream.base + 1
     }))

