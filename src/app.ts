@@ -250,7 +250,6 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
     upstream,
     pool,
     parked,
-    metrics,
     toolPolicy,
     peers: { replicaId, send: async (replica, envelope) => { await router.sendEnvelope(replica, envelope) }, isAlive: async replica => await router.isAlive(replica) },
     forwardTimeoutMs: PARKED_CALL_TTL_MS * 2,

@@ -4,6 +4,9 @@
 // `tools/list` answers are filtered to callable tools; a `tools/call` of any other tool is answered
 // by the gateway as an unknown tool (-32602) without reaching the backend.
 import type { ToolPolicyConfig } from '../config/schema.js'
+import { GW_ERR_UNKNOWN_TOOL, toJsonRpcError } from '../core/errors.js'
+import type { JsonRpcRequest, JsonRpcResponse } from '../core/jsonrpc.js'
+import { audit, type AuditLog } from '../telemetry/audit.js'
 import type { TenantDirectory } from './tenants.js'
 
 export interface ToolPolicy {
@@ -58,4 +61,24 @@ export function filterToolsList (result: unknown, policy: ToolPolicy): unknown {
 /** The relay's result filter: a `tools/list` answer under a policy is filtered; anything else passes. */
 export function filterToolsListOf (method: string, result: unknown, policy: ToolPolicy | null): unknown {
   return method === 'tools/list' && policy !== null ? filterToolsList(result, policy) : result
+}
+
+/** Who makes a call, as its audit line names them. */
+export interface Caller {
+  tenant: string | null | undefined
+  subject: string | undefined
+  server: string
+}
+
+/**
+ * The answer to a `tools/call` the caller's policy denies (an unknown tool, -32602), with its audit
+ * line written; null when the call may go on. One rule for sessions and 2026-07-28 requests.
+ */
+export function refusedCall (lookup: ToolPolicyLookup | undefined, caller: Caller, request: JsonRpcRequest, log: AuditLog): JsonRpcResponse | null {
+  if (request.method !== 'tools/call') return null
+  const policy = lookup?.(caller.tenant, caller.server) ?? null
+  const tool = toolNameOf(request.params) ?? ''
+  if (policy === null || policy.allows(tool)) return null
+  audit(log, 'tools.call', { tenant: caller.tenant ?? null, subject: caller.subject, server: caller.server, tool: tool.slice(0, 128), outcome: 'denied', ms: 0 })
+  return toJsonRpcError(new GW_ERR_UNKNOWN_TOOL(tool), request.id)
 }

@@ -16,7 +16,7 @@ export interface HeaderDeclaration {
   headerName: string
 }
 
-export type ScanResult = { valid: true, declarations: HeaderDeclaration[] } | { valid: false, reason: string }
+type ScanResult = { valid: true, declarations: HeaderDeclaration[] } | { valid: false, reason: string }
 
 const MARK = 'x-mcp-header'
 const TOKEN = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/
@@ -63,10 +63,12 @@ export function scanHeaderDeclarations (inputSchema: unknown): ScanResult {
   return fault === undefined ? { valid: true, declarations } : { valid: false, reason: fault }
 }
 
+/** Tab and printable ASCII only, at least one character. */
+const HEADER_SAFE = /^[\t\x20-\x7e]+$/
+
 /** A header value: as is when header-safe, else the `=?base64?…?=` sentinel of its UTF-8. */
 export function encodeHeaderValue (value: string): string {
-  const safe = value.length > 0 && value === value.trim() && !(value.startsWith('=?base64?') && value.endsWith('?=')) &&
-    [...value].every(c => { const code = c.codePointAt(0) ?? 0; return code === 9 || (code >= 32 && code <= 126) })
+  const safe = HEADER_SAFE.test(value) && value === value.trim() && !(value.startsWith('=?base64?') && value.endsWith('?='))
   return safe ? value : `=?base64?${Buffer.from(value, 'utf8').toString('base64')}?=`
 }
 

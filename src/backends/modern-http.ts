@@ -15,7 +15,7 @@ import { describe, dispatcherFor, drain, readText, sseDataLines } from './http-i
 
 export type BackendEra = 'legacy' | 'modern'
 
-/** The revision a probe asks for (the gateway's own modern revision). */
+/** The largest probe answer read. */
 const PROBE_BODY_MAX = 1024 * 1024
 /** A probe waits at most this long (a silent server then gets the 2025 path and its own deadline). */
 const PROBE_TIMEOUT_MS = 5000
@@ -26,7 +26,7 @@ const PROBE_TIMEOUT_MS = 5000
  * another 4xx or an unrecognised body is a legacy one. A timeout, a network error, 401/403 or a 5xx
  * is no evidence either way: it throws, and the next request probes again.
  */
-export async function probeEra (server: string, config: HttpServerConfig, headers: Record<string, string>): Promise<BackendEra> {
+async function probeEra (server: string, config: HttpServerConfig, headers: Record<string, string>): Promise<BackendEra> {
   const url = urlOf(config)
   const pool = dispatcherFor(url.origin, config.connections, config.connectTimeoutMs)
   const body = JSON.stringify({

@@ -37,7 +37,7 @@ import {
 import { encodeHeaderValue, paramHeaders, scanHeaderDeclarations, type HeaderDeclaration } from './mcp-param-headers.js'
 
 /** input_required rounds one request may take before the gateway gives up on it. */
-export const MAX_ROUNDS = 10
+const MAX_ROUNDS = 10
 
 
 
@@ -276,7 +276,7 @@ export class ModernSessionBackend implements HttpBackendConnection {
     let final: JsonRpcResponse | undefined
     const take = (value: unknown): void => {
       const c = classify(value)
-      if (c.kind === 'response') final = { ...c.message, id } as JsonRpcResponse
+      if (c.kind === 'response') final = c.message.id === id ? c.message : { ...c.message, id } as JsonRpcResponse
       else if (c.kind === 'notification') onNotification(c.message)
     }
     if (mediaType(res.headers) === 'text/event-stream') {
@@ -336,7 +336,6 @@ export class ModernSessionBackend implements HttpBackendConnection {
   }
 
   #failure (id: RequestId, err: unknown): JsonRpcResponse {
-    if (isGatewayError(err)) return toJsonRpcError(err, id)
-    return errorResponse(id, -32007, `Backend '${this.#server}' is unavailable: ${describe(err)}`, { source: 'gateway', code: 'GW_ERR_BACKEND_UNAVAILABLE' })
+    return toJsonRpcError(isGatewayError(err) ? err : new GW_ERR_BACKEND_UNAVAILABLE(this.#server, describe(err)), id)
   }
 }

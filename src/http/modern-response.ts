@@ -58,7 +58,6 @@ export class ModernResponse implements ResponseSink {
   }
 
   get done (): boolean { return this.#done }
-  get streaming (): boolean { return this.#sse }
 
   notify (message: JsonRpcMessage): void {
     if (this.#done) return
@@ -96,12 +95,15 @@ export class RemoteResponse implements ResponseSink {
   readonly #to: string
   readonly #ticket: string
   #done = false
+  readonly #onDone: () => void
   onClientGone: (() => void) | undefined
 
-  constructor (peers: Peers, to: string, ticket: string) {
+  /** `onDone` runs once, when the response is finished or its client went away. */
+  constructor (peers: Peers, to: string, ticket: string, onDone: () => void) {
     this.#peers = peers
     this.#to = to
     this.#ticket = ticket
+    this.#onDone = onDone
   }
 
   get done (): boolean { return this.#done }
@@ -110,6 +112,7 @@ export class RemoteResponse implements ResponseSink {
   clientGone (): void {
     if (this.#done) return
     this.#done = true
+    this.#onDone()
     this.onClientGone?.()
   }
 
@@ -120,6 +123,7 @@ export class RemoteResponse implements ResponseSink {
   finish (message: JsonRpcMessage, status = 200): void {
     if (this.#done) return
     this.#done = true
+    this.#onDone()
     this.#send('finish', message, status)
   }
 

@@ -17,17 +17,11 @@
 // modern-response.ts (where answers are written), modern-exchange.ts (one pooled call and its rounds).
 import type { FastifyReply, FastifyRequest } from 'fastify'
 import type { Logger } from 'pino'
-import type { ToolPolicyLookup } from '../auth/tool-policy.js'
-import { filterToolsList, toolNameOf } from '../auth/tool-policy.js'
-import {
-  GW_ERR_BACKEND_LOST, GW_ERR_BACKEND_UNAVAILABLE, GW_ERR_INVALID_PARAMS, GW_ERR_INTERNAL, GW_ERR_UNKNOWN_TOOL,
-  isGatewayError, toJsonRpcError
-} from '../core/errors.js'
+import { filterToolsList, refusedCall, type ToolPolicyLookup } from '../auth/tool-policy.js'
+import { GW_ERR_BACKEND_LOST, GW_ERR_BACKEND_UNAVAILABLE, GW_ERR_INVALID_PARAMS, GW_ERR_INTERNAL, isGatewayError } from '../core/errors.js'
 import { isNotification, isRecord, isRequest, type JsonRpcMessage, type JsonRpcRequest, type RequestId } from '../core/jsonrpc.js'
 import type { ConnectionPool } from '../routing/pool.js'
 import type { ParkedCall, ParkedCalls } from '../routing/mrtr.js'
-import { audit } from '../telemetry/audit.js'
-import type { GatewayMetrics } from '../telemetry/metrics.js'
 import type { Envelope } from '../state/bus.js'
 import type { SessionStore } from '../state/session-store.js'
 import {
@@ -65,7 +59,6 @@ export interface ModernFaceOptions {
   upstream?: UpstreamLookup
   pool: ConnectionPool
   parked: ParkedCalls
-  metrics: GatewayMetrics
   peers: Peers
   toolPolicy?: ToolPolicyLookup
   /** How long a forwarded retry waits for the replica holding its call to answer. */
@@ -86,7 +79,6 @@ export function modernHeaders (req: FastifyRequest): ModernHeaders {
 /** A retry forwarded to the replica holding its call, waiting here for what comes back. */
 interface Forward {
   out: ModernResponse
-  replica: string
   timer: NodeJS.Timeout
 }
 
@@ -97,6 +89,9 @@ const LIST_CHANGED: Record<string, { method: string, capability: string }> = {
   promptsListChanged: { method: 'notifications/prompts/list_changed', capability: 'prompts' },
   resourcesListChanged: { method: 'notifications/resources/list_changed', capability: 'resources' }
 }
+
+/** Every method a listen stream can ask for: nothing else is worth a store read or a bus send. */
+const LISTENABLE = new Set([...Object.values(LIST_CHANGED).map(kind => kind.method), 'notifications/resources/updated'])
 
 /** One open `subscriptions/listen` stream (M-9). */
 interface Listener {
@@ -203,7 +198,8 @@ export class ModernFace {
 
   /** Here: the retry of a call parked on this replica, which landed on `from`. */
   #resumeForwarded (from: string, ticket: string, principal: string, request: JsonRpcRequest): void {
-    const out = new RemoteResponse(this.#o.peers, from, ticket)
+    // The ticket is forgotten once the exchange ends here (its last message went out).
+    const out = new RemoteResponse(this.#o.peers, from, ticket, () => { this.#remote.delete(ticket) })
     let parked: ParkedCall
     try {
       parked = this.#takeParked(request, isRecord(request.params) ? request.params : {}, principal)
@@ -216,9 +212,6 @@ export class ModernFace {
     const exchange = new Exchange(this.#o.parked, out, request, envelopeOf(request), parked.server, principal, parked.serverInfo, {})
     const params = isRecord(request.params) ? request.params : {}
     exchange.resume(parked, params.inputResponses)
-    // The ticket is forgotten once the exchange ends here (its last message went out).
-    const forget = setInterval(() => { if (out.done) { clearInterval(forget); this.#remote.delete(ticket) } }, 1000)
-    forget.unref()
   }
 
   /** There: a retry whose call is parked on `replica` is sent to it; its messages come back here. */
@@ -249,7 +242,7 @@ export class ModernFace {
       }, () => {})
     }, FORWARD_WATCH_MS)
     timer.unref()
-    this.#forwards.set(ticket, { out, replica, timer })
+    this.#forwards.set(ticket, { out, timer })
     out.onClientGone = () => {
       if (!this.#forwards.delete(ticket)) return
       clearInterval(timer)
@@ -271,7 +264,8 @@ export class ModernFace {
    * listener on another).
    */
   onServerEvent (server: string, tenant: string | null, message: JsonRpcMessage): void {
-    if (!isNotification(message)) return
+    // A pool hands over every notification no request waits for (idle logs, late progress).
+    if (!isNotification(message) || !LISTENABLE.has(message.method)) return
     this.#deliverEvent(server, tenant, message)
     const peers = this.#o.peers
     this.#o.listenRegistry.listeners(listenTopic(server, tenant)).then(async replicas => {
@@ -388,8 +382,7 @@ export class ModernFace {
   }
 
   /** Serves one classified modern POST. Throws (before anything is written) for HTTP-level refusals. */
-  async serve (req: FastifyRequest, reply: FastifyReply, server: string, message: JsonRpcMessage): Promise<void> {
-    const headers = modernHeaders(req)
+  async serve (req: FastifyRequest, reply: FastifyReply, server: string, message: JsonRpcMessage, headers: ModernHeaders): Promise<void> {
     if (isNotification(message)) {
       // Accepted (H-26-6). The one a client sends is notifications/cancelled for a listen stream
       // (the v2 SDK sends it besides closing the stream): that stream ends. Others are ignored.
@@ -401,14 +394,10 @@ export class ModernFace {
     if (!isRequest(message)) return
     const envelope = checkModernRequest(message, headers)
     const tenant = req.principal.tenant
-    if (message.method === 'tools/call') {
-      const policy = this.#o.toolPolicy?.(tenant, server) ?? null
-      const tool = toolNameOf(message.params) ?? ''
-      if (policy !== null && !policy.allows(tool)) {
-        audit(req.log, 'tools.call', { tenant, subject: req.principal.subjectDigest, server, tool: tool.slice(0, 128), outcome: 'denied', ms: 0 })
-        reply.type('application/json').send(toJsonRpcError(new GW_ERR_UNKNOWN_TOOL(tool), message.id))
-        return
-      }
+    const refusal = refusedCall(this.#o.toolPolicy, { tenant, subject: req.principal.subjectDigest, server }, message, req.log)
+    if (refusal !== null) {
+      reply.type('application/json').send(refusal)
+      return
     }
     const config = this.#o.live.servers[server]
     if (config?.transport === 'streamable-http' && await this.#eraOf(server, config, req) === 'modern') {

@@ -89,9 +89,10 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
     const server = serverOf(live, req)
     checkAccept(req, ['application/json', 'text/event-stream'])
     // Body first, as the SDKs classify (SPEC.md M-14): a modern request carries no session.
-    if (classifyPost(req.body, modernHeaders(req)).era === 'modern') {
+    const headers = modernHeaders(req)
+    if (classifyPost(req.body, headers).era === 'modern') {
       const [message] = decodeBody(req, false).messages
-      if (message !== undefined) await modern.serve(req, reply, server, message)
+      if (message !== undefined) await modern.serve(req, reply, server, message, headers)
       return
     }
     const { messages, batch } = decodeBody(req, true)

@@ -83,7 +83,6 @@ interface Connection {
   claims: number
   /** Resource subscriptions of listen streams held on this connection, by uri (a count each). */
   subscriptions: Map<string, number>
-  ready: Promise<Connection>
 }
 
 /** The group a connection belongs to. */
@@ -96,8 +95,6 @@ const busy = (c: Connection): number => c.relay.inFlightCount + c.claims
 
 interface Group {
   connections: Connection[]
-  /** Connections being opened (counted against poolSize). */
-  opening: number
   info: BackendInfo | null
   /** Listen streams that need the group's connections kept (no idle stop while > 0). */
   holds: number
@@ -116,15 +113,6 @@ export class ConnectionPool {
     const idleMs = options.config.sessions.idleTimeoutMs
     this.#sweep = setInterval(() => { this.#stopIdle(idleMs) }, Math.max(1000, Math.min(10_000, Math.floor(idleMs / 2))))
     this.#sweep.unref()
-  }
-
-  /** Connections open now, by server (metrics, tests). */
-  counts (): Map<string, number> {
-    const counts = new Map<string, number>()
-    for (const group of this.#groups.values()) {
-      for (const c of group.connections) counts.set(c.server, (counts.get(c.server) ?? 0) + 1)
-    }
-    return counts
   }
 
   /** What the backend said about itself (server/discover): learned once per (server, tenant). */
@@ -245,7 +233,7 @@ export class ConnectionPool {
     const k = `${server}\0${tenant ?? ''}`
     let group = this.#groups.get(k)
     if (group === undefined) {
-      group = { connections: [], opening: 0, info: null, holds: 0 }
+      group = { connections: [], info: null, holds: 0 }
       this.#groups.set(k, group)
     }
     return group
@@ -312,40 +300,34 @@ export class ConnectionPool {
       createdAt: Date.now(),
       ...(policyOf !== undefined ? { filterResult: (method: string, result: unknown) => filterToolsListOf(method, result, policyOf(tenant, server)) } : {})
     })
-    const conn: Connection = { id, server, tenant, relay, lastUsed: performance.now(), claims: claim ? 1 : 0, subscriptions: new Map(), ready: Promise.resolve(undefined as unknown as Connection) }
-    group.opening++
-    conn.ready = (async () => {
-      try {
-        relay.backend = await this.#o.backends.open(id, server, {
-          onMessage: message => { relay.fromBackend(message).catch(err => log.error({ err }, 'backend message not routed')) },
-          onRestarting: info => {
-            log.warn({ reason: info.reason, attempt: info.attempt }, 'pooled backend restarting')
-            relay.failAll(new GW_ERR_BACKEND_UNAVAILABLE(server, `backend stopped (${info.reason}); restarting`))
-          },
-          onGone: reason => {
-            log.warn({ reason }, 'pooled backend gone')
-            this.#forget(conn)
-            relay.failAll(new GW_ERR_BACKEND_UNAVAILABLE(server, reason))
-          }
-        }, {
-          protocolVersion: LATEST_VERSION,
-          // Streamable HTTP backends send list_changed on their GET stream: listen streams need it.
-          listen: true,
-          ...(this.#o.upstream !== undefined ? { upstream: this.#o.upstream(tenant, server) } : {})
-        })
-        const info = await this.#initialise(conn)
-        group.info ??= info
-        group.connections.push(conn)
-        log.info({ protocolVersion: info.protocolVersion }, 'pooled backend connection ready')
-        return conn
-      } catch (err) {
-        await this.#o.backends.stop(id).catch(() => {})
-        throw isGatewayError(err) ? err : new GW_ERR_BACKEND_UNAVAILABLE(server, err instanceof Error ? err.message : String(err), { cause: err })
-      } finally {
-        group.opening--
-      }
-    })()
-    return await conn.ready
+    const conn: Connection = { id, server, tenant, relay, lastUsed: performance.now(), claims: claim ? 1 : 0, subscriptions: new Map() }
+    try {
+      relay.backend = await this.#o.backends.open(id, server, {
+        onMessage: message => { relay.fromBackend(message).catch(err => log.error({ err }, 'backend message not routed')) },
+        onRestarting: info => {
+          log.warn({ reason: info.reason, attempt: info.attempt }, 'pooled backend restarting')
+          relay.failAll(new GW_ERR_BACKEND_UNAVAILABLE(server, `backend stopped (${info.reason}); restarting`))
+        },
+        onGone: reason => {
+          log.warn({ reason }, 'pooled backend gone')
+          this.#forget(conn)
+          relay.failAll(new GW_ERR_BACKEND_UNAVAILABLE(server, reason))
+        }
+      }, {
+        protocolVersion: LATEST_VERSION,
+        // Streamable HTTP backends send list_changed on their GET stream: listen streams need it.
+        listen: true,
+        ...(this.#o.upstream !== undefined ? { upstream: this.#o.upstream(tenant, server) } : {})
+      })
+      const info = await this.#initialise(conn)
+      group.info ??= info
+      group.connections.push(conn)
+      log.info({ protocolVersion: info.protocolVersion }, 'pooled backend connection ready')
+      return conn
+    } catch (err) {
+      await this.#o.backends.stop(id).catch(() => {})
+      throw isGatewayError(err) ? err : new GW_ERR_BACKEND_UNAVAILABLE(server, err instanceof Error ? err.message : String(err), { cause: err })
+    }
   }
 
   /** initialize + notifications/initialized on a new connection, through its relay (captured for restarts). */

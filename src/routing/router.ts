@@ -7,11 +7,10 @@
 //   streams.ts    client streams held here (append/wake, writers, holder leases)
 //   ownership.ts  relays owned here, leases, liveness, takeover of direct sessions
 //   relay.ts      one backend session: id mapping, in flight, progress, server requests
-import { audit } from '../telemetry/audit.js'
-import { toolNameOf, type ToolPolicyLookup } from '../auth/tool-policy.js'
+import { refusedCall, type ToolPolicyLookup } from '../auth/tool-policy.js'
 import {
   GW_ERR_BACKEND_LOST, GW_ERR_SERVER_NOT_FOUND, GW_ERR_SESSION_NOT_FOUND, GW_ERR_SHUTTING_DOWN, GW_ERR_STORE_UNAVAILABLE,
-  GW_ERR_UNKNOWN_TOOL, toJsonRpcError
+  toJsonRpcError
 } from '../core/errors.js'
 import type { ServerSource } from '../config/live.js'
 import type { IncomingHttpHeaders } from 'node:http'
@@ -272,13 +271,9 @@ export class Router {
 
   /** A tools/call the tenant's tool policy denies is answered here, as an unknown tool (tool-policy.ts). */
   #refusedByToolPolicy (record: SessionRecord, request: JsonRpcRequest, streamId: string): boolean {
-    if (request.method !== 'tools/call') return false
-    const policy = this.#o.toolPolicy?.(record.tenant, record.server) ?? null
-    const tool = toolNameOf(request.params) ?? ''
-    if (policy === null || policy.allows(tool)) return false
-    audit(this.#o.log, 'tools.call', { tenant: record.tenant ?? null, subject: record.subjectDigest, server: record.server, tool: tool.slice(0, 128), outcome: 'denied', ms: 0 })
-    this.#streams.append(record.id, streamId, toJsonRpcError(new GW_ERR_UNKNOWN_TOOL(tool), request.id))
-      .catch(err => this.#o.log.warn({ err }, 'tool policy refusal not delivered'))
+    const refusal = refusedCall(this.#o.toolPolicy, { tenant: record.tenant, subject: record.subjectDigest, server: record.server }, request, this.#o.log)
+    if (refusal === null) return false
+    this.#streams.append(record.id, streamId, refusal).catch(err => this.#o.log.warn({ err }, 'tool policy refusal not delivered'))
     return true
   }
 

@@ -19,8 +19,6 @@ export function isValidSessionId (sid: string): boolean {
   return SESSION_ID.test(sid)
 }
 
-const who = principalOfRecord
-
 export type NewSession = Omit<SessionRecord, 'id' | 'createdAt' | 'backendSessionId'>
 
 export interface SessionsOptions extends ReplicaContext {
@@ -64,7 +62,7 @@ export class Sessions {
       await this.#o.store.delete(record.id).catch(() => {})
       throw err
     }
-    audit(this.#o.log, 'session.created', { ...who(record), server: record.server, transport: record.transport, session: shortHash(record.id) })
+    audit(this.#o.log, 'session.created', { ...principalOfRecord(record), server: record.server, transport: record.transport, session: shortHash(record.id) })
     return record
   }
 
@@ -97,7 +95,7 @@ export class Sessions {
     // Once per session: a second end (another replica, a race) finds it deleted. A record that
     // expired (idle timeout) is gone already: then the owner of its backend tells who it was.
     const relay = this.#o.ownership.local(sid)
-    if (existed && record !== null) audit(this.#o.log, 'session.ended', { ...who(record), server: record.server, reason, session: shortHash(sid) })
+    if (existed && record !== null) audit(this.#o.log, 'session.ended', { ...principalOfRecord(record), server: record.server, reason, session: shortHash(sid) })
     else if (record === null && relay?.isOwner === true) audit(this.#o.log, 'session.ended', { ...relay.principal, server: relay.server, reason, session: shortHash(sid) })
     await this.#o.eventLog.deleteSession(sid)
     const server = record?.server ?? relay?.server
