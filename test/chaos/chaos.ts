@@ -92,7 +92,11 @@ export async function runChaos (t: Test, options: ChaosOptions): Promise<ChaosFi
     }
     const session: Session = { index, http, client, sent: new Set(), answered: new Map(), firstAnswers: new Map(), createdBeforeChaos, renewed: false }
     // What the transport gives up on (a resume that failed its last retry) explains an unanswered call.
-    transport.onerror = (err: Error) => { if (/Maximum reconnection|Failed to reconnect/.test(err.message)) event(`transport of session ${index}: ${err.message.slice(0, 200)}`) }
+    const onerror = transport.onerror
+    transport.onerror = (err: Error) => {
+      if (/Maximum reconnection|Failed to reconnect/.test(err.message)) event(`transport of session ${index}: ${err.message.slice(0, 200)}`)
+      onerror?.call(transport, err)
+    }
     // Every response the transport hands the client is counted by id: twice is a duplicate,
     // an id this client never sent is misrouted.
     const deliver = transport.onmessage

@@ -27,11 +27,11 @@ export async function startGateway (t: Test, raw: Record<string, unknown>, optio
   const config = parseConfig({ listen: { host: '127.0.0.1', port: 0 }, log: { level: process.env.TEST_LOG_LEVEL ?? 'silent' }, ...raw })
   const gateway = await buildGateway(config, { log: createLogger(config.log.level, options.replicaId ?? 'test'), ...options })
   const address = await gateway.app.listen({ host: '127.0.0.1', port: 0 })
-  let closed = false
+  // Every caller, the teardown included, waits for the one close (a test may start it itself).
+  let closing: Promise<void> | undefined
   const close = async (): Promise<void> => {
-    if (closed) return
-    closed = true
-    await gateway.close()
+    closing ??= gateway.close()
+    await closing
   }
   t.teardown(close)
   return { url: address, config, gateway, close }

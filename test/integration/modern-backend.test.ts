@@ -48,8 +48,7 @@ t.test('modern backend: probed once, relayed as is, MRTR passes through, cancel 
   await eventually('the slow call reached the backend', () => upstream.requests.some(r => JSON.stringify(r.body).includes('cancel-me')) ? true : undefined)
   abort.abort()
   await pending
-  await eventually('the backend saw its request cancelled', () => upstream.aborted.includes('cancel-me') ? true : undefined)
-  t.ok(upstream.aborted.includes('cancel-me'), 'closing the response cancelled the upstream request')
+  t.ok(await eventually('the backend saw its request cancelled', () => upstream.aborted.includes('cancel-me') ? true : undefined).catch(() => false), 'closing the response cancelled the upstream request')
 
 })
 

@@ -57,9 +57,11 @@ t.test('stateless calls and MRTR rounds alternate between replicas; every call c
   }
   t.match(textOf(await client.callTool({ name: 'elicit', arguments: { message: 'ok?' } })), /"action":"accept"/, 'elicitation across replicas')
 
+  // The audit lines come over each replica's stdout, the answers over sockets: wait for the lines.
+  const completedLines = (): Array<Record<string, unknown>> => replicas.flatMap(r => r.logs).filter(l => l.audit === 'tools.call' && l.tool === 'sample' && l.outcome === 'ok')
+  await eventually('the audit lines of the four sampling calls', () => completedLines().length >= 4 ? true : undefined).catch(() => {})
   const logs = replicas.flatMap(r => r.logs)
-  const completed = logs.filter(l => l.audit === 'tools.call' && l.tool === 'sample' && l.outcome === 'ok')
-  t.equal(completed.length, 4, 'each sampling call completed exactly once on the backend')
+  t.equal(completedLines().length, 4, 'each sampling call completed exactly once on the backend')
   const resumed = logs.filter(l => l.msg === 'input_required retry resumed for a client of another replica')
   t.ok(resumed.length >= 4, `retries that landed on the other replica were forwarded to the parking one (${resumed.length})`)
 })
