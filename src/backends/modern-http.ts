@@ -9,7 +9,7 @@ import { randomBytes } from 'node:crypto'
 import type { Dispatcher } from 'undici'
 import type { HttpServerConfig } from '../config/schema.js'
 import { GW_ERR_BACKEND_TIMEOUT, GW_ERR_BACKEND_UNAVAILABLE } from '../core/errors.js'
-import { isRecord } from '../core/jsonrpc.js'
+import { classify, isRecord, type JsonRpcResponse } from '../core/jsonrpc.js'
 import { MODERN_VERSION, META_CLIENT_CAPABILITIES, META_CLIENT_INFO, META_PROTOCOL_VERSION } from '../core/protocol-version.js'
 import { describe, dispatcherFor, drain, readText, sseDataLines } from './http-io.js'
 
@@ -57,12 +57,12 @@ async function probeEra (server: string, config: HttpServerConfig, headers: Reco
   try {
     text = await readText(res.body, PROBE_BODY_MAX)
   } catch {}
-  const message = lastJsonRpc(text)
-  if (status === 200 && message !== null && isRecord(message.result)) {
+  const message = finalResponse(text)
+  if (status === 200 && message !== null && 'result' in message && isRecord(message.result)) {
     const versions = message.result.supportedVersions
     return Array.isArray(versions) && versions.some(v => typeof v === 'string' && v >= MODERN_VERSION) ? 'modern' : 'legacy'
   }
-  if (status === 400 && message !== null && isRecord(message.error)) {
+  if (status === 400 && message !== null && 'error' in message) {
     const code = message.error.code
     if (code === -32022 || code === -32020 || code === -32602 || code === -32021) return 'modern'
   }
@@ -96,13 +96,18 @@ export async function eraOf (server: string, config: HttpServerConfig, headers: 
   return await era
 }
 
-/** The last JSON-RPC message of a JSON or SSE body, if any. */
-function lastJsonRpc (text: string): Record<string, unknown> | null {
+/**
+ * The answer in a modern backend's response body read whole: a JSON body, or the last JSON-RPC
+ * response among the SSE events. A modern SSE response carries notifications about its request,
+ * then the final response (SPEC.md H-26-5): a notification is never the answer, even one standing
+ * last (after the response, or in a body cut short). Null when the body holds no response.
+ */
+export function finalResponse (text: string): JsonRpcResponse | null {
   const candidates = text.trimStart().startsWith('{') ? [text] : sseDataLines(text)
   for (const candidate of candidates.reverse()) {
     try {
-      const value: unknown = JSON.parse(candidate)
-      if (isRecord(value) && value.jsonrpc === '2.0') return value
+      const c = classify(JSON.parse(candidate))
+      if (c.kind === 'response') return c.message
     } catch {}
   }
   return null

@@ -34,9 +34,9 @@ import { Exchange } from './modern-exchange.js'
 import type { ServerSource } from '../config/live.js'
 import type { HttpServerConfig } from '../config/schema.js'
 import type { UpstreamLookup } from '../routing/ownership.js'
-import { eraOf, modernRequestHeaders, relayModern, type BackendEra } from '../backends/modern-http.js'
+import { eraOf, finalResponse, modernRequestHeaders, relayModern, type BackendEra } from '../backends/modern-http.js'
 import { upstreamBaseHeaders } from '../backends/http-base.js'
-import { MAX_BODY_BYTES, readText, sseDataLines } from '../backends/http-io.js'
+import { MAX_BODY_BYTES, readText } from '../backends/http-io.js'
 
 export type { Peers } from './modern-response.js'
 export { MAX_PARKED_PER_PRINCIPAL } from './modern-exchange.js'
@@ -147,17 +147,10 @@ export class ModernFace {
     const contentType = String(upstream.headers['content-type'] ?? 'application/json')
     const policy = message.method === 'tools/list' ? this.#o.toolPolicy?.(req.principal.tenant, server) ?? null : null
     if (policy !== null) {
-      const text = await readText(upstream.body, MAX_BODY_BYTES)
-      const answer = contentType.includes('text/event-stream')
-        ? sseDataLines(text).reverse().find(l => l.includes('"result"') || l.includes('"error"'))
-        : text
-      let parsed: Record<string, unknown> | null = null
-      try {
-        if (answer !== undefined) parsed = JSON.parse(answer) as Record<string, unknown>
-      } catch {}
-      if (parsed === null || typeof parsed !== 'object') throw new GW_ERR_BACKEND_UNAVAILABLE(server, 'no readable answer to tools/list')
-      if (isRecord(parsed.result)) parsed.result = filterToolsList(parsed.result, policy)
-      reply.code(upstream.statusCode).type('application/json').send(parsed)
+      let answer = finalResponse(await readText(upstream.body, MAX_BODY_BYTES))
+      if (answer === null) throw new GW_ERR_BACKEND_UNAVAILABLE(server, 'no readable answer to tools/list')
+      if ('result' in answer && isRecord(answer.result)) answer = { ...answer, result: filterToolsList(answer.result, policy) }
+      reply.code(upstream.statusCode).type('application/json').send(answer)
       return
     }
     reply.hijack()

@@ -8,9 +8,9 @@ import { Client as ClientV2, StreamableHTTPClientTransport as TransportV2 } from
 import { Client as ClientV1 } from '@modelcontextprotocol/sdk/client/index.js'
 import { StreamableHTTPClientTransport as TransportV1 } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
 import { ElicitRequestSchema } from '@modelcontextprotocol/sdk/types.js'
-import t from 'tap'
+import t, { type Test } from 'tap'
 import { startModernUpstream } from '../fixtures/modern-upstream.js'
-import { startStreamableUpstream } from '../fixtures/http-upstreams.js'
+import { listen, readBody, startStreamableUpstream } from '../fixtures/http-upstreams.js'
 import { startGateway } from '../helpers/gateway.js'
 import { bearer, newKey, PUBLIC_URL } from '../helpers/auth.js'
 import { eventually, textOf } from '../helpers/wait.js'
@@ -133,4 +133,55 @@ t.test('tenants in front of a modern backend: no credential passthrough, tool po
   }
   t.equal(called[0]?.headers['x-tenant-token'], 'acme-upstream', "the tenant's upstream header does")
   t.notOk(upstream.requests.some(r => JSON.stringify(r.body).includes('"secret"') && (r.body as { method?: string }).method === 'tools/call'), 'the denied call never reached the backend')
+})
+
+/**
+ * A raw modern-only server whose SSE answers end with a log notification (level "error") after the
+ * response; a 2025 request gets -32022. Records the methods it was sent.
+ */
+async function startTrailingUpstream (t: Test): Promise<{ url: string, methods: string[] }> {
+  const methods: string[] = []
+  const results: Record<string, unknown> = {
+    'server/discover': { resultType: 'complete', supportedVersions: [V], capabilities: { tools: {} } },
+    'tools/list': { resultType: 'complete', tools: ['open', 'secret'].map(name => ({ name, inputSchema: { type: 'object' } })) }
+  }
+  const http = await listen((req, res) => {
+    void readBody(req).then(text => {
+      const body = JSON.parse(text) as { id?: unknown, method: string }
+      methods.push(body.method)
+      const result = results[body.method]
+      if (result === undefined) {
+        res.writeHead(400, { 'content-type': 'application/json' })
+        res.end(JSON.stringify({ jsonrpc: '2.0', id: body.id ?? null, error: { code: -32022, message: 'Unsupported protocol version', data: { supported: [V] } } }))
+        return
+      }
+      const event = (message: unknown): string => `event: message\ndata: ${JSON.stringify(message)}\n\n`
+      const log = event({ jsonrpc: '2.0', method: 'notifications/message', params: { level: 'error', data: 'after the answer' } })
+      res.writeHead(200, { 'content-type': 'text/event-stream' })
+      res.end(log + event({ jsonrpc: '2.0', id: body.id, result }) + log)
+    })
+  })
+  t.teardown(http.close)
+  return { url: `${http.url}/mcp`, methods }
+}
+
+t.test('the answer in a modern SSE body is its response, not a notification after it (SPEC H-26-5)', async t => {
+  const upstream = await startTrailingUpstream(t)
+  const key = newKey('bot')
+  const gw = await startGateway(t, {
+    auth: { publicUrl: PUBLIC_URL },
+    tenants: { acme: { apiKeys: [key.entry], servers: { probed: {}, pinned: { tools: { deny: ['secret'] } } } } },
+    servers: {
+      probed: { transport: 'streamable-http', url: upstream.url },
+      pinned: { transport: 'streamable-http', url: upstream.url, protocol: 'modern' }
+    }
+  })
+  const toolsIn = async (server: string, id: number): Promise<unknown> => {
+    const answer = await modernPost(`${gw.url}/mcp/${server}`, 'tools/list', { _meta: meta }, id, bearer(key.key))
+    const response = answer.messages.find(m => m.id === id) as { result?: { tools?: Array<{ name: string }> } } | undefined
+    return response?.result?.tools?.map(tool => tool.name)
+  }
+  t.same(await toolsIn('probed', 1), ['open', 'secret'], 'the probe read the discover response: a modern server, relayed as it is')
+  t.notOk(upstream.methods.includes('initialize'), 'never taken for a 2025 server')
+  t.same(await toolsIn('pinned', 2), ['open'], 'under a tool policy the response is read, filtered and sent: the trailing log line is not the answer')
 })
