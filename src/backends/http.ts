@@ -5,7 +5,7 @@ import { GW_ERR_CONFIG_INVALID } from '../core/errors.js'
 import { LegacySseBackend } from './legacy-sse.js'
 import { StreamableHttpBackend } from './streamable-http.js'
 import { ModernSessionBackend } from './modern-session.js'
-import { eraOf, type BackendEra } from './modern-http.js'
+import { configuredEra, eraOf, type BackendEra } from './modern-http.js'
 import { upstreamBaseHeaders } from './http-base.js'
 import type { HttpServerConfig } from '../config/schema.js'
 
@@ -29,14 +29,14 @@ export async function openHttpBackend (options: HttpBackendOpenOptions): Promise
 
 /**
  * Which way a client session reaches a Streamable HTTP server: `modern` bridges it to a server that
- * speaks only 2026-07-28 (modern-session.ts). `auto` uses the probe (modern-http.ts eraOf, once per
- * server config); a probe that finds nothing (unreachable, 5xx, auth) opens the session the 2025
- * way, whose own errors then reach the client. A session resumed on another replica (it has a
- * backend session id) is a 2025 one. A hand-built config without `protocol` is legacy.
+ * speaks only 2026-07-28 (modern-session.ts). Where `protocol` names no era (configuredEra: `auto`,
+ * or no setting) the probe decides (modern-http.ts eraOf, once per server config); a probe that
+ * finds nothing (unreachable, 5xx, auth) opens the session the 2025 way, whose own errors then
+ * reach the client. A session resumed on another replica (it has a backend session id) is a 2025 one.
  */
 async function sessionEra (options: HttpBackendOpenOptions, config: HttpServerConfig): Promise<BackendEra> {
-  const protocol = config.protocol ?? 'legacy'
-  if (protocol !== 'auto') return protocol
+  const configured = configuredEra(config)
+  if (configured !== null) return configured
   if (options.backendSessionId != null) return 'legacy'
   try {
     return await eraOf(options.server, config, () => upstreamBaseHeaders(config, options.upstream, options.forwardedHeaders ?? {}))

@@ -82,11 +82,20 @@ function urlOf (config: HttpServerConfig): URL {
 const eras = new WeakMap<HttpServerConfig, Promise<BackendEra>>()
 
 /**
- * The era a Streamable HTTP server speaks: its `protocol` when set, else probed once (see probeEra)
- * and kept; a failed probe is forgotten, so the next call probes again.
+ * The era a server's `protocol` setting names, or null where the probe decides: `auto`, and no
+ * setting at all, which means the same (the schema's default; a config built by hand may lack it).
+ */
+export function configuredEra (config: HttpServerConfig): BackendEra | null {
+  return config.protocol === 'legacy' || config.protocol === 'modern' ? config.protocol : null
+}
+
+/**
+ * The era a Streamable HTTP server speaks: the one its `protocol` names (configuredEra), else probed
+ * once (see probeEra) and kept; a failed probe is forgotten, so the next call probes again.
  */
 export async function eraOf (server: string, config: HttpServerConfig, headers: () => Record<string, string>): Promise<BackendEra> {
-  if (config.protocol === 'legacy' || config.protocol === 'modern') return config.protocol
+  const configured = configuredEra(config)
+  if (configured !== null) return configured
   let era = eras.get(config)
   if (era === undefined) {
     era = probeEra(server, config, headers())

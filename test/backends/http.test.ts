@@ -24,6 +24,8 @@ function httpConfig (url: string, overrides: Partial<HttpServerConfig> = {}): Ht
   return {
     transport: 'streamable-http',
     url,
+    // These tests are about the 2025 transports: no era probe before the session.
+    protocol: 'legacy',
     headers: {},
     forwardHeaders: [],
     maxSessions: 100,
