@@ -253,6 +253,7 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
     toolPolicy,
     peers: { replicaId, send: async (replica, envelope) => { await router.sendEnvelope(replica, envelope) }, isAlive: async replica => await router.isAlive(replica) },
     forwardTimeoutMs: PARKED_CALL_TTL_MS * 2,
+    keepAliveMs: config.http.keepAliveMs,
     listenRegistry: services.store,
     log
   })

@@ -9,9 +9,6 @@ import { toJsonRpcError, type GatewayError } from '../core/errors.js'
 import type { JsonRpcMessage, RequestId } from '../core/jsonrpc.js'
 import type { Envelope } from '../state/bus.js'
 
-/** SSE comment keep-alives on a long response or listen stream. */
-export const KEEPALIVE_MS = 15_000
-
 /** What the face needs of the other replicas: an MRTR retry goes to the replica holding its call. */
 export interface Peers {
   replicaId: string
@@ -35,14 +32,17 @@ export interface ResponseSink {
 export class ModernResponse implements ResponseSink {
   readonly #res: ServerResponse
   readonly #headers: Record<string, string>
+  readonly #keepAliveMs: number
   #sse = false
   #done = false
   #keepAlive: NodeJS.Timeout | undefined
   onClientGone: (() => void) | undefined
 
-  constructor (res: ServerResponse, headers: Record<string, string>) {
+  /** `keepAliveMs`: the SSE comment keep-alive interval once the response streams (http.keepAliveMs). */
+  constructor (res: ServerResponse, headers: Record<string, string>, keepAliveMs: number) {
     this.#res = res
     this.#headers = headers
+    this.#keepAliveMs = keepAliveMs
     const socket = res.socket
     // The client may have gone while the request waited for a backend connection.
     if (socket === null || socket.destroyed) this.#done = true
@@ -64,7 +64,7 @@ export class ModernResponse implements ResponseSink {
     if (!this.#sse) {
       this.#sse = true
       this.#res.writeHead(200, { ...this.#headers, 'content-type': 'text/event-stream', 'cache-control': 'no-cache, no-transform', 'x-accel-buffering': 'no' })
-      this.#keepAlive = setInterval(() => { if (!this.#done) this.#res.write(': keepalive\n\n') }, KEEPALIVE_MS)
+      this.#keepAlive = setInterval(() => { if (!this.#done) this.#res.write(': keepalive\n\n') }, this.#keepAliveMs)
       this.#keepAlive.unref()
     }
     this.#res.write(`event: message\ndata: ${JSON.stringify(message)}\n\n`)

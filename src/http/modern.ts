@@ -29,7 +29,7 @@ import {
   trimOws, type ModernHeaders
 } from './modern-rules.js'
 import { clientHeaders, header, replyHeaders } from './request.js'
-import { KEEPALIVE_MS, ModernResponse, RemoteResponse, type Peers } from './modern-response.js'
+import { ModernResponse, RemoteResponse, type Peers } from './modern-response.js'
 import { Exchange } from './modern-exchange.js'
 import type { ServerSource } from '../config/live.js'
 import type { HttpServerConfig } from '../config/schema.js'
@@ -63,6 +63,8 @@ export interface ModernFaceOptions {
   toolPolicy?: ToolPolicyLookup
   /** How long a forwarded retry waits for the replica holding its call to answer. */
   forwardTimeoutMs: number
+  /** SSE comment keep-alive interval of streamed responses and listen streams (http.keepAliveMs). */
+  keepAliveMs: number
   /** Which replicas hold listen streams of a server and tenant (the session store). */
   listenRegistry: Pick<SessionStore, 'addListener' | 'listeners'>
   log: Logger
@@ -213,7 +215,7 @@ export class ModernFace {
     // A replica that is gone took the call with it: the client starts over.
     if (!await peers.isAlive(replica)) throw new GW_ERR_BACKEND_LOST('the backend call', `replica ${replica} holding it is gone`)
     reply.hijack()
-    const out = new ModernResponse(reply.raw, replyHeaders(reply))
+    const out = new ModernResponse(reply.raw, replyHeaders(reply), this.#o.keepAliveMs)
     const ticket = `${peers.replicaId}.${++this.#seq}`
     const timeoutMs = this.#o.forwardTimeoutMs
     const started = Date.now()
@@ -342,7 +344,7 @@ export class ModernFace {
       this.#listeners.set(key, set = new Set())
       this.#register(key)
     }
-    const keepAlive = setInterval(() => { if (!res.writableEnded) res.write(': keepalive\n\n') }, KEEPALIVE_MS)
+    const keepAlive = setInterval(() => { if (!res.writableEnded) res.write(': keepalive\n\n') }, this.#o.keepAliveMs)
     keepAlive.unref()
     const listener: Listener = {
       principal: req.principal.key,
@@ -416,7 +418,7 @@ export class ModernFace {
     const parked = params.requestState !== undefined ? this.#takeParked(message, params, req.principal.key) : null
     const info = await this.#o.pool.info(server, tenant)
     reply.hijack()
-    const out = new ModernResponse(reply.raw, replyHeaders(reply))
+    const out = new ModernResponse(reply.raw, replyHeaders(reply), this.#o.keepAliveMs)
     // inputResponses on a first call (no requestState) answer the backend's asks by key as they come.
     const preAnswers = parked === null && isRecord(params.inputResponses) ? params.inputResponses : {}
     const exchange = new Exchange(this.#o.parked, out, message, envelope, server, req.principal.key, info.serverInfo, preAnswers)

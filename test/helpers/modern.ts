@@ -20,10 +20,10 @@ export interface Answer {
   messages: Array<Record<string, unknown>>
 }
 
-/** POSTs one modern request (Mcp-Name from params.name or params.uri) and reads the whole answer. */
-export async function modernPost (url: string, method: string, params: Record<string, unknown>, id: number | string = 1, headers: Record<string, string> = {}, signal?: AbortSignal): Promise<Answer> {
+/** POSTs one modern request (Mcp-Name from params.name or params.uri); the response, unread. */
+export async function modernFetch (url: string, method: string, params: Record<string, unknown>, id: number | string = 1, headers: Record<string, string> = {}, signal?: AbortSignal): Promise<Response> {
   const name = typeof params.name === 'string' ? params.name : typeof params.uri === 'string' ? params.uri : undefined
-  const res = await fetch(url, {
+  return await fetch(url, {
     method: 'POST',
     ...(signal !== undefined ? { signal } : {}),
     headers: {
@@ -36,6 +36,11 @@ export async function modernPost (url: string, method: string, params: Record<st
     },
     body: JSON.stringify({ jsonrpc: '2.0', id, method, params })
   })
+}
+
+/** POSTs one modern request (see modernFetch) and reads the whole answer. */
+export async function modernPost (url: string, method: string, params: Record<string, unknown>, id: number | string = 1, headers: Record<string, string> = {}, signal?: AbortSignal): Promise<Answer> {
+  const res = await modernFetch(url, method, params, id, headers, signal)
   const contentType = res.headers.get('content-type') ?? ''
   const text = await res.text()
   const messages: Array<Record<string, unknown>> = []

@@ -12,7 +12,7 @@ import { startStreamableUpstream } from '../fixtures/http-upstreams.js'
 import { startGateway, stdioFixture } from '../helpers/gateway.js'
 import { eventually, textOf } from '../helpers/wait.js'
 import { MAX_PARKED_PER_PRINCIPAL } from '../../src/http/modern.js'
-import { envelope, last, MODERN_VERSION, modernPost, resultOf, type Answer } from '../helpers/modern.js'
+import { envelope, last, MODERN_VERSION, modernFetch, modernPost, resultOf, type Answer } from '../helpers/modern.js'
 
 const V = MODERN_VERSION
 
@@ -219,6 +219,28 @@ t.test('Streamable HTTP backend: modern requests run on a pooled backend session
   for (let i = 0; i < 5; i++) await client.callTool({ name: 'echo', arguments: { message: 'again' } })
   t.equal(upstream.sessions.size, opened, 'sequential calls reuse the pooled sessions: no session per request')
   t.equal(textOf(await client.callTool({ name: 'ask-sampling', arguments: {} })), 'sampled: model says: say something', 'sampling bridged from an HTTP backend')
+})
+
+t.test('http.keepAliveMs paces the SSE keep-alives of a streamed answer and of a listen stream', async t => {
+  const gw = await startGateway(t, { http: { keepAliveMs: 1000 }, servers: { full: stdioFixture('full-server', [], { poolSize: 1 }) } })
+  const url = `${gw.url}/mcp/full`
+  /** The raw text of a streamed response, read for `ms` (comments included), then the stream is closed. */
+  const streamed = async (method: string, params: Record<string, unknown>, ms: number): Promise<string> => {
+    const abort = new AbortController()
+    const res = await modernFetch(url, method, params, 1, {}, abort.signal)
+    t.match(res.headers.get('content-type'), /^text\/event-stream/, `${method} streams`)
+    const timer = setTimeout(() => { abort.abort() }, ms)
+    let text = ''
+    try {
+      for await (const chunk of res.body ?? []) text += Buffer.from(chunk as Uint8Array).toString()
+    } catch {} finally { clearTimeout(timer) }
+    return text
+  }
+  // The first progress step makes the answer a stream; the next step comes 2.5 s later.
+  const call = streamed('tools/call', { name: 'progress', arguments: { steps: 2, delayMs: 2500 }, _meta: envelope({}, { progressToken: 'p' }) }, 2000)
+  const listen = streamed('subscriptions/listen', { notifications: { toolsListChanged: true }, _meta: envelope() }, 2000)
+  t.match(await call, /^: keepalive$/m, 'a keep-alive on the answer stream within 2 s (the default would wait 15 s)')
+  t.match(await listen, /^: keepalive$/m, 'and on the listen stream')
 })
 
 t.test('one caller may not park more than its share of calls: 429 with Retry-After, the others still served', async t => {
