@@ -9,7 +9,7 @@
 //   that dies mid-session leaks nothing. The take itself is atomic (one script), so replicas
 //   racing for the last slot cannot both win.
 import type { TenantLimitsConfig } from '../config/schema.js'
-import { GW_ERR_SESSION_QUOTA } from '../core/errors.js'
+import { GW_ERR_SESSION_QUOTA, type GatewayError } from '../core/errors.js'
 import { quotaKey } from '../state/redis/keys.js'
 import { storeCall, type Redis } from '../state/redis/client.js'
 import { defineLimitScripts } from '../state/redis/limit-scripts.js'
@@ -133,6 +133,11 @@ export type IsLive = (sid: string) => Promise<boolean>
 
 /** How many times a full set is pruned and the take retried before the answer is 429. */
 const ATTEMPTS = 3
+/**
+ * Retry-After of a quota refusal. A slot frees when one of the sessions ends (a DELETE, or its idle
+ * expiry), which no one can foretell: this only spaces the retries, as every 429 names a wait.
+ */
+const QUOTA_RETRY_AFTER_S = 30
 
 /** The quota rule over a SessionQuotas twin: what session creation calls. */
 export class QuotaGate {
@@ -162,7 +167,9 @@ export class QuotaGate {
       const dead = await this.#deadOf(result.members.filter(m => m !== sid))
       if (dead.length === 0 || attempt === ATTEMPTS) {
         const limit = result.scope === 'tenant' ? limits.perTenant : limits.perSubject
-        throw new GW_ERR_SESSION_QUOTA(result.scope === 'tenant' ? `tenant '${tenant}'` : 'subject', limit ?? 0)
+        const err: GatewayError = new GW_ERR_SESSION_QUOTA(result.scope === 'tenant' ? `tenant '${tenant}'` : 'subject', limit ?? 0)
+        err.retryAfter = QUOTA_RETRY_AFTER_S
+        throw err
       }
       await this.#quotas.drop(tenant, subject, dead)
     }

@@ -97,7 +97,7 @@ export const JSONRPC_CODE: Record<string, number> = {
 export interface GatewayError extends Error {
   code: string
   statusCode?: number
-  /** Whole seconds, sent as Retry-After (503, 429). */
+  /** Whole seconds, sent as Retry-After (503, 429) and as `retryAfter` in the JSON-RPC error's data. */
   retryAfter?: number
   /** Sent as WWW-Authenticate (401 challenges, RFC 6750 section 3). */
   wwwAuthenticate?: string
@@ -119,7 +119,12 @@ export function jsonRpcCodeOf (err: GatewayError): number {
   return JSONRPC_CODE[err.code] ?? -32603
 }
 
-/** Renders a gateway error as the JSON-RPC error a client sees. */
+/**
+ * Renders a gateway error as the JSON-RPC error a client sees. Its retryAfter goes in `data` too:
+ * the body is all that reaches the replica writing a forwarded answer (an `mrtr-out` envelope),
+ * which makes its Retry-After header from it (http/modern-response.ts).
+ */
 export function toJsonRpcError (err: GatewayError, id: RequestId | null): JsonRpcFailure {
-  return errorResponse(id, jsonRpcCodeOf(err), err.message, { ...err.data, source: 'gateway', code: err.code })
+  const retry = err.retryAfter !== undefined ? { retryAfter: err.retryAfter } : {}
+  return errorResponse(id, jsonRpcCodeOf(err), err.message, { ...err.data, ...retry, source: 'gateway', code: err.code })
 }

@@ -6,7 +6,7 @@
 // status for the spec's 400/404 errors), SSE as soon as a notification comes first.
 import type { ServerResponse } from 'node:http'
 import { toJsonRpcError, type GatewayError } from '../core/errors.js'
-import type { JsonRpcMessage, RequestId } from '../core/jsonrpc.js'
+import { isRecord, type JsonRpcMessage, type RequestId } from '../core/jsonrpc.js'
 import type { Envelope } from '../state/bus.js'
 
 /** What the face needs of the other replicas: an MRTR retry goes to the replica holding its call. */
@@ -70,8 +70,12 @@ export class ModernResponse implements ResponseSink {
     this.#res.write(`event: message\ndata: ${JSON.stringify(message)}\n\n`)
   }
 
-  /** The final message; `status` (and `extra` headers) apply only while nothing was streamed yet. */
-  finish (message: JsonRpcMessage, status = 200, extra: Record<string, string> = {}): void {
+  /**
+   * The final message; `status` applies only while nothing was streamed yet. A 429 or 503 carries
+   * the Retry-After its error names (retryAfterOf), whether the error was made here or came over
+   * the bus from the replica holding a forwarded call.
+   */
+  finish (message: JsonRpcMessage, status = 200): void {
     if (this.#done) return
     this.#done = true
     clearInterval(this.#keepAlive)
@@ -80,13 +84,21 @@ export class ModernResponse implements ResponseSink {
       this.#res.end(`event: message\ndata: ${text}\n\n`)
       return
     }
+    const extra = status === 429 || status === 503 ? retryAfterOf(message) : {}
     this.#res.writeHead(status, { ...this.#headers, ...extra, 'content-type': 'application/json', 'content-length': String(Buffer.byteLength(text)) })
     this.#res.end(text)
   }
 
   fail (err: GatewayError, id: RequestId | null): void {
-    this.finish(toJsonRpcError(err, id), err.statusCode ?? 500, err.retryAfter !== undefined ? { 'retry-after': String(err.retryAfter) } : {})
+    this.finish(toJsonRpcError(err, id), err.statusCode ?? 500)
   }
+}
+
+/** The Retry-After header of a gateway error's answer: from `data.retryAfter` (see toJsonRpcError). */
+function retryAfterOf (message: JsonRpcMessage): Record<string, string> {
+  const data = 'error' in message && isRecord(message.error.data) ? message.error.data : {}
+  const seconds = data.retryAfter
+  return typeof seconds === 'number' && Number.isInteger(seconds) && seconds > 0 ? { 'retry-after': String(seconds) } : {}
 }
 
 /** A response on another replica: what the exchange writes goes there over the bus (mrtr-out). */

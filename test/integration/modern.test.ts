@@ -8,7 +8,11 @@ import { Client as ClientV2, StreamableHTTPClientTransport as TransportV2 } from
 import { Client as ClientV1 } from '@modelcontextprotocol/sdk/client/index.js'
 import { StreamableHTTPClientTransport as TransportV1 } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
 import t, { type Test } from 'tap'
+import { CreateMessageResultSchema, type CreateMessageRequest } from '@modelcontextprotocol/sdk/types.js'
 import { startStreamableUpstream } from '../fixtures/http-upstreams.js'
+import { MemoryBusHub } from '../../src/state/bus-memory.js'
+import { MemoryEventLog } from '../../src/state/event-log-memory.js'
+import { MemorySessionStore } from '../../src/state/session-store-memory.js'
 import { startGateway, stdioFixture } from '../helpers/gateway.js'
 import { eventually, textOf } from '../helpers/wait.js'
 import { MAX_PARKED_PER_PRINCIPAL } from '../../src/http/modern.js'
@@ -259,4 +263,50 @@ t.test('one caller may not park more than its share of calls: 429 with Retry-Aft
   const key = Object.keys(first.inputRequests as object)[0] as string
   const done = await modernPost(url, 'tools/call', { name: 'ask-sampling', arguments: {}, _meta: envelope({ sampling: {} }), requestState: first.requestState, inputResponses: { [key]: { role: 'assistant', model: 'm', content: { type: 'text', text: 'ok' } } } }, 101)
   t.equal(textOf(resultOf(done)), 'sampled: ok', 'a parked call still completes')
+})
+
+t.test('a retry forwarded to the replica holding its call, refused there at the parked-call cap: 429 with its Retry-After', async t => {
+  // The tool asks twice; its second ask waits until the test has filled the cap again.
+  let firstAnswered = (): void => {}
+  const answered = new Promise<void>(resolve => { firstAnswered = resolve })
+  let openGate = (): void => {}
+  const gate = new Promise<void>(resolve => { openGate = resolve })
+  const ask = (text: string): CreateMessageRequest =>
+    ({ method: 'sampling/createMessage', params: { messages: [{ role: 'user', content: { type: 'text', text } }], maxTokens: 10 } })
+  const upstream = await startStreamableUpstream({
+    tools: mcp => mcp.registerTool('ask-twice', { description: 'Asks the client to sample twice' }, async extra => {
+      await extra.sendRequest(ask('first'), CreateMessageResultSchema)
+      firstAnswered()
+      await gate
+      await extra.sendRequest(ask('second'), CreateMessageResultSchema)
+      return { content: [{ type: 'text', text: 'asked twice' }] }
+    })
+  })
+  t.teardown(upstream.close)
+  // Two replicas in this process, on one in-process bus and one memory store.
+  const store = new MemorySessionStore()
+  const memory = { store, eventLog: new MemoryEventLog(store, 1000) }
+  const hub = new MemoryBusHub()
+  const servers = { servers: { remote: { transport: 'streamable-http', url: upstream.url, protocol: 'legacy' } } }
+  const a = await startGateway(t, servers, { replicaId: 'A', hub, memory })
+  const b = await startGateway(t, servers, { replicaId: 'B', hub, memory })
+  t.teardown(async () => { await store.close() })
+  const call = async (base: string, tool: string, id: number, retry: Record<string, unknown> = {}): Promise<Answer> =>
+    await modernPost(`${base}/mcp/remote`, 'tools/call', { name: tool, arguments: {}, _meta: envelope({ sampling: {} }), ...retry }, id)
+  const sampled = { role: 'assistant', model: 'm', content: { type: 'text', text: 'ok' } }
+
+  const first = resultOf(await call(a.url, 'ask-twice', 1))
+  t.equal(first.resultType, 'input_required', 'the call is parked on A')
+  const others = await Promise.all(Array.from({ length: MAX_PARKED_PER_PRINCIPAL - 1 }, async (_, i) => await call(a.url, 'ask-sampling', 10 + i)))
+  t.ok(others.every(r => resultOf(r).resultType === 'input_required'), 'A holds the cap of parked calls')
+  const key = Object.keys(first.inputRequests as object)[0] as string
+  // The retry lands on B and goes to A, which takes the call back (one slot frees) and answers the backend.
+  const retry = call(b.url, 'ask-twice', 2, { requestState: first.requestState, inputResponses: { [key]: sampled } })
+  await answered
+  t.equal(resultOf(await call(a.url, 'ask-sampling', 100)).resultType, 'input_required', 'the freed slot is taken again')
+  openGate()
+  const refused = await retry
+  t.equal(refused.status, 429, "the backend's second ask finds the cap reached: the forwarded retry is refused")
+  t.match(refused.headers.get('retry-after'), /^[1-9][0-9]*$/, 'with an integer Retry-After, though the refusal was made on A')
+  t.match(last(refused), { id: 2, error: { code: -32000 } })
 })

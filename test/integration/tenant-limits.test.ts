@@ -101,6 +101,7 @@ t.test('session quota: initialize beyond it is 429; DELETE frees the slot', asyn
   await openSession(gw.url, 'full', apiKey(alice))
   const refused = await post(gw.url, '/mcp/full', initMessage(), apiKey(alice))
   t.equal(refused.status, 429, 'alice is at her quota of 2')
+  t.match(refused.headers.get('retry-after'), /^[1-9][0-9]*$/, 'with an integer Retry-After, as every 429')
   const body = await refused.json() as ErrorBody
   t.equal(body.id, 1, 'the error answers the initialize request')
   t.equal(body.error.data.code, 'GW_ERR_SESSION_QUOTA')
