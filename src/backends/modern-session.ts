@@ -15,7 +15,11 @@
 // - The client's GET stream and resource subscriptions map onto one upstream `subscriptions/listen`
 //   (only on the replica holding the session's lease, like a backend GET stream), re-opened with a
 //   new filter when the subscriptions change.
-// - notifications/cancelled from the client aborts the upstream request (the modern cancellation).
+// - Each client request has the deadline every backend gives one (requestTimeoutMs), its rounds
+//   included: when it passes the answer is -32006, the upstream request is closed and the round's
+//   questions are withdrawn from the client (notifications/cancelled). Exactly one answer each.
+// - notifications/cancelled from the client ends its request the same way, without an answer
+//   (closing the upstream request is the modern cancellation).
 // - A tools/call carries its `x-mcp-header` arguments as Mcp-Param-* headers (mcp-param-headers.ts),
 //   from the marks tools/list showed (read once if the client never listed); a tool with invalid
 //   marks is dropped from tools/list.
@@ -23,7 +27,7 @@ import { randomUUID } from 'node:crypto'
 import type { Logger } from 'pino'
 import type { Dispatcher } from 'undici'
 import type { HttpServerConfig } from '../config/schema.js'
-import { GW_ERR_BACKEND_UNAVAILABLE, isGatewayError, toJsonRpcError } from '../core/errors.js'
+import { GW_ERR_BACKEND_TIMEOUT, GW_ERR_BACKEND_UNAVAILABLE, isGatewayError, toJsonRpcError } from '../core/errors.js'
 import {
   classify, errorResponse, isNotification, isRecord, isRequest, type JsonRpcMessage, type JsonRpcRequest, type JsonRpcResponse, type RequestId
 } from '../core/jsonrpc.js'
@@ -39,7 +43,11 @@ import { encodeHeaderValue, paramHeaders, scanHeaderDeclarations, type HeaderDec
 /** input_required rounds one request may take before the gateway gives up on it. */
 const MAX_ROUNDS = 10
 
-
+/** One client request in flight: its deadline, and the abort that releases what it holds. */
+interface Call {
+  abort: AbortController
+  timer: NodeJS.Timeout
+}
 
 export class ModernSessionBackend implements HttpBackendConnection {
   readonly #server: string
@@ -54,8 +62,8 @@ export class ModernSessionBackend implements HttpBackendConnection {
   #closed = false
   #listening: boolean
   #listen: AbortController | null = null
-  /** Upstream exchanges in flight, by the relay's request id (as a string key). */
-  readonly #inFlight = new Map<string, AbortController>()
+  /** Client requests in flight, by the relay's request id (as a string key). */
+  readonly #inFlight = new Map<string, Call>()
   /** Server-to-client requests of the rounds in progress, by their id. */
   readonly #waiting = new Map<string, (answer: JsonRpcResponse) => void>()
   #seq = 0
@@ -95,7 +103,7 @@ export class ModernSessionBackend implements HttpBackendConnection {
       if (message.method === 'notifications/initialized' && this.#listening) this.#openListen()
       if (message.method === 'notifications/cancelled' && isRecord(message.params)) {
         const id = message.params.requestId
-        if (typeof id === 'string' || typeof id === 'number') this.#inFlight.get(String(id))?.abort()
+        if (typeof id === 'string' || typeof id === 'number') this.#settle(String(id))
       }
       return
     }
@@ -116,8 +124,7 @@ export class ModernSessionBackend implements HttpBackendConnection {
   async close (): Promise<void> {
     this.#closed = true
     this.#listen?.abort()
-    for (const abort of this.#inFlight.values()) abort.abort()
-    this.#inFlight.clear()
+    for (const key of [...this.#inFlight.keys()]) this.#settle(key)
     this.#waiting.clear()
   }
 
@@ -130,7 +137,7 @@ export class ModernSessionBackend implements HttpBackendConnection {
     switch (request.method) {
       case 'initialize':
         this.#initParams = params
-        void this.#initialize(request)
+        this.#run(request.id, async signal => await this.#initialize(request.id, signal))
         return
       case 'logging/setLevel':
         if (typeof params.level === 'string') this.#logLevel = params.level
@@ -146,63 +153,89 @@ export class ModernSessionBackend implements HttpBackendConnection {
         this.#answer({ jsonrpc: '2.0', id: request.id, result: {} })
         return
     }
-    void this.#call(request)
+    this.#run(request.id, async signal => await this.#call(request, signal))
+  }
+
+  /**
+   * Runs one client request under its deadline (requestTimeoutMs, as on every backend): when it
+   * passes first, the answer is -32006 and the request is settled, which releases what it holds.
+   * Exactly one answer, the work's or the deadline's; a request the client cancelled gets none.
+   */
+  #run (id: RequestId, work: (signal: AbortSignal) => Promise<JsonRpcResponse>): void {
+    const key = String(id)
+    const timeoutMs = this.#config.requestTimeoutMs
+    if (this.#settle(key)) this.#log.warn({ id }, 'request id reused while in flight')
+    const call: Call = {
+      abort: new AbortController(),
+      timer: setTimeout(() => {
+        if (!this.#settle(key, call)) return
+        this.#log.warn({ id, timeoutMs }, 'backend request timed out')
+        this.#answer(toJsonRpcError(new GW_ERR_BACKEND_TIMEOUT(this.#server, timeoutMs), id))
+      }, timeoutMs).unref()
+    }
+    this.#inFlight.set(key, call)
+    work(call.abort.signal).catch(err => this.#failure(id, err)).then(answer => {
+      if (this.#settle(key, call)) this.#answer(answer)
+    }, () => {})
+  }
+
+  /**
+   * Ends a request in flight (the one given, else whichever has the key): its deadline cleared, its
+   * signal aborted, which closes its upstream exchange (the undici body) and withdraws its round.
+   * False when it had already ended.
+   */
+  #settle (key: string, call = this.#inFlight.get(key)): boolean {
+    if (call === undefined || this.#inFlight.get(key) !== call) return false
+    this.#inFlight.delete(key)
+    clearTimeout(call.timer)
+    call.abort.abort()
+    return true
   }
 
   /** The client's initialize, answered from the backend's server/discover. */
-  async #initialize (request: JsonRpcRequest): Promise<void> {
-    try {
-      const result = await this.#exchange(request.id, 'server/discover', {}, () => {})
-      if ('error' in result) { this.#answer(result); return }
-      const discovered = isRecord(result.result) ? result.result : {}
-      this.#capabilities = isRecord(discovered.capabilities) ? discovered.capabilities : {}
-      const meta = isRecord(discovered._meta) ? discovered._meta : {}
-      const serverInfo = isRecord(meta[META_SERVER_INFO]) ? meta[META_SERVER_INFO] : { name: this.#server, version: '0' }
-      const capabilities: Record<string, unknown> = { ...this.#capabilities }
-      // Session features the gateway provides on top of the backend: log level and subscriptions.
-      capabilities.logging = {}
-      if (isRecord(capabilities.resources)) capabilities.resources = { ...capabilities.resources, subscribe: true }
-      const version = typeof this.#initParams?.protocolVersion === 'string' ? this.#initParams.protocolVersion : LATEST_VERSION
-      this.#answer({
-        jsonrpc: '2.0',
-        id: request.id,
-        result: { protocolVersion: version, capabilities, serverInfo, ...(typeof discovered.instructions === 'string' ? { instructions: discovered.instructions } : {}) }
-      })
-    } catch (err) {
-      this.#answer(this.#failure(request.id, err))
+  async #initialize (id: RequestId, signal: AbortSignal): Promise<JsonRpcResponse> {
+    const result = await this.#exchange(id, 'server/discover', {}, () => {}, signal)
+    if ('error' in result) return result
+    const discovered = isRecord(result.result) ? result.result : {}
+    this.#capabilities = isRecord(discovered.capabilities) ? discovered.capabilities : {}
+    const meta = isRecord(discovered._meta) ? discovered._meta : {}
+    const serverInfo = isRecord(meta[META_SERVER_INFO]) ? meta[META_SERVER_INFO] : { name: this.#server, version: '0' }
+    const capabilities: Record<string, unknown> = { ...this.#capabilities }
+    // Session features the gateway provides on top of the backend: log level and subscriptions.
+    capabilities.logging = {}
+    if (isRecord(capabilities.resources)) capabilities.resources = { ...capabilities.resources, subscribe: true }
+    const version = typeof this.#initParams?.protocolVersion === 'string' ? this.#initParams.protocolVersion : LATEST_VERSION
+    return {
+      jsonrpc: '2.0',
+      id,
+      result: { protocolVersion: version, capabilities, serverInfo, ...(typeof discovered.instructions === 'string' ? { instructions: discovered.instructions } : {}) }
     }
   }
 
   /** One client request: upstream with the envelope, input_required rounds answered by the client. */
-  async #call (request: JsonRpcRequest): Promise<void> {
+  async #call (request: JsonRpcRequest, signal: AbortSignal): Promise<JsonRpcResponse> {
     const base = isRecord(request.params) ? { ...request.params } : {}
     let extra: Record<string, unknown> = {}
-    try {
-      // A tools/call mirrors marked arguments as Mcp-Param-* headers: the marks come from tools/list.
-      if (request.method === 'tools/call' && !this.#toolsKnown) await this.#learnTools()
-      for (let round = 0; round <= MAX_ROUNDS; round++) {
-        const answer = await this.#exchange(request.id, request.method, { ...base, ...extra }, m => { this.#answer(m) })
-        if ('error' in answer || !isRecord(answer.result) || answer.result.resultType !== 'input_required') {
-          this.#answer(request.method === 'tools/list' ? this.#keepToolHeaders(answer) : answer)
-          return
-        }
-        const inputRequests = isRecord(answer.result.inputRequests) ? answer.result.inputRequests : {}
-        const responses = await Promise.all(Object.entries(inputRequests).map(async ([key, ask]) => [key, await this.#ask(key, ask)] as const))
-        const refused = responses.find(([, r]) => 'error' in r)?.[1]
-        if (refused !== undefined && 'error' in refused) {
-          // The client could not answer (an undeclared capability, or its own error): the call ends.
-          this.#answer(errorResponse(request.id, refused.error.code, `The backend needed input the client did not give: ${refused.error.message}`, { source: 'gateway' }))
-          return
-        }
-        extra = {
-          inputResponses: Object.fromEntries(responses.map(([key, r]) => [key, 'result' in r ? r.result : undefined])),
-          ...(typeof answer.result.requestState === 'string' ? { requestState: answer.result.requestState } : {})
-        }
+    // A tools/call mirrors marked arguments as Mcp-Param-* headers: the marks come from tools/list.
+    if (request.method === 'tools/call' && !this.#toolsKnown) await this.#learnTools(signal)
+    for (let round = 0; round <= MAX_ROUNDS; round++) {
+      const answer = await this.#exchange(request.id, request.method, { ...base, ...extra }, m => { this.#answer(m) }, signal)
+      if ('error' in answer || !isRecord(answer.result) || answer.result.resultType !== 'input_required') {
+        return request.method === 'tools/list' ? this.#keepToolHeaders(answer) : answer
       }
-      this.#answer(toJsonRpcError(new GW_ERR_BACKEND_UNAVAILABLE(this.#server, `more than ${MAX_ROUNDS} input_required rounds`), request.id))
-    } catch (err) {
-      this.#answer(this.#failure(request.id, err))
+      const inputRequests = isRecord(answer.result.inputRequests) ? answer.result.inputRequests : {}
+      const responses = await Promise.all(Object.entries(inputRequests).map(async ([key, ask]) => [key, await this.#ask(key, ask, signal)] as const))
+      const refused = responses.find(([, r]) => 'error' in r)?.[1]
+      if (refused !== undefined && 'error' in refused) {
+        // The client could not answer (an undeclared capability, or its own error): the call ends.
+        return errorResponse(request.id, refused.error.code, `The backend needed input the client did not give: ${refused.error.message}`, { source: 'gateway' })
+      }
+      extra = {
+        inputResponses: Object.fromEntries(responses.map(([key, r]) => [key, 'result' in r ? r.result : undefined])),
+        ...(typeof answer.result.requestState === 'string' ? { requestState: answer.result.requestState } : {})
+      }
     }
+    return toJsonRpcError(new GW_ERR_BACKEND_UNAVAILABLE(this.#server, `more than ${MAX_ROUNDS} input_required rounds`), request.id)
   }
 
   /**
@@ -226,10 +259,10 @@ export class ModernSessionBackend implements HttpBackendConnection {
   }
 
   /** Reads tools/list once (every page), so a tools/call knows its tool's header marks. */
-  async #learnTools (): Promise<void> {
+  async #learnTools (signal: AbortSignal): Promise<void> {
     let cursor: unknown
     for (let page = 0; page < 20; page++) {
-      const answer = await this.#exchange(`gw-tools-${++this.#seq}`, 'tools/list', cursor === undefined ? {} : { cursor }, () => {})
+      const answer = await this.#exchange(`gw-tools-${++this.#seq}`, 'tools/list', cursor === undefined ? {} : { cursor }, () => {}, signal)
       this.#keepToolHeaders(answer)
       cursor = 'result' in answer && isRecord(answer.result) ? answer.result.nextCursor : undefined
       if (typeof cursor !== 'string') break
@@ -237,39 +270,49 @@ export class ModernSessionBackend implements HttpBackendConnection {
     this.#toolsKnown = true
   }
 
-  /** One input request of a round, as a server-to-client request; the client's answer. */
-  async #ask (key: string, ask: unknown): Promise<JsonRpcResponse> {
+  /**
+   * One input request of a round, as a server-to-client request; the client's answer. When the
+   * request it belongs to ends first (`signal`), the question is withdrawn: forgotten here, and the
+   * client told with notifications/cancelled (the relay forgets it too), so a late answer goes nowhere.
+   */
+  async #ask (key: string, ask: unknown, signal: AbortSignal): Promise<JsonRpcResponse> {
     const id = `gw-mrtr-${++this.#seq}`
     if (!isRecord(ask) || typeof ask.method !== 'string') return errorResponse(id, -32602, `input request '${key.slice(0, 64)}' is malformed`)
-    const answered = new Promise<JsonRpcResponse>(resolve => { this.#waiting.set(id, resolve) })
+    signal.throwIfAborted()
+    const answered = new Promise<JsonRpcResponse>((resolve, reject) => {
+      const withdraw = (): void => {
+        this.#waiting.delete(id)
+        this.#answer({ jsonrpc: '2.0', method: 'notifications/cancelled', params: { requestId: id, reason: 'the request it was asked for has ended' } })
+        reject(signal.reason)
+      }
+      signal.addEventListener('abort', withdraw, { once: true })
+      this.#waiting.set(id, answer => {
+        signal.removeEventListener('abort', withdraw)
+        resolve(answer)
+      })
+    })
     this.#answer({ jsonrpc: '2.0', id, method: ask.method, ...(isRecord(ask.params) ? { params: ask.params } : {}) })
     return await answered
   }
 
   /**
    * One stateless exchange upstream: the request with this session's envelope; notifications on
-   * the way go to `onNotification`; resolves with the final response (id = the relay's).
+   * the way go to `onNotification`; resolves with the final response (id = the relay's). Aborting
+   * `signal` closes the upstream request, whose body is then released.
    */
-  async #exchange (id: RequestId, method: string, params: Record<string, unknown>, onNotification: (m: JsonRpcMessage) => void): Promise<JsonRpcResponse> {
-    const abort = new AbortController()
-    const key = String(id)
-    this.#inFlight.set(key, abort)
-    try {
-      const meta = isRecord(params._meta) ? params._meta : {}
-      const body = { jsonrpc: '2.0', id, method, params: { ...params, _meta: { ...meta, ...this.#envelope() } } }
-      const name = method === 'resources/read' ? params.uri : (method === 'tools/call' || method === 'prompts/get') ? params.name : undefined
-      const headers = {
-        ...this.#headers,
-        'mcp-protocol-version': MODERN_VERSION,
-        'mcp-method': method,
-        ...(typeof name === 'string' ? { 'mcp-name': encodeHeaderValue(name) } : {}),
-        ...(method === 'tools/call' && typeof name === 'string' ? paramHeaders(this.#toolHeaders.get(name) ?? [], params.arguments) : {})
-      }
-      const res = await relayModern(this.#server, this.#config, headers, JSON.stringify(body), abort.signal)
-      return await this.#readAnswer(res, id, onNotification)
-    } finally {
-      this.#inFlight.delete(key)
+  async #exchange (id: RequestId, method: string, params: Record<string, unknown>, onNotification: (m: JsonRpcMessage) => void, signal: AbortSignal): Promise<JsonRpcResponse> {
+    const meta = isRecord(params._meta) ? params._meta : {}
+    const body = { jsonrpc: '2.0', id, method, params: { ...params, _meta: { ...meta, ...this.#envelope() } } }
+    const name = method === 'resources/read' ? params.uri : (method === 'tools/call' || method === 'prompts/get') ? params.name : undefined
+    const headers = {
+      ...this.#headers,
+      'mcp-protocol-version': MODERN_VERSION,
+      'mcp-method': method,
+      ...(typeof name === 'string' ? { 'mcp-name': encodeHeaderValue(name) } : {}),
+      ...(method === 'tools/call' && typeof name === 'string' ? paramHeaders(this.#toolHeaders.get(name) ?? [], params.arguments) : {})
     }
+    const res = await relayModern(this.#server, this.#config, headers, JSON.stringify(body), signal)
+    return await this.#readAnswer(res, id, onNotification)
   }
 
   async #readAnswer (res: Dispatcher.ResponseData, id: RequestId, onNotification: (m: JsonRpcMessage) => void): Promise<JsonRpcResponse> {

@@ -10,7 +10,7 @@ import { StreamableHTTPClientTransport as TransportV1 } from '@modelcontextproto
 import { ElicitRequestSchema } from '@modelcontextprotocol/sdk/types.js'
 import t, { type Test } from 'tap'
 import { startModernUpstream } from '../fixtures/modern-upstream.js'
-import { listen, readBody, startStreamableUpstream } from '../fixtures/http-upstreams.js'
+import { sseEvent, startRawUpstream, startStreamableUpstream, type RawUpstream } from '../fixtures/http-upstreams.js'
 import { startGateway } from '../helpers/gateway.js'
 import { bearer, newKey, PUBLIC_URL } from '../helpers/auth.js'
 import { eventually, textOf } from '../helpers/wait.js'
@@ -137,32 +137,26 @@ t.test('tenants in front of a modern backend: no credential passthrough, tool po
 
 /**
  * A raw modern-only server whose SSE answers end with a log notification (level "error") after the
- * response; a 2025 request gets -32022. Records the methods it was sent.
+ * response; a 2025 request gets -32022.
  */
-async function startTrailingUpstream (t: Test): Promise<{ url: string, methods: string[] }> {
-  const methods: string[] = []
+async function startTrailingUpstream (t: Test): Promise<RawUpstream> {
   const results: Record<string, unknown> = {
     'server/discover': { resultType: 'complete', supportedVersions: [V], capabilities: { tools: {} } },
     'tools/list': { resultType: 'complete', tools: ['open', 'secret'].map(name => ({ name, inputSchema: { type: 'object' } })) }
   }
-  const http = await listen((req, res) => {
-    void readBody(req).then(text => {
-      const body = JSON.parse(text) as { id?: unknown, method: string }
-      methods.push(body.method)
-      const result = results[body.method]
-      if (result === undefined) {
-        res.writeHead(400, { 'content-type': 'application/json' })
-        res.end(JSON.stringify({ jsonrpc: '2.0', id: body.id ?? null, error: { code: -32022, message: 'Unsupported protocol version', data: { supported: [V] } } }))
-        return
-      }
-      const event = (message: unknown): string => `event: message\ndata: ${JSON.stringify(message)}\n\n`
-      const log = event({ jsonrpc: '2.0', method: 'notifications/message', params: { level: 'error', data: 'after the answer' } })
-      res.writeHead(200, { 'content-type': 'text/event-stream' })
-      res.end(log + event({ jsonrpc: '2.0', id: body.id, result }) + log)
-    })
+  const upstream = await startRawUpstream((request, res) => {
+    const result = results[request.method]
+    if (result === undefined) {
+      res.writeHead(400, { 'content-type': 'application/json' })
+      res.end(JSON.stringify({ jsonrpc: '2.0', id: request.id ?? null, error: { code: -32022, message: 'Unsupported protocol version', data: { supported: [V] } } }))
+      return
+    }
+    const log = sseEvent({ jsonrpc: '2.0', method: 'notifications/message', params: { level: 'error', data: 'after the answer' } })
+    res.writeHead(200, { 'content-type': 'text/event-stream' })
+    res.end(log + sseEvent({ jsonrpc: '2.0', id: request.id, result }) + log)
   })
-  t.teardown(http.close)
-  return { url: `${http.url}/mcp`, methods }
+  t.teardown(upstream.close)
+  return upstream
 }
 
 t.test('the answer in a modern SSE body is its response, not a notification after it (SPEC H-26-5)', async t => {
