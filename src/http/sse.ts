@@ -90,6 +90,7 @@ export class StreamWriter {
   #lazyTimer: NodeJS.Timeout | undefined
   /** The frame of the stream's last answer, written together with the end of the response. */
   #tail: string | undefined
+  #preamble: string | undefined
 
   constructor (options: StreamWriterOptions) {
     this.#o = options
@@ -98,6 +99,18 @@ export class StreamWriter {
     this.#cursor = options.cursor
     this.#remaining = options.expectedResponses
     this.#lastSeq = options.cursor === null ? 0 : options.fresh === true ? 1 : null
+    this.#preamble = options.preamble
+  }
+
+  /**
+   * A new POST stream's start, known once its requests are marked pending (ClientStreams.openPost):
+   * the priming entry's id and the preamble that writes it. Only before start().
+   */
+  primed (cursor: string | null, preamble: string | undefined): void {
+    if (this.#started) throw new Error('a stream writer is primed before it starts')
+    this.#cursor = cursor
+    this.#lastSeq = cursor === null ? 0 : 1
+    this.#preamble = preamble
   }
 
   get cursor (): string | null { return this.#cursor }
@@ -167,7 +180,7 @@ export class StreamWriter {
     })
     const held = this.#held
     this.#held = undefined
-    const first = (this.#o.preamble ?? '') + (held === undefined ? '' : held.map(entry => this.#frame(entry)).join(''))
+    const first = (this.#preamble ?? '') + (held === undefined ? '' : held.map(entry => this.#frame(entry)).join(''))
     if (first !== '') res.write(first)
     else res.flushHeaders()
     this.#keepAlive = setInterval(() => {

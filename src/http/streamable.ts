@@ -48,23 +48,21 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
     const priming = mode === 'sse' && allowsPriming(record.protocolVersion)
     // Everything that can fail comes before hijack, so the error handler still answers with an
     // HTTP status: the route (a session whose owner is gone is taken over, or is a plain 404),
-    // then the requests recorded as pending (each gets exactly one answer, whatever fails later).
-    // The priming entry is appended before the stream has a holder, so nobody is woken to read
-    // it back: its frame is written directly with the id the log gave it (H-POST-7).
+    // then the requests recorded as pending (each gets exactly one answer, whatever fails later),
+    // in the same step as the stream's holder and its priming entry. That entry is appended before
+    // the stream starts, so nobody is woken to read it back: its frame is written directly with
+    // the id the log gave it (H-POST-7).
     const route = await router.admit(record)
-    const ids = requests.map(r => r.id)
-    const primingId = await router.markPending(record.id, streamId, ids, priming)
-    const writer = await router.openStream({
+    const writer = await router.openPost({
       res: reply.raw,
       sid: record.id,
       streamId,
       mode,
-      cursor: primingId,
-      fresh: true,
+      priming,
       batch,
-      requestIds: ids,
+      requestIds: requests.map(r => r.id),
       headers: replyHeaders(reply, { 'mcp-session-id': record.id }),
-      ...(primingId !== null ? { preamble: `id: ${formatEventId(streamId, primingId)}\nretry: ${config.http.retryMs}\ndata: \n\n` } : {}),
+      preamble: primingId => `id: ${formatEventId(streamId, primingId)}\nretry: ${config.http.retryMs}\ndata: \n\n`,
       ...(mode === 'sse' && (config.redis === undefined || !priming) ? { lazyMs: config.http.lazySseMs } : {}),
       log: req.log
     })

@@ -25,7 +25,7 @@ import { heartbeatTtl, Ownership, type BackendPool, type UpstreamLookup } from '
 import { capabilitiesOf, type Relay } from './relay.js'
 import { shortHash } from '../telemetry/logger.js'
 import { Sessions, type NewSession } from './sessions.js'
-import { ClientStreams, type OpenStreamOptions } from './streams.js'
+import { ClientStreams, type OpenPostOptions, type OpenStreamOptions } from './streams.js'
 import type { StreamKind } from '../telemetry/metrics.js'
 
 export type { BackendPool } from './ownership.js'
@@ -182,9 +182,9 @@ export class Router {
     return await this.#streams.append(sid, streamId, message)
   }
 
-  /** Records a POST's requests as pending (exactly one answer each) and appends its priming entry. */
-  async markPending (sid: string, streamId: string, ids: RequestId[], priming: boolean): Promise<string | null> {
-    return await this.#streams.markPending(sid, streamId, ids, priming)
+  /** Opens a POST's stream: its requests pending (exactly one answer each), held here, primed. */
+  async openPost (options: OpenPostOptions): Promise<StreamWriter> {
+    return await this.#streams.openPost(options)
   }
 
   async openStream (options: OpenStreamOptions): Promise<StreamWriter> {

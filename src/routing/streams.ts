@@ -64,6 +64,15 @@ export interface OpenStreamOptions {
   log: FastifyBaseLogger
 }
 
+/** A POST's new stream (ClientStreams.openPost): its cursor is the priming entry, if any. */
+export interface OpenPostOptions extends Omit<OpenStreamOptions, 'cursor' | 'fresh' | 'preamble' | 'exclusive'> {
+  requestIds: RequestId[]
+  /** Whether the stream starts with a priming entry (H-POST-7). */
+  priming: boolean
+  /** The stream's first bytes, given the priming entry's id. */
+  preamble: (primingId: string) => string
+}
+
 export interface ClientStreamsOptions extends ReplicaContext {
   /** Replica liveness (cached by Ownership). */
   isAlive: (replica: string) => Promise<boolean>
@@ -114,15 +123,7 @@ export class ClientStreams {
       throw new GW_ERR_CONFLICT('Only one GET stream is allowed per session')
     }
     current?.end('released')
-    const writer = new StreamWriter({
-      ...options,
-      eventLog: this.#o.eventLog,
-      expectedResponses: expectedResponsesOf(streamId),
-      keepAliveMs: this.#o.config.http.keepAliveMs,
-      metrics: this.#o.metrics.registry === null ? undefined : this.#o.metrics,
-      onEnd: (w, reason) => { this.#onWriterEnd(w, reason) }
-    })
-    this.#set(writer)
+    const writer = this.#register(options)
     let previous: string | null
     try {
       previous = await this.#o.store.claimHolder(sid, streamId, replicaId, this.#leaseMs)
@@ -141,6 +142,40 @@ export class ClientStreams {
     if (previous !== null && previous !== replicaId) {
       await this.#o.bus.send(previous, { kind: 'release', sid, streamId }).catch(() => {})
     }
+    return writer
+  }
+
+  /**
+   * Opens a POST's new stream on this replica: records its requests as pending, claims the holder
+   * lease and appends the priming entry (`preamble` gets its id), all in one step of the log
+   * (EventLog.markPending): a new stream has no previous holder to hand it back from. The writer
+   * is registered first, so a wake for an answer that comes at once is never lost.
+   */
+  async openPost (options: OpenPostOptions): Promise<StreamWriter> {
+    const { preamble, priming, ...stream } = options
+    const { sid, streamId } = stream
+    const writer = this.#register({ ...stream, cursor: null, fresh: true })
+    let primingId: string | null
+    try {
+      primingId = await this.#o.eventLog.markPending(sid, streamId, stream.requestIds, this.#idleMs, priming, this.#o.replicaId, this.#leaseMs)
+    } catch (err) {
+      this.#delete(writer)
+      throw err
+    }
+    writer.primed(primingId, primingId === null ? undefined : preamble(primingId))
+    return writer
+  }
+
+  #register (options: OpenStreamOptions): StreamWriter {
+    const writer = new StreamWriter({
+      ...options,
+      eventLog: this.#o.eventLog,
+      expectedResponses: expectedResponsesOf(options.streamId),
+      keepAliveMs: this.#o.config.http.keepAliveMs,
+      metrics: this.#o.metrics.registry === null ? undefined : this.#o.metrics,
+      onEnd: (w, reason) => { this.#onWriterEnd(w, reason) }
+    })
+    this.#set(writer)
     return writer
   }
 
@@ -189,10 +224,6 @@ export class ClientStreams {
   }
 
   /** Records a POST's requests as pending and appends its priming entry (when asked). */
-  async markPending (sid: string, streamId: string, ids: RequestId[], priming: boolean): Promise<string | null> {
-    return await this.#o.eventLog.markPending(sid, streamId, ids, this.#idleMs, priming, this.#o.replicaId)
-  }
-
   /**
    * Sessions with a POST stream open here (new, or resumed with Last-Event-ID): their owner is
    * watched, since the answers those streams wait for can only come from it.

@@ -57,7 +57,7 @@ export class MemoryEventLog implements EventLog {
     })
   }
 
-  async markPending (sid: string, streamId: string, ids: RequestId[], ttlMs: number, priming: boolean, replicaId: string): Promise<string | null> {
+  async markPending (sid: string, streamId: string, ids: RequestId[], ttlMs: number, priming: boolean, replicaId: string, holderMs = 0): Promise<string | null> {
     let pending = this.#pending.get(sid)
     if (pending === undefined) {
       pending = new Map()
@@ -65,6 +65,7 @@ export class MemoryEventLog implements EventLog {
     }
     const now = Date.now()
     for (const id of ids) pending.set(pendingField(streamId, id), { at: now, by: replicaId })
+    if (holderMs > 0) this.#store.setHolder(sid, streamId, replicaId, holderMs)
     return priming ? this.#append(sid, streamId, null, ttlMs).entryId : null
   }
 

@@ -41,10 +41,10 @@ export class RedisEventLog implements EventLog {
     return { entryId, holder, ...(typeof seq === 'number' ? { entry: { entryId, message, json, seq } } : {}) }
   }
 
-  async markPending (sid: string, streamId: string, ids: RequestId[], ttlMs: number, priming: boolean, replicaId: string): Promise<string | null> {
+  async markPending (sid: string, streamId: string, ids: RequestId[], ttlMs: number, priming: boolean, replicaId: string, holderMs = 0): Promise<string | null> {
     const keys = sessionKeys(this.#prefix, sid)
     const fields = ids.map(id => pendingField(streamId, id))
-    const entryId = await storeCall(this.#redis.markPending(keys.events(streamId), keys.streams, keys.pending, keys.seq, this.#maxLen, ttlMs, priming ? '1' : '0', streamId, replicaId, ...fields))
+    const entryId = await storeCall(this.#redis.markPending(keys.events(streamId), keys.streams, keys.pending, keys.seq, keys.holder(streamId), this.#maxLen, ttlMs, priming ? '1' : '0', streamId, replicaId, holderMs, ...fields))
     return entryId === '' ? null : entryId
   }
 

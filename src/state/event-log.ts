@@ -48,9 +48,10 @@ export interface EventLog {
   /**
    * Records the requests of a client POST as pending (with the time of recording and the replica
    * that took the POST), and appends the stream's priming entry when `priming`; returns that
-   * entry's id, else null.
+   * entry's id, else null. With `holderMs` (> 0), the POST's stream is new and `replicaId` becomes
+   * its holder for that long, in the same step (SessionStore.claimHolder without a previous one).
    */
-  markPending (sid: string, streamId: string, ids: RequestId[], ttlMs: number, priming: boolean, replicaId: string): Promise<string | null>
+  markPending (sid: string, streamId: string, ids: RequestId[], ttlMs: number, priming: boolean, replicaId: string, holderMs?: number): Promise<string | null>
   /**
    * Takes the pending markers of requests whose answers can no longer come: every marker recorded
    * up to now (the session's owner is gone), or those recorded by one replica (`of`, gone: it sent

@@ -149,8 +149,13 @@ export class MemorySessionStore implements SessionStore {
 
   async claimHolder (sid: string, streamId: string, replicaId: string, ttlMs: number): Promise<string | null> {
     const previous = this.holderOf(sid, streamId)
-    this.#side(sid).holders.set(streamId, { value: replicaId, expiresAt: Date.now() + ttlMs })
+    this.setHolder(sid, streamId, replicaId, ttlMs)
     return previous === replicaId ? null : previous
+  }
+
+  /** claimHolder's write, for the event log twin's markPending (a new stream has no previous holder). */
+  setHolder (sid: string, streamId: string, replicaId: string, ttlMs: number): void {
+    this.#side(sid).holders.set(streamId, { value: replicaId, expiresAt: Date.now() + ttlMs })
   }
 
   async renewHolder (sid: string, streamId: string, replicaId: string, ttlMs: number): Promise<boolean> {

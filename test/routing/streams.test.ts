@@ -101,9 +101,9 @@ t.test('a session that ends answers the requests still waiting on its POST strea
 })
 
 t.test('an answer written outside the log (store away) is never given twice to a client that resumes', async t => {
-  const { streams, sid, serve } = await harness(t)
+  const { streams, eventLog, sid, serve } = await harness(t)
   const streamId = newRequestStreamId('sse', 1)
-  await streams.markPending(sid, streamId, [7], true)
+  await eventLog.markPending(sid, streamId, [7], 60_000, true, 'r')
   const { body } = await serve({ streamId, cursor: null, fresh: true, requestIds: [7] })
   streams.failAwaiting(id => ({ jsonrpc: '2.0', id, error: { code: -32000, message: 'Session store unavailable' } }))
   const first = framesOf(await body)

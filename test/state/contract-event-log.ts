@@ -265,6 +265,17 @@ export function eventLogContract (t: Test, make: MakeEventLog): void {
     t.equal(await log.hasStream(sid, 'r1_c'), false, 'and no log key is recreated')
   })
 
+  t.test('markPending with a holder lease: the POST\'s new stream is held by the replica that took it', async t => {
+    const { log, store } = await make(t)
+    const record = sampleRecord()
+    await store.create(record, LONG_TTL)
+    await log.markPending(record.id, 'r1_h', [1], LONG_TTL, true, 'rA', LONG_TTL)
+    t.equal(await store.getHolder(record.id, 'r1_h'), 'rA', 'the holder is recorded in the same step')
+    t.equal((await log.append(record.id, 'r1_h', { jsonrpc: '2.0', id: 1, result: {} }, LONG_TTL, 1)).holder, 'rA', 'so its answer wakes that replica')
+    await log.markPending(record.id, 'r1_n', [2], LONG_TTL, true, 'rA')
+    t.equal(await store.getHolder(record.id, 'r1_n'), null, 'without a lease: no holder')
+  })
+
   t.test('a cursor that is not an entry id is refused', async t => {
     const { log } = await make(t)
     const sid = randomUUID()

@@ -253,20 +253,26 @@ return { id, redis.call('GET', KEYS[2]), n }`
 
   /*
    * markPending: records the requests of a POST as waiting for an answer, each with the server's
-   * time (every replica compares one clock) and the replica that took the POST, and appends the
-   * stream's priming entry.
+   * time (every replica compares one clock) and the replica that took the POST, makes that replica
+   * the holder of the POST's new stream (ARGV[6] > 0: the one round trip a stream's open would
+   * otherwise add), and appends the stream's priming entry.
    *   KEYS[1] events   KEYS[2] stream set   KEYS[3] pending   KEYS[4] seq hash (the priming entry's ordinal)
+   *   KEYS[5] holder
    *   ARGV[1] max length   ARGV[2] ttl ms   ARGV[3] '1' append a priming entry   ARGV[4] stream id
-   *   ARGV[5] replica id   ARGV[6..] pending fields
+   *   ARGV[5] replica id   ARGV[6] holder lease ms (0: no holder)   ARGV[7..] pending fields
    *   returns the priming entry id, or '' without priming
    */
   markPending: {
-    numberOfKeys: 4,
+    numberOfKeys: 5,
     lua: `${REMEMBER_STREAM}
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-for i = 6, #ARGV do redis.call('HSET', KEYS[3], ARGV[i], now .. '|' .. ARGV[5]) end
+for i = 7, #ARGV do redis.call('HSET', KEYS[3], ARGV[i], now .. '|' .. ARGV[5]) end
 bump(KEYS[3], ARGV[2])
+if tonumber(ARGV[6]) > 0 then
+  redis.call('SET', KEYS[5], ARGV[5], 'PX', ARGV[6])
+  remember(KEYS[2], ARGV[4], ARGV[6])
+end
 if ARGV[3] ~= '1' then return '' end
 local n = redis.call('HINCRBY', KEYS[4], ARGV[4], 1)
 bump(KEYS[4], ARGV[2])
@@ -276,14 +282,6 @@ remember(KEYS[2], ARGV[4], ARGV[2])
 return id`
   },
 
-  /*
-   * claimOrphans: takes the pending markers of requests that were in flight on an owner that is
-   * gone: every marker recorded up to now, or only those of one replica (ARGV[1]). Each becomes a
-   * tombstone ('done'), so a late answer from anywhere is not written after the caller's error.
-   *   KEYS[1] pending
-   *   ARGV[1] replica id ('' every marker up to now)
-   *   returns the fields taken
-   */
   claimOrphans: {
     numberOfKeys: 1,
     lua: `
@@ -341,7 +339,7 @@ declare module 'ioredis' {
     deleteSession (numberOfKeys: number, ...keysThenStreamIds: string[]): Result<-1 | 0 | 1, Context>
     deleteEvents (numberOfKeys: number, ...keysThenStreamIds: string[]): Result<number, Context>
     takeOwner (owner: RedisKey, replicaId: string, from: string, ttlMs: number): Result<string, Context>
-    markPending (events: RedisKey, streams: RedisKey, pending: RedisKey, seq: RedisKey, maxLen: number, ttlMs: number, priming: string, streamId: string, replicaId: string, ...fields: string[]): Result<string, Context>
+    markPending (events: RedisKey, streams: RedisKey, pending: RedisKey, seq: RedisKey, holder: RedisKey, maxLen: number, ttlMs: number, priming: string, streamId: string, replicaId: string, holderMs: number, ...fields: string[]): Result<string, Context>
     claimOrphans (pending: RedisKey, replicaId: string): Result<string[], Context>
     claimOwner (owner: RedisKey, replicaId: string, ttlMs: number): Result<string, Context>
     renewLease (lease: RedisKey, replicaId: string, ttlMs: number): Result<0 | 1, Context>
