@@ -24,7 +24,7 @@ import httpMetrics from './http/metrics.js'
 import httpLimits from './http/limits.js'
 import httpOps from './http/ops.js'
 import httpStreamable from './http/streamable.js'
-import { createLogger } from './telemetry/logger.js'
+import { createLogger, requestChildLogger } from './telemetry/logger.js'
 import { startTracing, stopTracing } from './telemetry/tracing.js'
 import { createMetrics, type GatewayMetrics } from './telemetry/metrics.js'
 import type { BackendFactory, TenantUpstream } from './backends/backend.js'
@@ -272,6 +272,7 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
 
   const app = Fastify({
     loggerInstance: log as FastifyBaseLogger,
+    childLoggerFactory: requestChildLogger(),
     bodyLimit: config.http.bodyLimit,
     exposeHeadRoutes: false,
     // Request lines are logged by the hook below, without query strings (legacy session ids).

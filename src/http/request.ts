@@ -1,5 +1,6 @@
 // Pieces both client-facing transports share: header reading, Accept checks, body decoding
 // into classified JSON-RPC messages, and the request decoration the error handler reads.
+import { isUtf8 } from 'node:buffer'
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
 import type { ServerSource } from '../config/live.js'
 import {
@@ -37,12 +38,24 @@ export function header (req: FastifyRequest, name: string): string | undefined {
   return Array.isArray(value) ? value[0] : value
 }
 
+/** What a POST must accept (SPEC.md H-POST-1) and what a GET must (H-GET-1). */
+export const POST_ACCEPTS: readonly string[] = Object.freeze(['application/json', 'text/event-stream'])
+export const GET_ACCEPTS: readonly string[] = Object.freeze(['text/event-stream'])
+
+/**
+ * The last Accept value allowed, per list of types: a client sends the same header on every
+ * request, so it is parsed once per new value, not per request.
+ */
+const acceptedLast = new WeakMap<readonly string[], string>()
+
 /** Accept must list every given type; `*\/*` and `type/*` count (SPEC.md H-POST-1, H-GET-1). */
-export function checkAccept (req: FastifyRequest, types: string[]): void {
-  const accept = (header(req, 'accept') ?? '').toLowerCase()
-  const listed = accept.split(',').map(part => (part.split(';')[0] ?? '').trim())
+export function checkAccept (req: FastifyRequest, types: readonly string[]): void {
+  const raw = header(req, 'accept') ?? ''
+  if (acceptedLast.get(types) === raw) return
+  const listed = raw.toLowerCase().split(',').map(part => (part.split(';')[0] ?? '').trim())
   const missing = types.filter(type => !listed.some(l => l === type || l === '*/*' || l === `${type.split('/')[0] ?? ''}/*`))
   if (missing.length > 0) throw new GW_ERR_NOT_ACCEPTABLE(`Accept must include ${types.join(' and ')}`)
+  acceptedLast.set(types, raw)
 }
 
 /**
@@ -58,18 +71,16 @@ export function registerJsonParser (app: FastifyInstance): void {
   // Fastify refuses object defaults on decorations (they would be shared); the hook sets it.
   app.decorateRequest('principal', null as unknown as Principal)
   app.addHook('onRequest', (req, _reply, done) => { req.principal = ANONYMOUS_PRINCIPAL; done() })
-  const decoder = new TextDecoder('utf-8', { fatal: true })
   // Only JSON bodies: Fastify's built-in text/plain parser would let other types through (415).
   app.removeAllContentTypeParsers()
   app.addContentTypeParser('application/json', { parseAs: 'buffer' }, (req, body, done) => {
     if (req.method !== 'POST') { done(null, undefined); return }
-    let text: string
-    try {
-      text = decoder.decode(body as Buffer)
-    } catch {
+    const bytes = body as Buffer
+    if (!isUtf8(bytes)) {
       done(new GW_ERR_PARSE('body is not valid UTF-8'), undefined)
       return
     }
+    const text = bytes.toString('utf8')
     let value: unknown
     try {
       value = JSON.parse(text)
@@ -78,7 +89,8 @@ export function registerJsonParser (app: FastifyInstance): void {
       return
     }
     // Deep nesting would overflow the stack wherever the message is later copied or serialised.
-    if (depthExceeds(value, MAX_JSON_DEPTH)) {
+    // Each level takes an opening and a closing bracket: a shorter body cannot nest that deep.
+    if (bytes.length > 2 * MAX_JSON_DEPTH && depthExceeds(value, MAX_JSON_DEPTH)) {
       done(new GW_ERR_INVALID_REQUEST(`JSON nested deeper than ${MAX_JSON_DEPTH} levels`), undefined)
       return
     }

@@ -8,7 +8,7 @@ import {
   GW_ERR_SESSION_NOT_FOUND, GW_ERR_SESSION_REQUIRED, isGatewayError, toJsonRpcError, GW_ERR_INTERNAL
 } from '../core/errors.js'
 import { formatEventId, GET_STREAM, parseEventId } from '../state/event-log.js'
-import { checkAccept, clientHeaders, decodeBody, header, replyHeaders, serverOf } from './request.js'
+import { checkAccept, GET_ACCEPTS, POST_ACCEPTS, clientHeaders, decodeBody, header, replyHeaders, serverOf } from './request.js'
 import { isRequest, type JsonRpcMessage, type JsonRpcRequest } from '../core/jsonrpc.js'
 import { allowsBatches, allowsPriming, checkVersionHeader, negotiateVersion } from '../core/protocol-version.js'
 import type { Router } from '../routing/router.js'
@@ -85,7 +85,7 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
 
   async function post (req: FastifyRequest<{ Params: ServerParams }>, reply: FastifyReply): Promise<void> {
     const server = serverOf(live, req)
-    checkAccept(req, ['application/json', 'text/event-stream'])
+    checkAccept(req, POST_ACCEPTS)
     // Body first, as the SDKs classify (SPEC.md M-14): a modern request carries no session.
     const headers = modernHeaders(req)
     if (classifyPost(req.body, headers).era === 'modern') {
@@ -132,7 +132,7 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
 
   async function get (req: FastifyRequest<{ Params: ServerParams }>, reply: FastifyReply): Promise<void> {
     const server = serverOf(live, req)
-    checkAccept(req, ['text/event-stream'])
+    checkAccept(req, GET_ACCEPTS)
     const record = await sessionOf(req, server)
     checkVersionHeader(req.headers['mcp-protocol-version'])
     const lastEventId = header(req, 'last-event-id')

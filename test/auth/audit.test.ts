@@ -50,6 +50,12 @@ t.test('audit lines for sessions and tool calls, without secrets', async t => {
   t.match(audits.filter(e => e.audit === 'session.ended'), [{ tenant: 'acme', subject, server: 'full', reason: 'client DELETE' }])
   t.match(audits.filter(e => e.audit === 'request.refused'), [{ server: 'full', status: 401, reason: 'unknown API key' }])
 
+  // Request lines come from Fastify's per-request child logger (telemetry/logger.ts requestChildLogger).
+  const created = lines.map(l => JSON.parse(l) as Record<string, unknown>).filter(l => l.msg === 'session created')
+  t.match(created, [{ replica: 'audit', reqId: /^req-/, server: 'full' }, { replica: 'audit', reqId: /^req-/ }], 'request lines carry the replica and the request id')
+  t.not(created[0]?.reqId, created[1]?.reqId, 'each request its own id')
+  t.equal(lines.filter(l => (l.match(/"reqId"/g) ?? []).length > 1).length, 0, 'bound once per line, not once per child')
+
   const all = lines.join('\n')
   t.notMatch(all, key.key, 'no API key')
   t.notMatch(all, 'mcpgw_not-a-key', 'no presented key')
