@@ -99,8 +99,12 @@ export class ClientStreams {
    * marker already (claimOrphans). Returns '' when nothing was written.
    */
   async append (sid: string, streamId: string, message: JsonRpcMessage | null, claimed = false): Promise<string> {
-    const answers = !claimed && message !== null && isResponse(message) && message.id != null && isRequestStreamId(streamId) ? message.id : undefined
-    const { entryId, holder, entry } = await this.#o.eventLog.append(sid, streamId, message, this.#idleMs, answers)
+    const response = message !== null && isResponse(message) && isRequestStreamId(streamId)
+    const answers = !claimed && response && message.id != null ? message.id : undefined
+    // The one answer of a one-request stream completes it: the log is kept only briefly from now
+    // on (see #onWriterEnd), set in the same step rather than by a command of its own.
+    const ttlMs = response && expectedResponsesOf(streamId) === 1 ? Math.min(this.#idleMs, COMPLETED_STREAM_TTL_MS) : this.#idleMs
+    const { entryId, holder, entry } = await this.#o.eventLog.append(sid, streamId, message, ttlMs, answers)
     if (entryId === '') return entryId
     if (holder === this.#o.replicaId) {
       // Local first: the writer here takes the entry as appended, without reading it back.
@@ -335,8 +339,9 @@ export class ClientStreams {
     if (reason === 'complete') {
       // A completed request stream gets no more entries: its holder lease just lapses, and its log
       // is kept only briefly for a client whose socket died right after the answer (not the whole
-      // idle timeout: a busy session would hold every answer it ever sent).
-      this.#o.eventLog.expire(sid, streamId, COMPLETED_STREAM_TTL_MS).catch(() => {})
+      // idle timeout: a busy session would hold every answer it ever sent). A one-request stream
+      // completed by an answer from its log got that TTL with the answer (append).
+      if (!writer.advanced || expectedResponsesOf(streamId) !== 1) this.#o.eventLog.expire(sid, streamId, COMPLETED_STREAM_TTL_MS).catch(() => {})
     } else {
       store.releaseHolder(sid, streamId, this.#o.replicaId).catch(() => {})
     }

@@ -13,6 +13,7 @@ import t, { type Test } from 'tap'
 import { stdioFixture } from '../helpers/gateway.js'
 import { randomPrefix, startRedis, testRedis, type RedisServer } from '../helpers/redis-server.js'
 import { sessionKeys } from '../../src/state/redis/keys.js'
+import { COMPLETED_STREAM_TTL_MS } from '../../src/routing/streams.js'
 import { startReplica, startRoundRobinProxy, type ReplicaProcess } from '../helpers/replicas.js'
 import { SseReader } from '../helpers/sse-client.js'
 import { eventually, textOf } from '../helpers/wait.js'
@@ -206,6 +207,10 @@ t.test('leases and TTLs: every key has a TTL after real traffic; an owner that l
   t.ok(keys.length >= 5, `the gateway wrote keys (${keys.length})`)
   const ttls = await Promise.all(keys.map(async key => [key, await inspect.pttl(key)] as const))
   t.same(ttls.filter(([, ttl]) => ttl < 0), [], 'no key without a TTL')
+  // A completed call's log is kept for a late resume, briefly: not the session's idle timeout.
+  const answered = ttls.filter(([key]) => /:ev:[rj]1_/.test(key))
+  t.ok(answered.length >= 3, `the calls' logs are there (${answered.length})`)
+  t.same(answered.filter(([, ttl]) => ttl > COMPLETED_STREAM_TTL_MS), [], 'each kept for at most a minute')
 
   const sid = (client.transport as StreamableHTTPClientTransport).sessionId ?? ''
   await inspect.del(sessionKeys(prefix, sid).owner) // the owner's lease is gone (as if it had lapsed)
