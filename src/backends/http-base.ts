@@ -23,6 +23,7 @@
 import { setTimeout as sleep } from 'node:timers/promises'
 import type { Dispatcher, Pool } from 'undici'
 import type { Logger } from 'pino'
+import { childLogger } from '../telemetry/logger.js'
 import type { BackendConnection, BackendHandlers, BackendOpenOptions, TenantUpstream } from './backend.js'
 import type { HttpServerConfig } from '../config/schema.js'
 import { GW_ERR_BACKEND_TIMEOUT, GW_ERR_BACKEND_UNAVAILABLE, toJsonRpcError, type GatewayError } from '../core/errors.js'
@@ -80,6 +81,10 @@ export interface Pending {
   timer: NodeJS.Timeout
   /** Aborts the HTTP exchange that carries this request's answer. */
   abort: AbortController
+  /** Answered while its exchange still ran: aborts the exchange if it lingers (LINGER_MS). */
+  linger?: NodeJS.Timeout
+  /** The exchange is over (exchangeEnded): nothing is left to abort. */
+  exchangeDone?: boolean
   /** Gateway-minted requests (re-initialise) resolve here and never reach onMessage. */
   internal?: { resolve: (m: JsonRpcResponse) => void, reject: (err: Error) => void }
 }
@@ -122,7 +127,7 @@ export abstract class HttpBackend implements HttpBackendConnection {
     this.server = options.server
     this.config = config
     this.handlers = options.handlers
-    this.log = options.log.child({ backend: options.server, transport: config.transport })
+    this.log = childLogger(options.log, { backend: options.server, transport: config.transport })
     this.url = new URL(config.url)
     this.requests = dispatcherFor(this.url.origin, config.connections, config.connectTimeoutMs)
     this.streams = dispatcherFor(this.url.origin, null, config.connectTimeoutMs)
@@ -216,6 +221,12 @@ export abstract class HttpBackend implements HttpBackendConnection {
     if (internal !== undefined) p.internal = internal
     this.pending.set(key, p)
     return p
+  }
+
+  /** The HTTP exchange of p is over: a lingering-abort timer is no longer needed. */
+  protected exchangeEnded (p: Pending): void {
+    p.exchangeDone = true
+    clearTimeout(p.linger)
   }
 
   protected isPending (p: Pending): boolean {
@@ -319,8 +330,9 @@ export abstract class HttpBackend implements HttpBackendConnection {
         return true
       }
       this.settle(p)
-      // Let the exchange end by itself, but not hold a pooled connection forever.
-      setTimeout(() => p.abort.abort(), LINGER_MS).unref()
+      // Let the exchange end by itself, but not hold a pooled connection forever. The timer goes
+      // when the exchange ends (exchangeEnded): it would keep the request's state for LINGER_MS.
+      if (p.exchangeDone !== true) p.linger = setTimeout(() => p.abort.abort(), LINGER_MS).unref()
       if (p.method === 'initialize' && 'result' in c.message) this.onInitializeResult(c.message.result)
       if (p.internal !== undefined) {
         p.internal.resolve(c.message)

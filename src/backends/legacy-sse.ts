@@ -51,7 +51,7 @@ export class LegacySseBackend extends HttpBackend {
       const p = this.track(message)
       this.#enqueue(message).catch((err: unknown) => {
         this.fail(p, err as GatewayError)
-      })
+      }).finally(() => { this.exchangeEnded(p) })
       return
     }
     if (isNotification(message) && message.method === 'notifications/cancelled') this.forgetCancelled(message)

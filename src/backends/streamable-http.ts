@@ -67,7 +67,7 @@ export class StreamableHttpBackend extends HttpBackend {
       // Errors reach the router as the request's JSON-RPC error, never as a rejection.
       this.#runRequest(message, p, false).catch((err: unknown) => {
         this.fail(p, this.unavailable(describe(err), err))
-      })
+      }).finally(() => { this.exchangeEnded(p) })
       return
     }
     if (isNotification(message) && message.method === 'notifications/cancelled') this.forgetCancelled(message)
@@ -335,7 +335,7 @@ export class StreamableHttpBackend extends HttpBackend {
     try {
       const reply = await new Promise<JsonRpcResponse>((resolve, reject) => {
         const p = this.track(request, { resolve, reject })
-        this.#runRequest(request, p, true, true).catch(reject)
+        this.#runRequest(request, p, true, true).catch(reject).finally(() => { this.exchangeEnded(p) })
       })
       if ('error' in reply) throw this.unavailable(`re-initialise failed: ${reply.error.message}`)
       await this.postNotification({ jsonrpc: '2.0', method: 'notifications/initialized' }, true, true)
