@@ -73,10 +73,12 @@ export class SupervisedSession implements BackendSession {
   #queue: Queued[] = []
   #flushing = false
   #stopping: Promise<void> | null = null
-  /** Aborted by stop(): ends a restart in progress. */
-  readonly #stopSignal = new AbortController()
+  /** Aborted by stop(): ends a restart in progress. Made when a restart first needs it. */
+  #stopSignal: AbortController | undefined
+  #stopRequested = false
   #gwSeq = 0
-  readonly #gwPending = new Map<string, GwPending>()
+  /** Made on first use, as #subscriptions: most sessions never need them (heap per idle session). */
+  #gwPending: Map<string, GwPending> | undefined
 
   // What the client established, replayed into a restarted child.
   #initParams: JsonRpcRequest['params'] | undefined
@@ -84,7 +86,7 @@ export class SupervisedSession implements BackendSession {
   #initialized = false
   #negotiatedVersion: string | undefined
   #logLevel: JsonRpcRequest['params'] | undefined
-  readonly #subscriptions = new Set<string>()
+  #subscriptions: Set<string> | undefined
 
   constructor (server: string, sid: string, config: ServerConfig, factory: BackendFactory, handlers: SupervisedHandlers,
     options: SupervisedOpenOptions, log: Logger, onEnd: (session: SupervisedSession, closing: Promise<void>) => void) {
@@ -103,7 +105,7 @@ export class SupervisedSession implements BackendSession {
       const state = takeOver.established
       this.#initialized = state?.initialized ?? true
       this.#logLevel = state?.logLevel ?? undefined
-      for (const uri of state?.subscriptions ?? []) this.#subscriptions.add(uri)
+      for (const uri of state?.subscriptions ?? []) (this.#subscriptions ??= new Set()).add(uri)
       this.#negotiatedVersion = state?.backendVersion ?? undefined
     }
   }
@@ -125,7 +127,7 @@ export class SupervisedSession implements BackendSession {
     const state: EstablishedState = {
       initialized: this.#initialized,
       logLevel: (this.#logLevel as Record<string, unknown> | undefined) ?? null,
-      subscriptions: [...this.#subscriptions],
+      subscriptions: [...this.#subscriptions ?? []],
       backendVersion: this.#negotiatedVersion ?? null
     }
     this.#call('onEstablished', () => report(state))
@@ -178,9 +180,9 @@ export class SupervisedSession implements BackendSession {
       const id = msg.id
       // Only answers to the supervisor's own requests are kept back: a client may use a 'gw-' id
       // too (direct HTTP sessions pass client ids through), and its answer must reach it.
-      const pending = typeof id === 'string' ? this.#gwPending.get(id) : undefined
+      const pending = typeof id === 'string' ? this.#gwPending?.get(id) : undefined
       if (typeof id === 'string' && pending !== undefined) {
-        this.#gwPending.delete(id)
+        this.#gwPending?.delete(id)
         if ('error' in msg && id.startsWith('gw-replay')) this.#log.warn({ id, error: msg.error }, 'backend rejected a replayed request')
         pending.resolve(msg)
         return
@@ -216,10 +218,10 @@ export class SupervisedSession implements BackendSession {
           this.#established()
           break
         case 'resources/subscribe':
-          if (uri !== undefined) { this.#subscriptions.add(uri); this.#established() }
+          if (uri !== undefined) { (this.#subscriptions ??= new Set()).add(uri); this.#established() }
           break
         case 'resources/unsubscribe':
-          if (uri !== undefined && this.#subscriptions.delete(uri)) this.#established()
+          if (uri !== undefined && this.#subscriptions?.delete(uri) === true) this.#established()
           break
       }
     } else if (isNotification(msg) && msg.method === 'notifications/initialized') {
@@ -264,8 +266,8 @@ export class SupervisedSession implements BackendSession {
   }
 
   #rejectGwPending (err: Error): void {
-    for (const p of this.#gwPending.values()) p.reject(err)
-    this.#gwPending.clear()
+    for (const p of this.#gwPending?.values() ?? []) p.reject(err)
+    this.#gwPending?.clear()
   }
 
   #restartPolicy (): { maxRestarts: number, windowMs: number, baseDelayMs: number, maxDelayMs: number } | null {
@@ -335,23 +337,30 @@ export class SupervisedSession implements BackendSession {
 
   async #gwRequest (conn: BackendConnection, kind: 'init' | 'replay', method: string, params: JsonRpcRequest['params']): Promise<JsonRpcMessage> {
     const id = `gw-${kind}-${++this.#gwSeq}`
-    const answered = new Promise<JsonRpcMessage>((resolve, reject) => this.#gwPending.set(id, { resolve, reject }))
+    const pending = this.#gwPending ??= new Map()
+    const answered = new Promise<JsonRpcMessage>((resolve, reject) => pending.set(id, { resolve, reject }))
     answered.catch(() => {}) // replays are not awaited; a rejection must not go unhandled
     const msg: JsonRpcRequest = params === undefined ? { jsonrpc: '2.0', id, method } : { jsonrpc: '2.0', id, method, params }
     try {
       await conn.send(msg)
     } catch (err) {
-      this.#gwPending.delete(id)
+      pending.delete(id)
       throw err
     }
     return await answered
+  }
+
+  #stopSignalOf (): AbortSignal {
+    this.#stopSignal ??= new AbortController()
+    if (this.#stopRequested) this.#stopSignal.abort()
+    return this.#stopSignal.signal
   }
 
   async #reinitialise (conn: BackendConnection): Promise<void> {
     if (this.#initParams === undefined) return // the client never initialised: nothing to replay
     const timeoutMs = this.#config.requestTimeoutMs
     const done = new AbortController()
-    const signal = AbortSignal.any([done.signal, this.#stopSignal.signal])
+    const signal = AbortSignal.any([done.signal, this.#stopSignalOf()])
     const timeout = sleep(timeoutMs, 'timeout' as const, { ref: false, signal }).catch(() => 'stopped' as const)
     let answer: JsonRpcMessage | 'timeout' | 'stopped'
     try {
@@ -369,7 +378,7 @@ export class SupervisedSession implements BackendSession {
     }
     if (this.#initialized) await conn.send({ jsonrpc: '2.0', method: 'notifications/initialized' })
     if (this.#logLevel !== undefined) void this.#gwRequest(conn, 'replay', 'logging/setLevel', this.#logLevel).catch(() => {})
-    for (const uri of this.#subscriptions) void this.#gwRequest(conn, 'replay', 'resources/subscribe', { uri }).catch(() => {})
+    for (const uri of this.#subscriptions ?? []) void this.#gwRequest(conn, 'replay', 'resources/subscribe', { uri }).catch(() => {})
   }
 
   async #flush (conn: BackendConnection): Promise<void> {
@@ -410,7 +419,8 @@ export class SupervisedSession implements BackendSession {
   async stop (options: StopOptions = {}): Promise<void> {
     if (this.#stopping !== null) return await this.#stopping
     this.#state = 'stopping'
-    this.#stopSignal.abort()
+    this.#stopRequested = true
+    this.#stopSignal?.abort()
     clearTimeout(this.#timer)
     this.#timer = undefined
     this.#generation++

@@ -82,7 +82,7 @@ export class StreamWriter {
   #closed: AbortController | undefined
   readonly #collected: JsonRpcResponse[] = []
   /** Request ids of a POST stream answered so far. */
-  readonly #answered = new Set<RequestId>()
+  #answered: Set<RequestId> | undefined
   #keepAlive: NodeJS.Timeout | undefined
   /** Lazy SSE: whether the headers are still held, the answers held meanwhile, and the delay. */
   #holding = false
@@ -284,7 +284,7 @@ export class StreamWriter {
 
   /** Whether this is a POST stream with requests still unanswered. */
   get awaitsAnswers (): boolean {
-    return !this.#ended && (this.#o.requestIds ?? []).some(id => !this.#answered.has(id))
+    return !this.#ended && (this.#o.requestIds ?? []).some(id => this.#answered?.has(id) !== true)
   }
 
   /**
@@ -298,9 +298,10 @@ export class StreamWriter {
     if (this.#holding) this.#openSse()
     const { res, mode } = this.#o
     const failed: RequestId[] = []
+    const answered = this.#answered ??= new Set()
     for (const id of this.#o.requestIds ?? []) {
-      if (this.#answered.has(id)) continue
-      this.#answered.add(id)
+      if (answered.has(id)) continue
+      answered.add(id)
       failed.push(id)
       const message = answer(id)
       if (mode === 'json') this.#collected.push(message)
@@ -312,7 +313,8 @@ export class StreamWriter {
 
   async #emit (entry: LogEntry, last: boolean): Promise<void> {
     const { mode, res } = this.#o
-    if (entry.message !== null && isResponse(entry.message) && entry.message.id !== null && entry.message.id !== undefined) this.#answered.add(entry.message.id)
+    // Only a POST stream's answers are counted (awaitsAnswers, failUnanswered): a GET stream keeps no set.
+    if (this.#o.requestIds !== undefined && entry.message !== null && isResponse(entry.message) && entry.message.id !== null && entry.message.id !== undefined) (this.#answered ??= new Set()).add(entry.message.id)
     if (mode === 'json') {
       if (entry.message !== null && isResponse(entry.message)) this.#collected.push(entry.message)
       return

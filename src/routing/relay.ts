@@ -136,14 +136,16 @@ export class Relay {
   #clientCapabilities: Record<string, unknown>
   readonly #o: RelayOptions
   #nextId = 1
+  // The four maps below are made on first use: an idle session (most of them, most of the time)
+  // holds none, a few hundred bytes each (issue 10, heap per idle session).
   /** Keyed by idKey(backend id). */
-  readonly #inFlight = new Map<string, InFlight>()
+  #inFlight: Map<string, InFlight> | undefined
   /** idKey(client id) -> idKey(backend id). */
-  readonly #byClientId = new Map<string, string>()
+  #byClientId: Map<string, string> | undefined
   /** idKey(progress token) -> stream id. */
-  readonly #byToken = new Map<string, string>()
+  #byToken: Map<string, string> | undefined
   /** Server-to-client requests waiting for the client, by opaque id. */
-  readonly #pending = new Map<string, PendingClientRequest>()
+  #pending: Map<string, PendingClientRequest> | undefined
 
   constructor (options: RelayOptions) {
     this.#o = options
@@ -165,7 +167,7 @@ export class Relay {
   }
 
   /** Requests of the client in flight to the backend. */
-  get inFlightCount (): number { return this.#inFlight.size }
+  get inFlightCount (): number { return this.#inFlight?.size ?? 0 }
 
   /** What the client negotiated, once known (a legacy session learns it after the stream opened). */
   setClient (protocolVersion: string | undefined, clientCapabilities: Record<string, unknown> | undefined): void {
@@ -223,9 +225,9 @@ export class Relay {
       startedAt
     }
     entry.timer.unref()
-    this.#inFlight.set(key, entry)
-    this.#byClientId.set(idKey(request.id), key)
-    if (entry.progressToken !== undefined) this.#byToken.set(idKey(entry.progressToken), streamId)
+    ;(this.#inFlight ??= new Map()).set(key, entry)
+    ;(this.#byClientId ??= new Map()).set(idKey(request.id), key)
+    if (entry.progressToken !== undefined) (this.#byToken ??= new Map()).set(idKey(entry.progressToken), streamId)
     let outgoing: JsonRpcRequest = { ...request, id: backendId }
     if (tracing !== null) {
       ({ request: outgoing, span: entry.span } = tracing.backendRequest(outgoing, trace, { sid: this.sid, server: this.server, backendTransport: this.#o.backendTransport }))
@@ -243,8 +245,8 @@ export class Relay {
       const params = asRecord(notification.params)
       const requestId = params.requestId
       if (typeof requestId !== 'string' && typeof requestId !== 'number') return
-      const key = this.#byClientId.get(idKey(requestId))
-      const entry = key === undefined ? undefined : this.#inFlight.get(key)
+      const key = this.#byClientId?.get(idKey(requestId))
+      const entry = key === undefined ? undefined : this.#inFlight?.get(key)
       if (key === undefined || entry === undefined) {
         // Direct sessions: the request may be in flight from another replica; the id is the
         // backend's id too, so the backend can still be told. Routed: unknown, MAY be ignored (U-CAN-1).
@@ -261,9 +263,9 @@ export class Relay {
   #forwardClientResponse (response: JsonRpcResponse): void {
     const id = response.id
     if (typeof id !== 'string') return
-    const pending = this.#pending.get(id)
+    const pending = this.#pending?.get(id)
     if (pending === undefined) return // late or unknown answer: ignored
-    this.#pending.delete(id)
+    this.#pending?.delete(id)
     clearTimeout(pending.timer)
     this.backend?.send({ ...response, id: pending.backendId } as JsonRpcResponse)
       .catch(err => this.log.warn({ err }, 'client answer not delivered to backend'))
@@ -305,7 +307,7 @@ export class Relay {
     const params = asRecord(notification.params)
     if (notification.method === 'notifications/progress') {
       const token = params.progressToken
-      const streamId = (typeof token === 'string' || typeof token === 'number') ? this.#byToken.get(idKey(token)) : undefined
+      const streamId = (typeof token === 'string' || typeof token === 'number') ? this.#byToken?.get(idKey(token)) : undefined
       if (streamId === undefined) return // progress for no active request (U-PROG-1)
       await this.#o.host.append(this.sid, isJsonStream(streamId) ? GET_STREAM : streamId, notification)
       return
@@ -313,9 +315,9 @@ export class Relay {
     if (notification.method === 'notifications/cancelled') {
       // The backend withdrew one of its own requests to the client: use the client-facing id.
       const requestId = params.requestId
-      for (const [opaque, pending] of this.#pending) {
+      for (const [opaque, pending] of this.#pending ?? []) {
         if (pending.backendId === requestId) {
-          this.#pending.delete(opaque)
+          this.#pending?.delete(opaque)
           clearTimeout(pending.timer)
           await this.#o.host.append(this.sid, pending.streamId, { ...notification, params: { ...params, requestId: opaque } })
           return
@@ -342,19 +344,19 @@ export class Relay {
     const streamId = this.#pickStream(request.method)
     const timeoutMs = this.#o.clientRequestTimeoutMs
     const timer = setTimeout(() => {
-      if (!this.#pending.delete(opaque)) return
+      if (this.#pending?.delete(opaque) !== true) return
       backend?.send(errorResponse(request.id, -32006, `Client did not answer ${request.method} within ${timeoutMs} ms`)).catch(() => {})
     }, timeoutMs)
     timer.unref()
-    this.#pending.set(opaque, { backendId: request.id, streamId, timer })
+    ;(this.#pending ??= new Map()).set(opaque, { backendId: request.id, streamId, timer })
     await this.#o.host.append(this.sid, streamId, { ...request, id: opaque })
   }
 
   /** Flow 2: other messages to the one in-flight request's stream, else the GET stream. */
   #pickStream (method: string): string {
     if (this.legacy) return LEGACY_STREAM
-    if (!SESSION_LEVEL.test(method) && this.#inFlight.size === 1) {
-      const [only] = this.#inFlight.values()
+    if (!SESSION_LEVEL.test(method) && this.#inFlight?.size === 1) {
+      const [only] = this.#inFlight?.values() ?? []
       if (only !== undefined && !isJsonStream(only.streamId) && only.method !== 'initialize') return only.streamId
     }
     return GET_STREAM
@@ -383,12 +385,18 @@ export class Relay {
 
   /** Removes an in-flight request; returns it if it was still in flight. `outcome`: its answer, or why none. */
   #settle (key: string, outcome: JsonRpcResponse | string): InFlight | undefined {
-    const entry = this.#inFlight.get(key)
+    const entry = this.#inFlight?.get(key)
     if (entry === undefined) return undefined
     entry.span?.end(outcome)
-    this.#inFlight.delete(key)
-    this.#byClientId.delete(idKey(entry.clientId))
-    if (entry.progressToken !== undefined) this.#byToken.delete(idKey(entry.progressToken))
+    this.#inFlight?.delete(key)
+    this.#byClientId?.delete(idKey(entry.clientId))
+    if (entry.progressToken !== undefined) this.#byToken?.delete(idKey(entry.progressToken))
+    if (this.#inFlight?.size === 0) {
+      // Nothing in flight: an idle session holds no maps (they are made again by the next request).
+      this.#inFlight = undefined
+      this.#byClientId = undefined
+      this.#byToken = undefined
+    }
     clearTimeout(entry.timer)
     if (entry.method === 'tools/call') this.#auditCall(entry, outcomeOf(outcome))
     return entry
@@ -408,12 +416,12 @@ export class Relay {
   /** Every request in flight gets a JSON-RPC error at once (backend died, shutdown, session end). */
   failAll (err: GatewayError): void {
     const kind: BackendErrorKind = err.code === 'GW_ERR_SHUTTING_DOWN' ? 'shutdown' : 'unavailable'
-    for (const key of [...this.#inFlight.keys()]) {
+    for (const key of [...this.#inFlight?.keys() ?? []]) {
       const entry = this.#settle(key, err.code)
       if (entry !== undefined) this.#fail(entry, err, kind)
     }
-    for (const pending of this.#pending.values()) clearTimeout(pending.timer)
-    this.#pending.clear()
+    for (const pending of this.#pending?.values() ?? []) clearTimeout(pending.timer)
+    this.#pending?.clear()
   }
 
   #reply (streamId: string, message: JsonRpcMessage): void {

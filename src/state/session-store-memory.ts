@@ -14,7 +14,8 @@ interface Expiring<T> {
 interface SessionSide {
   owner: Expiring<string> | null
   holders: Map<string, Expiring<string>>
-  cursors: Map<string, Expiring<string>>
+  /** Made on first use: only a GET or legacy stream that ends records one. */
+  cursors: Map<string, Expiring<string>> | undefined
 }
 
 /**
@@ -181,11 +182,12 @@ export class MemorySessionStore implements SessionStore {
   }
 
   async setCursor (sid: string, streamId: string, entryId: string, ttlMs: number): Promise<void> {
-    this.#side(sid).cursors.set(streamId, { value: entryId, expiresAt: Date.now() + ttlMs })
+    const side = this.#side(sid)
+    ;(side.cursors ??= new Map()).set(streamId, { value: entryId, expiresAt: Date.now() + ttlMs })
   }
 
   async getCursor (sid: string, streamId: string): Promise<string | null> {
-    const cursor = this.#sides.get(sid)?.cursors.get(streamId)
+    const cursor = this.#sides.get(sid)?.cursors?.get(streamId)
     return live(cursor, Date.now()) ? cursor.value : null
   }
 
@@ -227,8 +229,8 @@ export class MemorySessionStore implements SessionStore {
     for (const [sid, side] of this.#sides) {
       if (side.owner !== null && !live(side.owner, now)) side.owner = null
       for (const [streamId, holder] of side.holders) if (!live(holder, now)) side.holders.delete(streamId)
-      for (const [streamId, cursor] of side.cursors) if (!live(cursor, now)) side.cursors.delete(streamId)
-      if (side.owner === null && side.holders.size === 0 && side.cursors.size === 0) this.#sides.delete(sid)
+      for (const [streamId, cursor] of side.cursors ?? []) if (!live(cursor, now)) side.cursors?.delete(streamId)
+      if (side.owner === null && side.holders.size === 0 && (side.cursors?.size ?? 0) === 0) this.#sides.delete(sid)
     }
     for (const [id, expiresAt] of this.#replicas) if (expiresAt <= now) this.#replicas.delete(id)
     for (const part of this.#parts) part.sweep(now)
@@ -237,7 +239,7 @@ export class MemorySessionStore implements SessionStore {
   #side (sid: string): SessionSide {
     let side = this.#sides.get(sid)
     if (side === undefined) {
-      side = { owner: null, holders: new Map(), cursors: new Map() }
+      side = { owner: null, holders: new Map(), cursors: undefined }
       this.#sides.set(sid, side)
     }
     return side
