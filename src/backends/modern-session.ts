@@ -25,6 +25,7 @@
 //   marks is dropped from tools/list.
 import { randomUUID } from 'node:crypto'
 import type { Logger } from 'pino'
+import { childLogger } from '../telemetry/logger.js'
 import type { Dispatcher } from 'undici'
 import type { HttpServerConfig } from '../config/schema.js'
 import { GW_ERR_BACKEND_TIMEOUT, GW_ERR_BACKEND_UNAVAILABLE, isGatewayError, toJsonRpcError } from '../core/errors.js'
@@ -75,7 +76,7 @@ export class ModernSessionBackend implements HttpBackendConnection {
     this.#server = options.server
     this.#config = config
     this.#handlers = options.handlers
-    this.#log = options.log.child({ backend: options.server, transport: 'modern' })
+    this.#log = childLogger(options.log, { backend: options.server, transport: 'modern' })
     this.#headers = upstreamBaseHeaders(config, options.upstream, options.forwardedHeaders ?? {})
     // Another replica's session (failover or a direct session): the client's initialize is known.
     this.#initParams = options.initializeParams

@@ -15,6 +15,7 @@ import { spawn, type ChildProcess } from 'node:child_process'
 import { once } from 'node:events'
 import { setTimeout as sleep } from 'node:timers/promises'
 import type { Logger } from 'pino'
+import { childLogger } from '../telemetry/logger.js'
 import type { BackendConnection, BackendExit, BackendFactory, BackendOpenOptions } from './backend.js'
 import type { ServerConfig, StdioServerConfig } from '../config/schema.js'
 import { GW_ERR_BACKEND_UNAVAILABLE, GW_ERR_INTERNAL } from '../core/errors.js'
@@ -435,7 +436,7 @@ export function createStdioBackendFactory (factoryOptions: StdioFactoryOptions =
       options.log.warn({ code, reason: message, backend: server, command: config.command }, 'backend failed to start')
       throw new GW_ERR_BACKEND_UNAVAILABLE(server, (err as Error).message, { cause: err })
     }
-    const log = options.log.child({ backend: server, pid: child.pid })
+    const log = childLogger(options.log, { backend: server, pid: child.pid })
     log.info({ command: config.command }, 'backend started')
     return new StdioBackend(server, config, child, log, handlers)
   }

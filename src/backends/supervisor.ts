@@ -47,6 +47,8 @@ export interface SupervisedHandlers {
 
 /** Options passed through to the backend factory. */
 export interface SupervisedOpenOptions {
+  /** The session's logger (its bindings name the session); default a child of the supervisor's. */
+  log?: Logger
   /** HTTP backends: resume this backend session (failover). */
   backendSessionId?: string | null
   /** HTTP backends: the negotiated protocol version. */
@@ -135,7 +137,8 @@ export class Supervisor {
     // Reserve the slot before the first await, so concurrent opens cannot overshoot the limit.
     this.#perServer.set(server, live + 1)
     let ended = false
-    const log = this.#log.child({ sid: shortHash(sid) })
+    // One logger per session, shared with its relay when given (heap per idle session).
+    const log = options.log ?? this.#log.child({ sid: shortHash(sid) })
     const session = new SupervisedSession(server, sid, config, factory, handlers, options, log, (s, closing) => {
       if (ended) return
       ended = true

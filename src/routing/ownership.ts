@@ -212,6 +212,7 @@ export class Ownership {
           this.#o.host.endSession(relay.sid, reason).catch(err => log.error({ err }, 'session end failed'))
         }
       }, {
+        log,
         backendSessionId: record.backendSessionId,
         // A resumed HTTP backend session speaks the version its backend negotiated (G-1, H-PV-1).
         protocolVersion: record.backendProtocolVersion ?? record.protocolVersion,

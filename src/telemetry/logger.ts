@@ -39,6 +39,16 @@ export function createLogger (level: string, replicaId: string, destination?: De
 
 const LOG_BUFFER_BYTES = 4096
 
+/**
+ * A child with only the bindings its parent does not hold yet, so no key appears twice in a line
+ * (a backend's logger is a child of its session's, which may name the backend already). For
+ * loggers made once per session or connection, not per request: bindings() parses.
+ */
+export function childLogger (log: Logger, bindings: Record<string, unknown>): Logger {
+  const bound = log.bindings()
+  return log.child(Object.fromEntries(Object.entries(bindings).filter(([key]) => !Object.hasOwn(bound, key))))
+}
+
 /** Session ids are bearer-like: logs carry a short hash, never the id itself. */
 export function shortHash (value: string): string {
   return createHash('sha256').update(value).digest('base64url').slice(0, 10)

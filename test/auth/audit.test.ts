@@ -54,7 +54,10 @@ t.test('audit lines for sessions and tool calls, without secrets', async t => {
   const created = lines.map(l => JSON.parse(l) as Record<string, unknown>).filter(l => l.msg === 'session created')
   t.match(created, [{ replica: 'audit', reqId: /^req-/, server: 'full' }, { replica: 'audit', reqId: /^req-/ }], 'request lines carry the replica and the request id')
   t.not(created[0]?.reqId, created[1]?.reqId, 'each request its own id')
-  t.equal(lines.filter(l => (l.match(/"reqId"/g) ?? []).length > 1).length, 0, 'bound once per line, not once per child')
+  for (const key of ['reqId', 'sid', 'backend', 'replica']) {
+    t.same(lines.filter(l => (l.match(new RegExp(`"${key}":`, 'g')) ?? []).length > 1), [], `"${key}" at most once in a line, however many child loggers made it`)
+  }
+  t.ok(lines.some(l => /"sid":"[A-Za-z0-9_-]{10}".*"backend":"full".*"msg":"backend started"/.test(l)), 'a backend\'s line names its session and backend')
 
   const all = lines.join('\n')
   t.notMatch(all, key.key, 'no API key')
