@@ -54,6 +54,9 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
     // the id the log gave it (H-POST-7).
     const route = await router.admit(record)
     const writer = await router.openPost({
+      // A routed session's requests are served by its owner: a marker names it, so when it is
+      // gone with requests in flight, whoever watches the session can answer them (router.ts).
+      ...(typeof route === 'string' ? { servedBy: route } : {}),
       res: reply.raw,
       sid: record.id,
       streamId,

@@ -393,20 +393,21 @@ export class Router {
     for (const { sid, streamId, id } of this.#answeredWithoutLog.splice(0)) await this.#o.eventLog.claim(sid, streamId, id, this.#idleMs).catch(() => {})
     for (const sid of this.#streams.awaitingSessions()) {
       if (this.#ownership.opening(sid) !== undefined) continue
-      // A routed session whose backend runs here: its answers come from here, nothing to watch.
       const local = this.#ownership.local(sid)
-      if (local !== undefined && !local.direct) continue
-      const record = await store.get(sid)
-      if (record === null) continue
-      if (this.#ownership.isDirect(record.server)) {
-        // A direct session's requests were sent by the replica that took each POST: those sent
-        // by a replica that is gone died with its connection to the backend.
-        for (const replica of await this.#o.eventLog.pendingReplicas(sid)) {
-          if (replica === this.replicaId || await store.isAlive(replica)) continue
-          await this.#failOrphans(sid, record.server, `replica ${replica} is gone`, replica)
-        }
-        continue
+      const record = local === undefined || local.direct ? await store.get(sid) : null
+      const server = local?.server ?? record?.server
+      if (server === undefined) continue
+      // Each marker names the replica that serves its request (the one that took a direct
+      // session's POST; a routed session's owner as routed to). Requests served by a replica that
+      // is gone died with it, whoever owns the session now: a replica that kept serving a session
+      // another one had taken over (its lease not yet found lost) and then died is one case.
+      for (const replica of await this.#o.eventLog.pendingReplicas(sid)) {
+        if (replica === this.replicaId || await store.isAlive(replica)) continue
+        await this.#failOrphans(sid, server, `replica ${replica} is gone`, replica)
       }
+      // A routed session whose backend runs here: its answers come from here.
+      if (local !== undefined && !local.direct) continue
+      if (record === null || this.#ownership.isDirect(record.server)) continue
       if (this.#ownership.has(sid)) continue
       const owner = await store.getOwner(sid)
       if (owner === this.replicaId || (owner !== null && await store.isAlive(owner))) continue
@@ -423,10 +424,12 @@ export class Router {
     for (const sid of expired) await this.#sessions.end(sid, 'idle timeout')
     // Another replica took the session over (it thought this one dead): only the backend stops
     // here; the client's streams held here go on.
-    for (const sid of leaseLost) {
+    // All at once: each drop takes its relay out at once, then waits for its backend to stop; one
+    // after another, the last relays would go on serving sessions owned elsewhere for seconds.
+    await Promise.all(leaseLost.map(async sid => {
       const server = ownership.local(sid)?.server ?? '?'
       await ownership.drop(sid, new GW_ERR_BACKEND_LOST(server, 'another replica took the session over'))
-    }
+    }))
     const held = await this.#streams.renew()
     for (const sid of held) {
       if (ownership.has(sid)) continue

@@ -71,6 +71,8 @@ export interface OpenPostOptions extends Omit<OpenStreamOptions, 'cursor' | 'fre
   priming: boolean
   /** The stream's first bytes, given the priming entry's id. */
   preamble: (primingId: string) => string
+  /** The replica whose relay sends these requests to the backend (default this one). */
+  servedBy?: string
 }
 
 export interface ClientStreamsOptions extends ReplicaContext {
@@ -156,12 +158,12 @@ export class ClientStreams {
    * is registered first, so a wake for an answer that comes at once is never lost.
    */
   async openPost (options: OpenPostOptions): Promise<StreamWriter> {
-    const { preamble, priming, ...stream } = options
+    const { preamble, priming, servedBy, ...stream } = options
     const { sid, streamId } = stream
     const writer = this.#register({ ...stream, cursor: null, fresh: true })
     let primingId: string | null
     try {
-      primingId = await this.#o.eventLog.markPending(sid, streamId, stream.requestIds, this.#idleMs, priming, this.#o.replicaId, this.#leaseMs)
+      primingId = await this.#o.eventLog.markPending(sid, streamId, stream.requestIds, this.#idleMs, priming, servedBy ?? this.#o.replicaId, { replicaId: this.#o.replicaId, leaseMs: this.#leaseMs })
     } catch (err) {
       this.#delete(writer)
       throw err

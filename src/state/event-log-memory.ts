@@ -5,7 +5,7 @@
 // still holds a cursor into it: a new stream starts at Date.now() * 1000, above any id an earlier
 // stream of that name can have reached (it would need 1000 appends per millisecond).
 import { GW_ERR_BAD_REQUEST } from '../core/errors.js'
-import { isEntryId, parsePendingField, pendingField, type AppendResult, type EventLog, type LogEntry, type PendingRequest } from './event-log.js'
+import { isEntryId, parsePendingField, pendingField, type AppendResult, type EventLog, type LogEntry, type PendingRequest, type StreamHolder } from './event-log.js'
 import { isResponse, type JsonRpcMessage, type RequestId } from '../core/jsonrpc.js'
 import type { MemorySessionStore } from './session-store-memory.js'
 
@@ -57,15 +57,15 @@ export class MemoryEventLog implements EventLog {
     })
   }
 
-  async markPending (sid: string, streamId: string, ids: RequestId[], ttlMs: number, priming: boolean, replicaId: string, holderMs = 0): Promise<string | null> {
+  async markPending (sid: string, streamId: string, ids: RequestId[], ttlMs: number, priming: boolean, servedBy: string, holder?: StreamHolder): Promise<string | null> {
     let pending = this.#pending.get(sid)
     if (pending === undefined) {
       pending = new Map()
       this.#pending.set(sid, pending)
     }
     const now = Date.now()
-    for (const id of ids) pending.set(pendingField(streamId, id), { at: now, by: replicaId })
-    if (holderMs > 0) this.#store.setHolder(sid, streamId, replicaId, holderMs)
+    for (const id of ids) pending.set(pendingField(streamId, id), { at: now, by: servedBy })
+    if (holder !== undefined) this.#store.setHolder(sid, streamId, holder.replicaId, holder.leaseMs)
     return priming ? this.#append(sid, streamId, null, ttlMs).entryId : null
   }
 

@@ -29,6 +29,9 @@ export interface AppendResult {
   entry?: LogEntry
 }
 
+/** The replica that holds a client stream, and for how long (EventLog.markPending). */
+export interface StreamHolder { replicaId: string, leaseMs: number }
+
 /** A request still waiting for its answer (a pending marker; see EventLog.markPending). */
 export interface PendingRequest {
   streamId: string
@@ -46,12 +49,14 @@ export interface EventLog {
    */
   append (sid: string, streamId: string, message: JsonRpcMessage | null, ttlMs: number, answers?: RequestId): Promise<AppendResult>
   /**
-   * Records the requests of a client POST as pending (with the time of recording and the replica
-   * that took the POST), and appends the stream's priming entry when `priming`; returns that
-   * entry's id, else null. With `holderMs` (> 0), the POST's stream is new and `replicaId` becomes
-   * its holder for that long, in the same step (SessionStore.claimHolder without a previous one).
+   * Records the requests of a client POST as pending, with the time of recording and the replica
+   * that serves them (`servedBy`: the one whose relay sends them to the backend, so that when it
+   * is gone its markers can be claimed, claimOrphans `of`), and appends the stream's priming entry
+   * when `priming`; returns that entry's id, else null. With `holder`, the POST's stream is new
+   * and that replica becomes its holder for `leaseMs`, in the same step (SessionStore.claimHolder
+   * without a previous one).
    */
-  markPending (sid: string, streamId: string, ids: RequestId[], ttlMs: number, priming: boolean, replicaId: string, holderMs?: number): Promise<string | null>
+  markPending (sid: string, streamId: string, ids: RequestId[], ttlMs: number, priming: boolean, servedBy: string, holder?: StreamHolder): Promise<string | null>
   /**
    * Takes the pending markers of requests whose answers can no longer come: every marker recorded
    * up to now (the session's owner is gone), or those recorded by one replica (`of`, gone: it sent

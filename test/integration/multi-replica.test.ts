@@ -12,7 +12,7 @@ import {
 import t, { type Test } from 'tap'
 import { stdioFixture } from '../helpers/gateway.js'
 import { randomPrefix, startRedis, testRedis, type RedisServer } from '../helpers/redis-server.js'
-import { sessionKeys } from '../../src/state/redis/keys.js'
+import { replicaKey, sessionKeys } from '../../src/state/redis/keys.js'
 import { COMPLETED_STREAM_TTL_MS } from '../../src/routing/streams.js'
 import { startReplica, startRoundRobinProxy, type ReplicaProcess } from '../helpers/replicas.js'
 import { SseReader } from '../helpers/sse-client.js'
@@ -242,6 +242,65 @@ t.test('a holder replica killed mid-stream: the client resumes on another replic
   const progress = all.filter(e => e.data.includes('notifications/progress')).map(e => (JSON.parse(e.data) as { params: { progress: number } }).params.progress)
   t.same(progress, [1, 2, 3, 4], 'every progress notification exactly once, in order')
   t.ok(rest.messages().some(m => m.id === 9 && 'result' in m), 'the result came on the stream resumed on C')
+})
+
+t.test('the replica that took a call dies, its owner lives: the call gets its result, not an error', async t => {
+  const { replicas, prefix, redis } = await cluster(t)
+  const [a, b, c] = replicas as [ReplicaProcess, ReplicaProcess, ReplicaProcess]
+  const sid = await rawSession(a, a)
+  // B takes the POST and routes it to A, the owner, which serves it.
+  const call = await fetch(`${b.url}/mcp/full`, {
+    method: 'POST',
+    headers: { ...HEADERS, 'mcp-session-id': sid },
+    body: JSON.stringify({ jsonrpc: '2.0', id: 9, method: 'tools/call', params: { name: 'progress', arguments: { steps: 10, delayMs: 300 }, _meta: { progressToken: 9 } } })
+  })
+  const first = new SseReader(call)
+  await first.until(ev => ev.some(e => e.data.includes('notifications/progress')))
+  const last = first.events[first.events.length - 1]?.id ?? ''
+  const replicaB = b.logs.find(l => typeof l.replica === 'string')?.replica as string
+  await b.kill()
+  const inspect = await testRedis(t, redis.url)
+  await inspect.del(replicaKey(prefix, replicaB)) // B's heartbeat as if lapsed: C sees it gone at once
+  const resumed = await fetch(`${c.url}/mcp/full`, { headers: { accept: 'text/event-stream', 'mcp-session-id': sid, 'last-event-id': last } })
+  const rest = new SseReader(resumed)
+  await rest.finished
+  t.ok(rest.messages().some(m => m.id === 9 && 'result' in m), 'the result from A, the replica serving the call: B\'s death is no reason for an error')
+})
+
+t.test('a replica that went on serving a session another one had taken over dies: its calls in flight are answered', async t => {
+  const redis = await startRedis(t)
+  const prefix = randomPrefix()
+  const servers = { full: stdioFixture('full-server') }
+  // A renews its lease only every 20 s, so it goes on serving a session it lost for that long:
+  // the window a replica has between another one's takeover and its own next renewal, held open.
+  const a = await startReplica(t, 'A', { redis: { url: redis.url, keyPrefix: prefix, leaseMs: 60_000, connectTimeoutMs: 2000 }, servers })
+  const b = await startReplica(t, 'B', { redis: { url: redis.url, keyPrefix: prefix, leaseMs: LEASE_MS, connectTimeoutMs: 2000 }, servers })
+  const sid = await rawSession(a, a)
+  const inspect = await testRedis(t, redis.url)
+  await inspect.del(sessionKeys(prefix, sid).owner) // A's lease as if it had lapsed; A does not know yet
+  const echo = await fetch(`${b.url}/mcp/full`, { method: 'POST', headers: { ...HEADERS, 'mcp-session-id': sid }, body: JSON.stringify({ jsonrpc: '2.0', id: 8, method: 'tools/call', params: { name: 'echo', arguments: { text: 'b' } } }) })
+  const echoed = new SseReader(echo)
+  await echoed.finished
+  t.ok(echoed.messages().some(m => m.id === 8 && 'result' in m), 'B took the session over')
+  // A still has its relay and its own child: a call sent there is served there.
+  const call = await fetch(`${a.url}/mcp/full`, {
+    method: 'POST',
+    headers: { ...HEADERS, 'mcp-session-id': sid },
+    body: JSON.stringify({ jsonrpc: '2.0', id: 9, method: 'tools/call', params: { name: 'progress', arguments: { steps: 50, delayMs: 200 }, _meta: { progressToken: 9 } } })
+  })
+  const first = new SseReader(call)
+  await first.until(ev => ev.some(e => e.data.includes('notifications/progress')))
+  const last = first.events[first.events.length - 1]?.id ?? ''
+  const replicaA = a.logs.find(l => typeof l.replica === 'string')?.replica as string
+  await a.kill()
+  await inspect.del(replicaKey(prefix, replicaA)) // its heartbeat as if it had lapsed
+  const resumed = await fetch(`${b.url}/mcp/full`, { headers: { accept: 'text/event-stream', 'mcp-session-id': sid, 'last-event-id': last } })
+  t.equal(resumed.status, 200, 'the client resumes its stream on B')
+  const rest = new SseReader(resumed)
+  const ended = await Promise.race([rest.finished.then(() => true), new Promise<false>(resolve => setTimeout(() => resolve(false), LEASE_MS * 6))])
+  t.ok(ended, 'the resumed stream ends, with an answer')
+  const answer = rest.messages().find(m => m.id === 9)
+  t.equal((answer as { error?: { code?: number } } | undefined)?.error?.code, -32007, 'the call gets -32007: the replica serving it is gone')
 })
 
 t.test('concurrent GET streams for one session on different replicas: exactly one is served', async t => {

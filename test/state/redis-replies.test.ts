@@ -52,10 +52,11 @@ t.test('reply shapes of the scripts', async t => {
   t.equal(await redis.claimHolder(`${p}:holder`, `${p}:streams`, 'r2', 60_000, 'get'), 'r1', 'claimHolder: the previous holder')
   t.same((await redis.appendEvent(`${p}:ev`, `${p}:holder`, `${p}:streams`, `${p}:pending`, `${p}:meta`, `${p}:seq`, 10, 60_000, '{}', 'get', '', 's', ''))[1], 'r2')
   t.same(await redis.appendEvent(`${p}:ev`, `${p}:holder`, `${p}:streams`, `${p}:pending`, `${p}:meta`, `${p}:seq`, 10, 60_000, '{}', 'get', 'get n1', 'n', '1'), ['', null], 'an answer for a session that does not exist: not written')
-  t.equal(await redis.markPending(`${p}:ev`, `${p}:streams`, `${p}:pending`, `${p}:seq`, `${p}:holder:r1_x`, 10, 60_000, '0', 'r1_x', 'rA', 0, 'r1_x n1'), '', 'markPending without priming: an empty string')
+  t.equal(await redis.markPending(`${p}:ev`, `${p}:streams`, `${p}:pending`, `${p}:seq`, `${p}:holder:r1_x`, 10, 60_000, '0', 'r1_x', 'rA', 0, '', 'r1_x n1'), '', 'markPending without priming: an empty string')
   t.equal(await redis.get(`${p}:holder:r1_x`), null, 'markPending with no holder lease: no holder')
-  t.match(await redis.markPending(`${p}:ev2`, `${p}:streams`, `${p}:pending2`, `${p}:seq`, `${p}:holder:r1_y`, 10, 60_000, '1', 'r1_y', 'rA', 5000, 'r1_y n1'), /^\d+-\d+$/, 'markPending with priming: the entry id')
+  t.match(await redis.markPending(`${p}:ev2`, `${p}:streams`, `${p}:pending2`, `${p}:seq`, `${p}:holder:r1_y`, 10, 60_000, '1', 'r1_y', 'rOwner', 5000, 'rA', 'r1_y n1'), /^\d+-\d+$/, 'markPending with priming: the entry id')
   t.equal(await redis.get(`${p}:holder:r1_y`), 'rA', 'markPending with a holder lease: the replica holds the new stream')
+  t.match(await redis.hget(`${p}:pending2`, 'r1_y n1'), /^\d+\|rOwner$/, 'and the marker names the serving replica')
   t.ok(await redis.pttl(`${p}:holder:r1_y`) <= 5000, 'for the lease given')
   t.same(await redis.claimOrphans(`${p}:pending`, ''), ['r1_x n1'], 'claimOrphans: the fields taken')
   t.same(await redis.claimOrphans(`${p}:pending`, ''), [], 'claimOrphans: nothing twice')
@@ -106,7 +107,7 @@ t.test('round trips per operation', async t => {
     ['append', () => log.append(sid, 'get', null, 60_000)],
     ['append (an answer)', () => log.append(sid, 'r1_x', { jsonrpc: '2.0', id: 1, result: {} }, 60_000, 1)],
     ['markPending', () => log.markPending(sid, 'r1_x', [1], 60_000, true, 'r1')],
-    ['markPending (and the new stream\'s holder)', () => log.markPending(sid, 'r1_y', [1], 60_000, true, 'r1', 60_000)],
+    ['markPending (and the new stream\'s holder)', () => log.markPending(sid, 'r1_y', [1], 60_000, true, 'r1', { replicaId: 'r1', leaseMs: 60_000 })],
     ['claimOrphans', () => log.claimOrphans(sid)],
     ['takeOwner', () => store.takeOwner(sid, 'r2', 'r1', 60_000)],
     ['readAfter', () => log.readAfter(sid, 'get', null, 10)],
