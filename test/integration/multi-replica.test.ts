@@ -244,23 +244,32 @@ t.test('a holder replica killed mid-stream: the client resumes on another replic
   t.ok(rest.messages().some(m => m.id === 9 && 'result' in m), 'the result came on the stream resumed on C')
 })
 
+/**
+ * A slow call (progress notifications) POSTed to `on`, read until its first progress, then `on`
+ * is killed and its heartbeat removed (as if lapsed: the others see it gone at once). Returns the
+ * last event id the client saw, to resume from.
+ */
+async function callThenKill (t: Test, on: ReplicaProcess, sid: string, redisUrl: string, prefix: string, steps: number, delayMs: number): Promise<string> {
+  const call = await fetch(`${on.url}/mcp/full`, {
+    method: 'POST',
+    headers: { ...HEADERS, 'mcp-session-id': sid },
+    body: JSON.stringify({ jsonrpc: '2.0', id: 9, method: 'tools/call', params: { name: 'progress', arguments: { steps, delayMs }, _meta: { progressToken: 9 } } })
+  })
+  const first = new SseReader(call)
+  await first.until(ev => ev.some(e => e.data.includes('notifications/progress')))
+  const replica = on.logs.find(l => typeof l.replica === 'string')?.replica as string
+  await on.kill()
+  const inspect = await testRedis(t, redisUrl)
+  await inspect.del(replicaKey(prefix, replica))
+  return first.events[first.events.length - 1]?.id ?? ''
+}
+
 t.test('the replica that took a call dies, its owner lives: the call gets its result, not an error', async t => {
   const { replicas, prefix, redis } = await cluster(t)
   const [a, b, c] = replicas as [ReplicaProcess, ReplicaProcess, ReplicaProcess]
   const sid = await rawSession(a, a)
-  // B takes the POST and routes it to A, the owner, which serves it.
-  const call = await fetch(`${b.url}/mcp/full`, {
-    method: 'POST',
-    headers: { ...HEADERS, 'mcp-session-id': sid },
-    body: JSON.stringify({ jsonrpc: '2.0', id: 9, method: 'tools/call', params: { name: 'progress', arguments: { steps: 10, delayMs: 300 }, _meta: { progressToken: 9 } } })
-  })
-  const first = new SseReader(call)
-  await first.until(ev => ev.some(e => e.data.includes('notifications/progress')))
-  const last = first.events[first.events.length - 1]?.id ?? ''
-  const replicaB = b.logs.find(l => typeof l.replica === 'string')?.replica as string
-  await b.kill()
-  const inspect = await testRedis(t, redis.url)
-  await inspect.del(replicaKey(prefix, replicaB)) // B's heartbeat as if lapsed: C sees it gone at once
+  // B takes the POST and routes it to A, the owner, which serves it; then B dies.
+  const last = await callThenKill(t, b, sid, redis.url, prefix, 10, 300)
   const resumed = await fetch(`${c.url}/mcp/full`, { headers: { accept: 'text/event-stream', 'mcp-session-id': sid, 'last-event-id': last } })
   const rest = new SseReader(resumed)
   await rest.finished
@@ -282,18 +291,8 @@ t.test('a replica that went on serving a session another one had taken over dies
   const echoed = new SseReader(echo)
   await echoed.finished
   t.ok(echoed.messages().some(m => m.id === 8 && 'result' in m), 'B took the session over')
-  // A still has its relay and its own child: a call sent there is served there.
-  const call = await fetch(`${a.url}/mcp/full`, {
-    method: 'POST',
-    headers: { ...HEADERS, 'mcp-session-id': sid },
-    body: JSON.stringify({ jsonrpc: '2.0', id: 9, method: 'tools/call', params: { name: 'progress', arguments: { steps: 50, delayMs: 200 }, _meta: { progressToken: 9 } } })
-  })
-  const first = new SseReader(call)
-  await first.until(ev => ev.some(e => e.data.includes('notifications/progress')))
-  const last = first.events[first.events.length - 1]?.id ?? ''
-  const replicaA = a.logs.find(l => typeof l.replica === 'string')?.replica as string
-  await a.kill()
-  await inspect.del(replicaKey(prefix, replicaA)) // its heartbeat as if it had lapsed
+  // A still has its relay and its own child: a call sent there is served there; then A dies.
+  const last = await callThenKill(t, a, sid, redis.url, prefix, 50, 200)
   const resumed = await fetch(`${b.url}/mcp/full`, { headers: { accept: 'text/event-stream', 'mcp-session-id': sid, 'last-event-id': last } })
   t.equal(resumed.status, 200, 'the client resumes its stream on B')
   const rest = new SseReader(resumed)
