@@ -16,8 +16,10 @@
 //   (only on the replica holding the session's lease, like a backend GET stream), re-opened with a
 //   new filter when the subscriptions change.
 // - Each client request has the deadline every backend gives one (requestTimeoutMs), its rounds
-//   included: when it passes the answer is -32006, the upstream request is closed and the round's
-//   questions are withdrawn from the client (notifications/cancelled). Exactly one answer each.
+//   included: when it passes, the upstream request is closed and the round's questions are
+//   withdrawn from the client (notifications/cancelled). In a session the relay's own deadline
+//   (same length, started first) answers the client with -32006 and this one's answer is dropped
+//   as late; the -32006 here is for a connection used without a relay. Exactly one answer each.
 // - notifications/cancelled from the client ends its request the same way, without an answer
 //   (closing the upstream request is the modern cancellation).
 // - A tools/call carries its `x-mcp-header` arguments as Mcp-Param-* headers (mcp-param-headers.ts),
@@ -30,7 +32,7 @@ import type { Dispatcher } from 'undici'
 import type { HttpServerConfig } from '../config/schema.js'
 import { GW_ERR_BACKEND_TIMEOUT, GW_ERR_BACKEND_UNAVAILABLE, isGatewayError, toJsonRpcError } from '../core/errors.js'
 import {
-  classify, errorResponse, isNotification, isRecord, isRequest, type JsonRpcMessage, type JsonRpcRequest, type JsonRpcResponse, type RequestId
+  classify, errorResponse, idKey, isNotification, isRecord, isRequest, type JsonRpcMessage, type JsonRpcRequest, type JsonRpcResponse, type RequestId
 } from '../core/jsonrpc.js'
 import type { BackendHandlers, BackendOpenOptions } from './backend.js'
 import { upstreamBaseHeaders, type HttpBackendConnection } from './http-base.js'
@@ -126,7 +128,6 @@ export class ModernSessionBackend implements HttpBackendConnection {
     this.#closed = true
     this.#listen?.abort()
     for (const key of [...this.#inFlight.keys()]) this.#settle(key)
-    this.#waiting.clear()
   }
 
   #answer (message: JsonRpcMessage): void {
@@ -163,7 +164,7 @@ export class ModernSessionBackend implements HttpBackendConnection {
    * Exactly one answer, the work's or the deadline's; a request the client cancelled gets none.
    */
   #run (id: RequestId, work: (signal: AbortSignal) => Promise<JsonRpcResponse>): void {
-    const key = String(id)
+    const key = idKey(id)
     const timeoutMs = this.#config.requestTimeoutMs
     if (this.#settle(key)) this.#log.warn({ id }, 'request id reused while in flight')
     const call: Call = {
@@ -324,9 +325,17 @@ export class ModernSessionBackend implements HttpBackendConnection {
       else if (c.kind === 'notification') onNotification(c.message)
     }
     if (mediaType(res.headers) === 'text/event-stream') {
-      await pumpSse(res.body, event => {
-        try { take(JSON.parse(event.data)) } catch {}
-      }, () => {})
+      // The final response ends the exchange (SPEC.md H-26-5): a backend that keeps its stream
+      // open after it is not waited for, its body is released.
+      try {
+        await pumpSse(res.body, event => {
+          if (final !== undefined) return
+          try { take(JSON.parse(event.data)) } catch {}
+          if (final !== undefined) res.body.destroy()
+        }, () => {})
+      } catch (err) {
+        if (final === undefined) throw err
+      }
     } else {
       take(JSON.parse(await readText(res.body, MAX_BODY_BYTES)))
     }

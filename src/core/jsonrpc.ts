@@ -3,6 +3,9 @@
 
 export type RequestId = string | number
 
+/** A map key for a request id that keeps 1 and "1" apart (JSON-RPC ids are compared with their type). */
+export const idKey = (id: RequestId): string => typeof id === 'number' ? `n${id}` : `s${id}`
+
 export interface JsonRpcRequest {
   jsonrpc: '2.0'
   id: RequestId

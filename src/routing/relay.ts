@@ -18,7 +18,7 @@ import {
   GW_ERR_BACKEND_TIMEOUT, GW_ERR_BACKEND_UNAVAILABLE, isGatewayError, toJsonRpcError, type GatewayError
 } from '../core/errors.js'
 import {
-  errorResponse, isRecord, isNotification, isRequest, progressTokenOf, JSONRPC_METHOD_NOT_FOUND,
+  errorResponse, idKey, isRecord, isNotification, isRequest, progressTokenOf, JSONRPC_METHOD_NOT_FOUND,
   type JsonRpcMessage, type JsonRpcNotification, type JsonRpcRequest, type JsonRpcResponse, type RequestId
 } from '../core/jsonrpc.js'
 import { GET_STREAM, LEGACY_STREAM } from '../state/event-log.js'
@@ -118,7 +118,6 @@ const NEEDS_CAPABILITY: Record<string, string> = {
   'roots/list': 'roots'
 }
 
-const idKey = (id: RequestId): string => typeof id === 'number' ? `n${id}` : `s${id}`
 /** JSON-mode request streams (`j…`) carry only responses: notifications go to the GET stream. */
 export const isJsonStream = (streamId: string): boolean => streamId.startsWith('j')
 

@@ -17,9 +17,9 @@ import type * as Api from '@opentelemetry/api'
 import type { BasicTracerProvider } from '@opentelemetry/sdk-trace-base'
 import type { Logger } from 'pino'
 import type { IncomingHttpHeaders } from 'node:http'
-import type { JsonRpcMessage, JsonRpcRequest, JsonRpcResponse, RequestId } from '../core/jsonrpc.js'
+import type { JsonRpcMessage, JsonRpcRequest, JsonRpcResponse } from '../core/jsonrpc.js'
 import { shortHash } from './logger.js'
-import { isRecord } from '../core/jsonrpc.js'
+import { idKey, isRecord } from '../core/jsonrpc.js'
 
 /** W3C trace context of one request, as it travels (bus envelope, `_meta`). */
 export interface TraceCarrier {
@@ -130,7 +130,6 @@ const MAX_NAME = 128
 const CALLER_CODES = new Set([-32700, -32600, -32601, -32602, -32002])
 
 const streamKey = (sid: string, streamId: string): string => `${sid}\n${streamId}`
-const idKey = (id: RequestId): string => `${typeof id === 'number' ? 'n' : 's'}${id}`
 
 class OtelTracing implements Tracing {
   readonly #api: ApiModule
