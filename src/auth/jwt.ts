@@ -5,7 +5,7 @@
 // `jwksCooldownMs` (jose's cooldown). A key set that cannot be fetched is 503 with Retry-After,
 // not 401: the token may well be good.
 import { createRemoteJWKSet, decodeJwt, decodeProtectedHeader, errors, jwtVerify, type JWTPayload, type JWTVerifyGetKey } from 'jose'
-import { GW_ERR_AUTH_UNAVAILABLE, type GatewayError } from '../core/errors.js'
+import { GW_ERR_AUTH_UNAVAILABLE, withRetryAfter } from '../core/errors.js'
 import { AuthRefusal, invalidToken, type Endpoint } from './authenticate.js'
 import type { TenantDirectory, TenantIssuer } from './tenants.js'
 
@@ -91,8 +91,7 @@ export class JwtVerifier {
       }))
     } catch (err) {
       if (err instanceof KeysUnavailable) {
-        const unavailable: GatewayError = new GW_ERR_AUTH_UNAVAILABLE('the token issuer\'s keys cannot be fetched', { cause: err.cause })
-        unavailable.retryAfter = JWKS_RETRY_AFTER_S
+        const unavailable = withRetryAfter(new GW_ERR_AUTH_UNAVAILABLE('the token issuer\'s keys cannot be fetched', { cause: err.cause }), JWKS_RETRY_AFTER_S)
         throw new AuthRefusal(unavailable, 'jwt: key set unavailable', 'jwt')
       }
       return { reason: reasonOf(err) }

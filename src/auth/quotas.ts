@@ -9,7 +9,7 @@
 //   that dies mid-session leaks nothing. The take itself is atomic (one script), so replicas
 //   racing for the last slot cannot both win.
 import type { TenantLimitsConfig } from '../config/schema.js'
-import { GW_ERR_SESSION_QUOTA, type GatewayError } from '../core/errors.js'
+import { GW_ERR_SESSION_QUOTA, withRetryAfter } from '../core/errors.js'
 import { quotaKey } from '../state/redis/keys.js'
 import { storeCall, type Redis } from '../state/redis/client.js'
 import { defineLimitScripts } from '../state/redis/limit-scripts.js'
@@ -167,9 +167,7 @@ export class QuotaGate {
       const dead = await this.#deadOf(result.members.filter(m => m !== sid))
       if (dead.length === 0 || attempt === ATTEMPTS) {
         const limit = result.scope === 'tenant' ? limits.perTenant : limits.perSubject
-        const err: GatewayError = new GW_ERR_SESSION_QUOTA(result.scope === 'tenant' ? `tenant '${tenant}'` : 'subject', limit ?? 0)
-        err.retryAfter = QUOTA_RETRY_AFTER_S
-        throw err
+        throw withRetryAfter(new GW_ERR_SESSION_QUOTA(result.scope === 'tenant' ? `tenant '${tenant}'` : 'subject', limit ?? 0), QUOTA_RETRY_AFTER_S)
       }
       await this.#quotas.drop(tenant, subject, dead)
     }

@@ -13,7 +13,8 @@ import {
   GW_ERR_CONFLICT,
   GW_ERR_SERVER_NOT_FOUND,
   GW_ERR_SHUTTING_DOWN,
-  type GatewayError
+  type GatewayError,
+  withRetryAfter
 } from '../core/errors.js'
 import type { JsonRpcMessage } from '../core/jsonrpc.js'
 import type { EstablishedState } from '../state/session-store.js'
@@ -129,9 +130,7 @@ export class Supervisor {
     if (this.#sessions.has(sid)) throw new GW_ERR_CONFLICT('the session already has a backend connection')
     const live = this.#perServer.get(server) ?? 0
     if (live >= config.maxSessions) {
-      const err: GatewayError = new GW_ERR_BACKEND_CAPACITY(server, config.maxSessions)
-      err.retryAfter = CAPACITY_RETRY_AFTER_S
-      throw err
+      throw withRetryAfter(new GW_ERR_BACKEND_CAPACITY(server, config.maxSessions), CAPACITY_RETRY_AFTER_S)
     }
 
     // Reserve the slot before the first await, so concurrent opens cannot overshoot the limit.

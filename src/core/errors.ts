@@ -105,6 +105,12 @@ export interface GatewayError extends Error {
   data?: Record<string, unknown>
 }
 
+/** Sets when to come back (whole seconds): sent as Retry-After and as `retryAfter` in the error's data. */
+export function withRetryAfter<E extends GatewayError> (err: E, seconds: number): E {
+  err.retryAfter = seconds
+  return err
+}
+
 /** Attaches spec-defined `data` fields to a gateway error (the 2026-07-28 codes carry some). */
 export function withData<E extends GatewayError> (err: E, data: Record<string, unknown>): E {
   err.data = data

@@ -12,7 +12,7 @@ import fp from 'fastify-plugin'
 import type { FastifyInstance, FastifyRequest } from 'fastify'
 import { bucketsFor, retryAfterSeconds, type RateLimiter } from '../auth/rate-limit.js'
 import type { TenantDirectory } from '../auth/tenants.js'
-import { GW_ERR_INVALID_REQUEST, GW_ERR_RATE_LIMITED, isGatewayError, type GatewayError } from '../core/errors.js'
+import { GW_ERR_INVALID_REQUEST, GW_ERR_RATE_LIMITED, isGatewayError, withRetryAfter } from '../core/errors.js'
 import { audit } from '../telemetry/audit.js'
 import { isMcpRoute } from './authenticate.js'
 
@@ -53,9 +53,7 @@ export async function chargeRequest (req: FastifyRequest, opts: HttpLimitsOption
   if (decision.allowed) return
   const retryAfter = retryAfterSeconds(decision.retryAfterMs)
   audit(req.log, 'request.refused', { tenant, subject: subjectDigest, server: (req.params as { server?: string }).server, method: req.method, status: 429, reason: 'rate limit', retryAfter })
-  const err: GatewayError = new GW_ERR_RATE_LIMITED(retryAfter)
-  err.retryAfter = retryAfter
-  throw err
+  throw withRetryAfter(new GW_ERR_RATE_LIMITED(retryAfter), retryAfter)
 }
 
 async function httpLimits (app: FastifyInstance, opts: HttpLimitsOptions): Promise<void> {

@@ -5,7 +5,7 @@
 // that arrive together go out as one round, the call is parked (routing/mrtr.ts) under a signed
 // requestState, and the retry's `inputResponses` answer the backend, round after round.
 import {
-  GW_ERR_MISSING_CAPABILITY, GW_ERR_RATE_LIMITED, withData, type GatewayError
+  GW_ERR_MISSING_CAPABILITY, GW_ERR_RATE_LIMITED, withData, withRetryAfter
 } from '../core/errors.js'
 import {
   isRecord, isRequest, isResponse, type JsonRpcErrorObject, type JsonRpcMessage, type JsonRpcRequest, type JsonRpcResponse, type RequestId
@@ -173,9 +173,7 @@ export class Exchange implements PoolSink {
     if (this.#parkedCalls.countOf(this.#principal) >= MAX_PARKED_PER_PRINCIPAL) {
       // Each parked call holds a backend connection: one caller may not hold them all.
       call.cancel('too many calls waiting for input')
-      const err: GatewayError = new GW_ERR_RATE_LIMITED(PARKED_RETRY_AFTER_S)
-      err.retryAfter = PARKED_RETRY_AFTER_S
-      this.#out.fail(err, this.#request.id)
+      this.#out.fail(withRetryAfter(new GW_ERR_RATE_LIMITED(PARKED_RETRY_AFTER_S), PARKED_RETRY_AFTER_S), this.#request.id)
       return
     }
     const parkedSink = new ParkedSink()
