@@ -2,6 +2,7 @@
 // (src/backends/modern-session.ts), opened through openHttpBackend against the v2 SDK's
 // modern-only server (test/fixtures/modern-upstream.ts) on 127.0.0.1: which configs reach it, and
 // the deadline of each bridged request (an answer that never ends, a round the client never answers).
+import type { ServerResponse } from 'node:http'
 import t, { type Test } from 'tap'
 import { pino } from 'pino'
 import { closeHttpDispatchers, openHttpBackend, type HttpBackendConnection } from '../../src/backends/http.js'
@@ -36,6 +37,14 @@ async function initialize (t: Test, config: HttpServerConfig): Promise<{ conn: H
   return { conn, inbox, answer: await inbox.response(1) }
 }
 
+/** A raw modern upstream's answer to server/discover; true when it was that request. */
+function discovered (request: { id?: unknown, method: string }, res: ServerResponse): boolean {
+  if (request.method !== 'server/discover') return false
+  res.writeHead(200, { 'content-type': 'application/json' })
+  res.end(JSON.stringify({ jsonrpc: '2.0', id: request.id, result: { resultType: 'complete', supportedVersions: ['2026-07-28'], capabilities: { resources: {} } } }))
+  return true
+}
+
 const methodsSent = (upstream: ModernUpstream): unknown[] => upstream.requests.map(r => (r.body as { method?: unknown } | undefined)?.method)
 
 t.test('no protocol setting means what the schema default means (auto): the era is probed, a modern-only server bridged', async t => {
@@ -51,11 +60,7 @@ t.test('no protocol setting means what the schema default means (auto): the era 
 t.test('a bridged request whose upstream SSE answer never ends: -32006 at the deadline, the upstream request closed', async t => {
   const closed: string[] = []
   const upstream = await startRawUpstream((request, res) => {
-    if (request.method === 'server/discover') {
-      res.writeHead(200, { 'content-type': 'application/json' })
-      res.end(JSON.stringify({ jsonrpc: '2.0', id: request.id, result: { resultType: 'complete', supportedVersions: ['2026-07-28'], capabilities: { resources: {} } } }))
-      return
-    }
+    if (discovered(request, res)) return
     // The answer starts (headers and a progress notification) and never ends.
     res.on('close', () => { closed.push(request.method) })
     res.writeHead(200, { 'content-type': 'text/event-stream' })
@@ -92,11 +97,7 @@ t.test('a round the client never answers: -32006 at the deadline, the question w
 t.test('a backend that keeps its SSE stream open after the final response: answered at once, the stream released', async t => {
   const closed: string[] = []
   const upstream = await startRawUpstream((request, res) => {
-    if (request.method === 'server/discover') {
-      res.writeHead(200, { 'content-type': 'application/json' })
-      res.end(JSON.stringify({ jsonrpc: '2.0', id: request.id, result: { resultType: 'complete', supportedVersions: ['2026-07-28'], capabilities: { resources: {} } } }))
-      return
-    }
+    if (discovered(request, res)) return
     res.on('close', () => { closed.push(request.method) })
     res.writeHead(200, { 'content-type': 'text/event-stream' })
     res.write(sseEvent({ jsonrpc: '2.0', id: request.id, result: { resultType: 'complete', contents: [{ uri: 'test://open', text: 'here' }] } }))
