@@ -59,11 +59,11 @@ export interface EventLog {
   markPending (sid: string, streamId: string, ids: RequestId[], ttlMs: number, priming: boolean, servedBy: string, holder?: StreamHolder): Promise<string | null>
   /**
    * Takes the pending markers of requests whose answers can no longer come: every marker recorded
-   * up to now (the session's owner is gone), or those recorded by one replica (`of`, gone: it sent
-   * a direct session's requests itself). The caller answers each; no later answer is written.
+   * up to now (the session's owner is gone), or those naming one serving replica (`of`, gone: its
+   * requests died with it). The caller answers each; no later answer is written.
    */
   claimOrphans (sid: string, of?: string): Promise<PendingRequest[]>
-  /** The replicas that recorded the session's pending markers. */
+  /** The replicas the session's pending markers name (each serves its requests). */
   pendingReplicas (sid: string): Promise<string[]>
   /** Settles one request (it was answered without the log, while that was unreachable). */
   claim (sid: string, streamId: string, id: RequestId, ttlMs: number): Promise<boolean>
