@@ -97,7 +97,7 @@ export class LegacySseBackend extends HttpBackend {
     const headers = this.baseHeaders()
     headers['content-type'] = 'application/json'
     const p = isRequest(message) ? this.pending.get(keyOf(message.id)) : undefined
-    const signal = p === undefined ? this.lifetime.signal : AbortSignal.any([p.abort.signal, this.lifetime.signal])
+    const signal = p === undefined ? this.lifetime.signal : p.abort.signal
     let res: Dispatcher.ResponseData
     try {
       res = await this.request(this.requests, 'POST', endpoint, headers, signal, { body: JSON.stringify(message), bodyTimeout: this.config.requestTimeoutMs })

@@ -124,7 +124,7 @@ export class StreamableHttpBackend extends HttpBackend {
   }
 
   async #runRequest (request: JsonRpcRequest, p: Pending, retried: boolean, bypassGate = false): Promise<void> {
-    const signal = AbortSignal.any([p.abort.signal, this.lifetime.signal])
+    const signal = p.abort.signal
     let open: (() => void) | undefined
     if (request.method === 'initialize' && !bypassGate) {
       // Until this initialize's reply brings the session id, other messages would go without it.
@@ -233,7 +233,7 @@ export class StreamableHttpBackend extends HttpBackend {
       if (!await this.waitBeforeRetry(attempt++, cursor.retryMs, p.abort.signal)) return
       if (!this.isPending(p)) return
       try {
-        const res = await this.#openStream(cursor.lastId, AbortSignal.any([p.abort.signal, this.lifetime.signal]))
+        const res = await this.#openStream(cursor.lastId, p.abort.signal)
         if (res.statusCode !== 200 || mediaType(res.headers) !== 'text/event-stream') {
           await drain(res.body)
           this.fail(p, this.unavailable(`resuming the response stream answered HTTP ${res.statusCode}`), { status: res.statusCode })

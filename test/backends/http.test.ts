@@ -622,6 +622,37 @@ t.test('failures', async t => {
     t.notOk(inbox.messages.some(m => 'id' in m && m.id === 2), 'nothing delivered after close()')
   })
 
+  t.test('close() ends every upstream exchange: a request in flight, and an answered one whose stream lingers', async t => {
+    const closed: number[] = []
+    const http = await listen((request, res) => {
+      void readBody(request).then(text => {
+        if (request.method === 'DELETE') { res.writeHead(405).end(); return }
+        const body = JSON.parse(text) as { id: number, method: string }
+        if (body.method === 'initialize') {
+          res.writeHead(200, { 'content-type': 'application/json', 'mcp-session-id': 'abc' })
+          res.end(JSON.stringify({ jsonrpc: '2.0', id: body.id, result: { protocolVersion: '2025-11-25', capabilities: {}, serverInfo: { name: 'raw', version: '1' } } }))
+          return
+        }
+        res.on('close', () => { closed.push(body.id) })
+        res.writeHead(200, { 'content-type': 'text/event-stream' })
+        // Call 3 is answered, and its stream stays open (it lingers); call 2 never is.
+        if (body.id === 3) res.write(`event: message\ndata: ${JSON.stringify({ jsonrpc: '2.0', id: 3, result: {} })}\n\n`)
+      })
+    })
+    t.teardown(http.close)
+    const { conn, inbox } = await open(t, { config: httpConfig(`${http.url}/mcp`), listen: false })
+    await conn.send(req(1, 'initialize', initParams))
+    await inbox.result(1)
+    await conn.send(call(2, 'x'))
+    await conn.send(call(3, 'y'))
+    await inbox.result(3)
+    const started = Date.now()
+    await conn.close()
+    await inbox.until(() => closed.length === 2 ? true : undefined, 'both upstream exchanges to end')
+    t.same([...closed].sort(), [2, 3], 'both ended')
+    t.ok(Date.now() - started < 2000, 'at close, not when the linger timer would have (5 s)')
+  })
+
   t.test('the factory refuses a stdio config', async t => {
     await t.rejects(httpBackendFactory({ server: 'x', sid: 's', log: silent, handlers: new Inbox().handlers, config: { transport: 'stdio', command: 'x', args: [], env: {}, inheritEnv: [], maxSessions: 1, requestTimeoutMs: 1, maxLineBytes: 1024, stopGraceMs: 0, restart: { maxRestarts: 0, windowMs: 1000, baseDelayMs: 0, maxDelayMs: 0 } } }),
       { code: 'GW_ERR_CONFIG_INVALID' } satisfies Partial<GatewayError>)
