@@ -40,6 +40,12 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
     return record
   }
 
+  /** The backend's deadline for a POST stream's catch-all (ClientStreams.openPost). */
+  function deadlineOf (server: string): { deadline?: { server: string, timeoutMs: number } } {
+    const config = Object.hasOwn(live.servers, server) ? live.servers[server] : undefined
+    return config === undefined ? {} : { deadline: { server, timeoutMs: config.requestTimeoutMs } }
+  }
+
   /** Opens the response stream for the requests of one POST, then hands every message to the owner. */
   async function answer (reply: FastifyReply, record: SessionRecord, messages: JsonRpcMessage[], batch: boolean, req: FastifyRequest): Promise<void> {
     const requests = messages.filter(isRequest)
@@ -57,6 +63,7 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
       // A routed session's requests are served by its owner: a marker names it, so when it is
       // gone with requests in flight, whoever watches the session can answer them (router.ts).
       ...(typeof route === 'string' ? { servedBy: route } : {}),
+      ...deadlineOf(record.server),
       res: reply.raw,
       sid: record.id,
       streamId,

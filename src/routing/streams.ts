@@ -5,7 +5,7 @@
 import { randomBytes } from 'node:crypto'
 import type { ServerResponse } from 'node:http'
 import type { FastifyBaseLogger } from 'fastify'
-import { GW_ERR_CONFLICT, GW_ERR_SESSION_NOT_FOUND, toJsonRpcError, type GatewayError } from '../core/errors.js'
+import { GW_ERR_BACKEND_TIMEOUT, GW_ERR_CONFLICT, GW_ERR_SESSION_NOT_FOUND, toJsonRpcError, type GatewayError } from '../core/errors.js'
 import { isResponse, type JsonRpcMessage, type JsonRpcResponse, type RequestId } from '../core/jsonrpc.js'
 import { StreamWriter, type WriterEndReason, type WriterMode } from '../http/sse.js'
 import { GET_STREAM, LEGACY_STREAM, type PendingRequest } from '../state/event-log.js'
@@ -17,6 +17,13 @@ import { breathe } from './upkeep.js'
 
 /** How long a completed request stream's log stays for a late resume. */
 export const COMPLETED_STREAM_TTL_MS = 60_000
+
+/**
+ * How long after the backend's own deadline a POST stream's holder answers what is still
+ * unanswered (ClientStreams.openPost): the serving replica's timer always comes first; this one
+ * catches a request that never reached a relay (a bus envelope lost in a Redis failover).
+ */
+export const POST_DEADLINE_GRACE_MS = 5_000
 
 /** A per-process random prefix: stream ids are unique across replicas and restarts without a syscall each. */
 const STREAM_PREFIX = randomBytes(9).toString('base64url')
@@ -73,6 +80,8 @@ export interface OpenPostOptions extends Omit<OpenStreamOptions, 'cursor' | 'fre
   preamble: (primingId: string) => string
   /** The replica whose relay sends these requests to the backend (default this one). */
   servedBy?: string
+  /** The backend's deadline: past it (and POST_DEADLINE_GRACE_MS), unanswered requests get -32006 here. */
+  deadline?: { server: string, timeoutMs: number }
 }
 
 export interface ClientStreamsOptions extends ReplicaContext {
@@ -86,6 +95,8 @@ export class ClientStreams {
   readonly #o: ClientStreamsOptions
   /** Writers by session, then stream: a session's streams are found without a scan of all. */
   readonly #writers = new Map<string, Map<string, StreamWriter>>()
+  /** POST streams' catch-all deadlines (openPost), cleared when their writer ends. */
+  readonly #deadlines = new Map<StreamWriter, NodeJS.Timeout>()
 
   constructor (options: ClientStreamsOptions) {
     this.#o = options
@@ -158,7 +169,7 @@ export class ClientStreams {
    * is registered first, so a wake for an answer that comes at once is never lost.
    */
   async openPost (options: OpenPostOptions): Promise<StreamWriter> {
-    const { preamble, priming, servedBy, ...stream } = options
+    const { preamble, priming, servedBy, deadline, ...stream } = options
     const { sid, streamId } = stream
     const writer = this.#register({ ...stream, cursor: null, fresh: true })
     let primingId: string | null
@@ -169,6 +180,18 @@ export class ClientStreams {
       throw err
     }
     writer.primed(primingId, primingId === null ? undefined : preamble(primingId))
+    if (deadline !== undefined) {
+      // Every accepted request gets an answer even if it never reached a relay: past the backend's
+      // deadline, whatever is still unanswered is answered here. An answer given already wins
+      // (append writes only while a request is pending), so this adds nothing when all is well.
+      const timeout = new GW_ERR_BACKEND_TIMEOUT(deadline.server, deadline.timeoutMs)
+      this.#deadlines.set(writer, setTimeout(() => {
+        this.#deadlines.delete(writer)
+        for (const id of stream.requestIds) {
+          this.append(sid, streamId, toJsonRpcError(timeout, id)).catch(err => this.#o.log.warn({ err, sid: shortHash(sid) }, 'deadline answer not appended'))
+        }
+      }, deadline.timeoutMs + POST_DEADLINE_GRACE_MS).unref())
+    }
     return writer
   }
 
@@ -331,6 +354,8 @@ export class ClientStreams {
   #onWriterEnd (writer: StreamWriter, reason: WriterEndReason): void {
     const { sid, streamId } = writer
     this.#delete(writer)
+    clearTimeout(this.#deadlines.get(writer))
+    this.#deadlines.delete(writer)
     if (tracing !== null) tracing.streamEnded(sid, streamId, reason)
     if (reason === 'released' || reason === 'session-ended') return
     const store = this.#o.store

@@ -13,7 +13,7 @@ import t, { type Test } from 'tap'
 import { stdioFixture } from '../helpers/gateway.js'
 import { randomPrefix, startRedis, testRedis, type RedisServer } from '../helpers/redis-server.js'
 import { replicaKey, sessionKeys } from '../../src/state/redis/keys.js'
-import { COMPLETED_STREAM_TTL_MS } from '../../src/routing/streams.js'
+import { COMPLETED_STREAM_TTL_MS, POST_DEADLINE_GRACE_MS } from '../../src/routing/streams.js'
 import { startReplica, startRoundRobinProxy, type ReplicaProcess } from '../helpers/replicas.js'
 import { SseReader } from '../helpers/sse-client.js'
 import { eventually, textOf } from '../helpers/wait.js'
@@ -300,6 +300,24 @@ t.test('a replica that went on serving a session another one had taken over dies
   t.ok(ended, 'the resumed stream ends, with an answer')
   const answer = rest.messages().find(m => m.id === 9)
   t.equal((answer as { error?: { code?: number } } | undefined)?.error?.code, -32007, 'the call gets -32007: the replica serving it is gone')
+})
+
+t.test('a call routed to an owner that never gets it (its bus envelope lost) is answered at the backend\'s deadline', async t => {
+  const { replicas, prefix, redis } = await cluster(t, 2, undefined, { requestTimeoutMs: 1000 })
+  const [a, b] = replicas as [ReplicaProcess, ReplicaProcess]
+  const sid = await rawSession(a, a)
+  // The session's owner is now a replica that looks alive (its heartbeat is there) but reads no
+  // envelope: what a message lost on the bus in a Redis failover looks like from B.
+  const inspect = await testRedis(t, redis.url)
+  await inspect.set(sessionKeys(prefix, sid).owner, 'ghost', 'PX', 60_000)
+  await inspect.set(replicaKey(prefix, 'ghost'), String(Date.now()), 'PX', 60_000)
+  const started = Date.now()
+  const call = await fetch(`${b.url}/mcp/full`, { method: 'POST', headers: { ...HEADERS, 'mcp-session-id': sid }, body: JSON.stringify({ jsonrpc: '2.0', id: 5, method: 'tools/call', params: { name: 'echo', arguments: { text: 'lost' } } }) })
+  const reader = new SseReader(call)
+  const ended = await Promise.race([reader.finished.then(() => true), new Promise<false>(resolve => setTimeout(() => resolve(false), 1000 + POST_DEADLINE_GRACE_MS + 4000))])
+  t.ok(ended, 'the POST stream ends')
+  t.match(reader.messages().find(m => m.id === 5), { error: { code: -32006 } }, 'with -32006: the backend did not answer in time')
+  t.ok(Date.now() - started >= 1000 + POST_DEADLINE_GRACE_MS - 100, 'after the backend\'s deadline and the grace, not before')
 })
 
 t.test('concurrent GET streams for one session on different replicas: exactly one is served', async t => {
