@@ -184,9 +184,10 @@ export class ClientStreams {
       // Every accepted request gets an answer even if it never reached a relay: past the backend's
       // deadline, whatever is still unanswered is answered here. An answer given already wins
       // (append writes only while a request is pending), so this adds nothing when all is well.
-      const timeout = new GW_ERR_BACKEND_TIMEOUT(deadline.server, deadline.timeoutMs)
       this.#deadlines.set(writer, setTimeout(() => {
         this.#deadlines.delete(writer)
+        // Made only when the deadline passes: an error (with its stack) per POST would be hot-path waste.
+        const timeout = new GW_ERR_BACKEND_TIMEOUT(deadline.server, deadline.timeoutMs)
         for (const id of stream.requestIds) {
           this.append(sid, streamId, toJsonRpcError(timeout, id)).catch(err => this.#o.log.warn({ err, sid: shortHash(sid) }, 'deadline answer not appended'))
         }
@@ -252,7 +253,6 @@ export class ClientStreams {
     return counts
   }
 
-  /** Records a POST's requests as pending and appends its priming entry (when asked). */
   /**
    * Sessions with a POST stream open here (new, or resumed with Last-Event-ID): their owner is
    * watched, since the answers those streams wait for can only come from it.
