@@ -25,12 +25,38 @@ function decode (hash: Record<string, string>): SessionRecord | null {
 export class RedisSessionStore implements SessionStore {
   readonly #redis: Redis
   readonly #prefix: string
+  /** This replica's heartbeat, as last written: rewritten at once when the connection comes back. */
+  #beat: { replicaId: string, ttlMs: number } | null = null
+  /** Whether the client has been ready before: a later 'ready' is a reconnect. */
+  #wasReady: boolean
+  /** When the connection last came back after a break (0: it never broke). */
+  #reconnectedAt = 0
 
   /** The client is shared: close() leaves it to whoever made it (app.ts closes it last). */
   constructor (redis: Redis, prefix: string) {
     this.#redis = redis
     this.#prefix = prefix
+    this.#wasReady = isRedisReady(redis)
     defineScripts(redis)
+    redis.on('ready', () => { this.#onReady() })
+  }
+
+  /**
+   * The connection is back. If the server restarted or a replica was promoted, whatever was not
+   * yet persisted or replicated is gone, short-lived heartbeats first: every replica's may be
+   * missing until its next beat. This replica writes its own at once, and for one heartbeat TTL a
+   * missing heartbeat does not mean death (isAlive), or replicas would take sessions over from
+   * owners that are alive and still serving them: two backends for one session until the old
+   * owner's next lease renewal.
+   */
+  #onReady (): void {
+    if (!this.#wasReady) {
+      this.#wasReady = true
+      return
+    }
+    this.#reconnectedAt = Date.now()
+    const beat = this.#beat
+    if (beat !== null) this.heartbeat(beat.replicaId, beat.ttlMs).catch(() => {})
   }
 
   async create (record: SessionRecord, ttlMs: number): Promise<void> {
@@ -124,11 +150,14 @@ export class RedisSessionStore implements SessionStore {
   }
 
   async heartbeat (replicaId: string, ttlMs: number): Promise<void> {
+    this.#beat = { replicaId, ttlMs }
     await storeCall(this.#redis.set(replicaKey(this.#prefix, replicaId), String(Date.now()), 'PX', ttlMs))
   }
 
+  /** A replica is alive while its heartbeat is there, and, for a heartbeat TTL after a reconnect, also when it is not (#onReady). */
   async isAlive (replicaId: string): Promise<boolean> {
-    return await storeCall(this.#redis.exists(replicaKey(this.#prefix, replicaId))) === 1
+    if (await storeCall(this.#redis.exists(replicaKey(this.#prefix, replicaId))) === 1) return true
+    return Date.now() - this.#reconnectedAt < (this.#beat?.ttlMs ?? 0)
   }
 
   isReady (): boolean {

@@ -8,6 +8,7 @@ import { RedisBus } from '../../src/state/bus-redis.js'
 import { RedisEventLog } from '../../src/state/event-log-redis.js'
 import { createRedis, redisReady } from '../../src/state/redis/client.js'
 import { RedisSessionStore } from '../../src/state/session-store-redis.js'
+import { replicaKey } from '../../src/state/redis/keys.js'
 import { Inbox } from '../state/contract-bus.js'
 import { sampleRecord } from '../state/contract-session-store.js'
 import { randomPrefix, startRedis, testRedis } from '../helpers/redis-server.js'
@@ -102,3 +103,30 @@ t.test('redisReady waits through connection errors and gives up at its bound', a
   t.ok(await until(() => redis.status === 'end'))
   await t.rejects(redisReady(redis, 1_000), { code: 'GW_ERR_STORE_UNAVAILABLE' }, 'a closed client never becomes ready')
 })
+
+t.test('after a reconnect, a missing heartbeat is not taken for death for one heartbeat TTL', async t => {
+  // A restarted server or a promoted replica may have lost every replica's short-lived
+  // heartbeat: without the grace, replicas would take sessions over from live owners.
+  const server = await startRedis(t)
+  const prefix = randomPrefix()
+  const redis = await testRedis(t, server.url)
+  const store = new RedisSessionStore(redis, prefix)
+  const ttlMs = 1_500
+  await store.heartbeat('me', ttlMs)
+  t.equal(await store.isAlive('me'), true)
+  t.equal(await store.isAlive('ghost'), false, 'no grace after the first connect: a missing heartbeat is death')
+
+  await server.restart()
+  await redisReady(redis, 15_000)
+  const back = Date.now()
+  t.equal(await store.isAlive('ghost'), true, 'just after the reconnect, a missing heartbeat may be lost data')
+  t.ok(await untilAsync(async () => await redis.exists(replicaKey(prefix, 'me')) === 1, 1_000),
+    'this replica wrote its own heartbeat again at once, not at its next beat')
+  await sleep(Math.max(0, back + ttlMs + 100 - Date.now()))
+  t.equal(await store.isAlive('ghost'), false, 'one heartbeat TTL later, it is death again')
+})
+
+async function untilAsync (what: () => Promise<boolean>, bound: number): Promise<boolean> {
+  for (const end = Date.now() + bound; Date.now() < end; await sleep(20)) if (await what()) return true
+  return await what()
+}
