@@ -95,7 +95,7 @@ export class ClientStreams {
   readonly #o: ClientStreamsOptions
   /** Writers by session, then stream: a session's streams are found without a scan of all. */
   readonly #writers = new Map<string, Map<string, StreamWriter>>()
-  /** POST streams' catch-all deadlines (openPost), cleared when their writer ends. */
+  /** POST streams' catch-all deadlines (openPost), cleared when their writer completes. */
   readonly #deadlines = new Map<StreamWriter, NodeJS.Timeout>()
 
   constructor (options: ClientStreamsOptions) {
@@ -354,7 +354,9 @@ export class ClientStreams {
   #onWriterEnd (writer: StreamWriter, reason: WriterEndReason): void {
     const { sid, streamId } = writer
     this.#delete(writer)
-    clearTimeout(this.#deadlines.get(writer))
+    // A POST stream the client dropped (or resumed on another replica) keeps its catch-all
+    // deadline: the answer it writes reaches whoever holds the stream by then (append wakes it).
+    if (reason === 'complete' || reason === 'session-ended' || reason === 'shutdown') clearTimeout(this.#deadlines.get(writer))
     this.#deadlines.delete(writer)
     if (tracing !== null) tracing.streamEnded(sid, streamId, reason)
     if (reason === 'released' || reason === 'session-ended') return

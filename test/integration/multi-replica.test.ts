@@ -320,6 +320,27 @@ t.test('a call routed to an owner that never gets it (its bus envelope lost) is 
   t.ok(Date.now() - started >= 1000 + POST_DEADLINE_GRACE_MS - 100, 'after the backend\'s deadline and the grace, not before')
 })
 
+t.test('the same lost call, its POST stream dropped and resumed on another replica: answered there at the deadline', async t => {
+  const { replicas, prefix, redis } = await cluster(t, 2, undefined, { requestTimeoutMs: 1000 })
+  const [a, b] = replicas as [ReplicaProcess, ReplicaProcess]
+  const sid = await rawSession(a, a)
+  const inspect = await testRedis(t, redis.url)
+  await inspect.set(sessionKeys(prefix, sid).owner, 'ghost', 'PX', 60_000)
+  await inspect.set(replicaKey(prefix, 'ghost'), String(Date.now()), 'PX', 60_000)
+  const ac = new AbortController()
+  const call = await fetch(`${b.url}/mcp/full`, { method: 'POST', headers: { ...HEADERS, 'mcp-session-id': sid }, body: JSON.stringify({ jsonrpc: '2.0', id: 6, method: 'tools/call', params: { name: 'echo', arguments: { text: 'lost' } } }), signal: ac.signal })
+  const first = new SseReader(call)
+  await first.until(ev => ev.some(e => e.id !== undefined && e.id !== ''))
+  const last = first.events[first.events.length - 1]?.id ?? ''
+  ac.abort() // the client goes away before any answer, and comes back on A
+  const resumed = await fetch(`${a.url}/mcp/full`, { headers: { accept: 'text/event-stream', 'mcp-session-id': sid, 'last-event-id': last } })
+  t.equal(resumed.status, 200)
+  const rest = new SseReader(resumed)
+  const ended = await Promise.race([rest.finished.then(() => true), new Promise<false>(resolve => setTimeout(() => resolve(false), 1000 + POST_DEADLINE_GRACE_MS + 4000))])
+  t.ok(ended, 'the resumed stream ends')
+  t.match(rest.messages().find(m => m.id === 6), { error: { code: -32006 } }, 'with -32006, written by the deadline B kept after its client left')
+})
+
 t.test('concurrent GET streams for one session on different replicas: exactly one is served', async t => {
   const { replicas } = await cluster(t, 2)
   const [a, b] = replicas as [ReplicaProcess, ReplicaProcess]
