@@ -31,10 +31,11 @@ interface ServerParams { server: string }
 export default async function httpStreamable (app: FastifyInstance, opts: HttpStreamableOptions): Promise<void> {
   const { config, live, router, modern } = opts
 
-  async function sessionOf (req: FastifyRequest, server: string): Promise<SessionRecord> {
+  /** `checkedLater`: requests follow, whose marking checks that the session exists (Sessions.get). */
+  async function sessionOf (req: FastifyRequest, server: string, checkedLater = false): Promise<SessionRecord> {
     const sid = header(req, 'mcp-session-id')
     if (sid === undefined || sid === '') throw new GW_ERR_SESSION_REQUIRED()
-    const record = await router.getSession(sid, req.principal.key)
+    const record = await router.getSession(sid, req.principal.key, checkedLater)
     // Unknown, expired, another principal's, another server's: all the same 404 (H-SES-3, G-5).
     if (record === null || record.server !== server || record.transport !== 'streamable') throw new GW_ERR_SESSION_NOT_FOUND()
     return record
@@ -122,7 +123,7 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
       await answer(reply, record, messages, false, req)
       return
     }
-    const record = await sessionOf(req, server)
+    const record = await sessionOf(req, server, messages.some(isRequest))
     checkVersionHeader(req.headers['mcp-protocol-version'])
     if (batch && !allowsBatches(record.protocolVersion)) {
       throw new GW_ERR_INVALID_REQUEST(`JSON-RPC batches are not supported in protocol version ${record.protocolVersion}`)

@@ -166,8 +166,9 @@ export class Router {
     return sids.length
   }
 
-  async getSession (sid: string, principal: string): Promise<SessionRecord | null> {
-    return await this.#sessions.get(sid, principal)
+  /** `checkedLater`: see Sessions.get. */
+  async getSession (sid: string, principal: string, checkedLater = false): Promise<SessionRecord | null> {
+    return await this.#sessions.get(sid, principal, checkedLater)
   }
 
   async updateSession (sid: string, patch: Partial<Omit<SessionRecord, 'id'>>): Promise<void> {

@@ -12,6 +12,7 @@ import type { ClientStreams } from './streams.js'
 import { principalOfRecord } from '../auth/principal.js'
 import { audit } from '../telemetry/audit.js'
 import { shortHash } from '../telemetry/logger.js'
+import { deepFreeze } from '../core/freeze.js'
 
 const SESSION_ID = /^[A-Za-z0-9_-]{16,64}$/
 
@@ -34,6 +35,13 @@ export class Sessions {
   readonly #o: SessionsOptions
   /** When each session's TTL was last refreshed from here. */
   readonly #lastTouch = new Map<string, number>()
+  /**
+   * Redis mode: the records of routed Streamable HTTP sessions whose backend runs here, as last
+   * read. What a POST needs of them (server, principal, transport, version, tenant) never changes
+   * once created, and whether the session still exists is checked when its requests are marked
+   * pending (EventLog.markPending), so such a POST skips one round trip (issue 10).
+   */
+  readonly #owned = new Map<string, SessionRecord>()
 
   constructor (options: SessionsOptions) {
     this.#o = options
@@ -66,12 +74,25 @@ export class Sessions {
     return record
   }
 
-  /** The session if it exists and belongs to this principal; another principal sees none (G-5). */
-  async get (sid: string, principal: string): Promise<SessionRecord | null> {
+  /**
+   * The session if it exists and belongs to this principal; another principal sees none (G-5).
+   * `checkedLater`: the caller marks requests pending next, which checks that the session still
+   * exists, so a session owned here may be answered from the record read before (#owned).
+   */
+  async get (sid: string, principal: string, checkedLater = false): Promise<SessionRecord | null> {
     if (!isValidSessionId(sid)) return null
+    const owned = checkedLater ? this.#owned.get(sid) : undefined
+    if (owned !== undefined && this.#o.ownership.local(sid)?.isOwner === true) {
+      if (owned.principal !== principal) return null
+      this.touch(sid)
+      return owned
+    }
     const record = await this.#o.store.get(sid)
     if (record === null || record.principal !== principal) return null
     this.touch(sid)
+    if (this.#o.config.redis !== undefined && record.transport === 'streamable' && !this.#o.ownership.isDirect(record.server) && this.#o.ownership.local(sid)?.isOwner === true) {
+      this.#owned.set(sid, deepFreeze(record))
+    }
     return record
   }
 
@@ -115,6 +136,7 @@ export class Sessions {
     const err = new GW_ERR_BACKEND_UNAVAILABLE(server ?? relay?.server ?? '?', `session ended: ${reason}`)
     this.#o.streams.endSession(sid, err)
     this.#lastTouch.delete(sid)
+    this.#owned.delete(sid)
     if (await this.#o.ownership.drop(sid, err)) {
       relay?.log.info({ reason }, 'session ended')
     }
@@ -129,9 +151,13 @@ export class Sessions {
     this.#o.store.touch(sid, this.#idleMs).catch(() => {})
   }
 
-  /** Forgets touch times older than the idle timeout (their sessions refresh on the next use). */
+  /**
+   * Forgets touch times older than the idle timeout (their sessions refresh on the next use), and
+   * the records of sessions whose backend no longer runs here (a lease lost, a session ended).
+   */
   sweep (): void {
     const stale = Date.now() - this.#idleMs
     for (const [sid, at] of this.#lastTouch) if (at < stale) this.#lastTouch.delete(sid)
+    for (const sid of this.#owned.keys()) if (this.#o.ownership.local(sid)?.isOwner !== true) this.#owned.delete(sid)
   }
 }

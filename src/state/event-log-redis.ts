@@ -1,6 +1,6 @@
 // Redis twin of the event log: one Redis stream per client stream, `<prefix>:{<sid>}:ev:<stream>`.
 // The entry id is Redis's own (`<ms>-<seq>`, minted by XADD *), so replicas never race on ids.
-import { GW_ERR_BAD_REQUEST } from '../core/errors.js'
+import { GW_ERR_BAD_REQUEST, GW_ERR_SESSION_NOT_FOUND } from '../core/errors.js'
 import { isEntryId, parsePendingField, pendingField, type AppendResult, type EventLog, type LogEntry, type PendingRequest, type StreamHolder } from './event-log.js'
 import type { JsonRpcMessage, RequestId } from '../core/jsonrpc.js'
 import { storeCall, type Redis } from './redis/client.js'
@@ -44,7 +44,8 @@ export class RedisEventLog implements EventLog {
   async markPending (sid: string, streamId: string, ids: RequestId[], ttlMs: number, priming: boolean, servedBy: string, holder?: StreamHolder): Promise<string | null> {
     const keys = sessionKeys(this.#prefix, sid)
     const fields = ids.map(id => pendingField(streamId, id))
-    const entryId = await storeCall(this.#redis.markPending(keys.events(streamId), keys.streams, keys.pending, keys.seq, keys.holder(streamId), this.#maxLen, ttlMs, priming ? '1' : '0', streamId, servedBy, holder?.leaseMs ?? 0, holder?.replicaId ?? '', ...fields))
+    const entryId = await storeCall(this.#redis.markPending(keys.events(streamId), keys.streams, keys.pending, keys.seq, keys.holder(streamId), keys.meta, this.#maxLen, ttlMs, priming ? '1' : '0', streamId, servedBy, holder?.leaseMs ?? 0, holder?.replicaId ?? '', ...fields))
+    if (entryId === null) throw new GW_ERR_SESSION_NOT_FOUND()
     return entryId === '' ? null : entryId
   }
 

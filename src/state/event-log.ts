@@ -54,7 +54,10 @@ export interface EventLog {
    * is gone its markers can be claimed, claimOrphans `of`), and appends the stream's priming entry
    * when `priming`; returns that entry's id, else null. With `holder`, the POST's stream is new
    * and that replica becomes its holder for `leaseMs`, in the same step (SessionStore.claimHolder
-   * without a previous one).
+   * without a previous one). The Redis twin records nothing and throws GW_ERR_SESSION_NOT_FOUND
+   * when the session's record is gone, checked in the same step: a POST to a session owned here
+   * may then skip reading the record (Sessions.get). The memory twin shares its process with the
+   * store, where that POST reads the record anyway.
    */
   markPending (sid: string, streamId: string, ids: RequestId[], ttlMs: number, priming: boolean, servedBy: string, holder?: StreamHolder): Promise<string | null>
   /**

@@ -9,6 +9,7 @@ import {
   CreateMessageRequestSchema, ElicitRequestSchema, ListRootsRequestSchema, LoggingMessageNotificationSchema,
   ResourceUpdatedNotificationSchema, ToolListChangedNotificationSchema
 } from '@modelcontextprotocol/sdk/types.js'
+import { Redis } from 'ioredis'
 import t, { type Test } from 'tap'
 import { stdioFixture } from '../helpers/gateway.js'
 import { randomPrefix, startRedis, testRedis, type RedisServer } from '../helpers/redis-server.js'
@@ -339,6 +340,34 @@ t.test('the same lost call, its POST stream dropped and resumed on another repli
   const ended = await Promise.race([rest.finished.then(() => true), new Promise<false>(resolve => setTimeout(() => resolve(false), 1000 + POST_DEADLINE_GRACE_MS + 4000))])
   t.ok(ended, 'the resumed stream ends')
   t.match(rest.messages().find(m => m.id === 6), { error: { code: -32006 } }, 'with -32006, written by the deadline B kept after its client left')
+})
+
+t.test('a POST to the replica that owns the session does not read its record; marking its requests checks it exists', async t => {
+  const { replicas, prefix, redis } = await cluster(t, 2)
+  const [a, b] = replicas as [ReplicaProcess, ReplicaProcess]
+  const sid = await rawSession(a, a)
+  const inspect = await testRedis(t, redis.url)
+  const watcher = new Redis(redis.url, { lazyConnect: true })
+  const monitor = await watcher.monitor()
+  t.teardown(() => { monitor.disconnect(); watcher.disconnect() })
+  const reads: string[] = []
+  monitor.on('monitor', (_time: string, args: string[]) => { if (args[0]?.toLowerCase() === 'hgetall' && args[1] === sessionKeys(prefix, sid).meta) reads.push(args[1]) })
+  const call = async (on: ReplicaProcess, id: number): Promise<Response> => await fetch(`${on.url}/mcp/full`, { method: 'POST', headers: { ...HEADERS, 'mcp-session-id': sid }, body: JSON.stringify({ jsonrpc: '2.0', id, method: 'tools/call', params: { name: 'echo', arguments: { text: `r${id}` } } }) })
+  for (let id = 1; id <= 3; id++) {
+    const reader = new SseReader(await call(a, id))
+    await reader.finished
+    t.ok(reader.messages().some(m => m.id === id && 'result' in m), `call ${id} on the owner answered`)
+  }
+  const routed = new SseReader(await call(b, 4))
+  await routed.finished
+  t.ok(routed.messages().some(m => m.id === 4 && 'result' in m), 'a call on the other replica answered')
+  await eventually('the routed call\'s record read', () => reads.length >= 1 ? true : undefined)
+  t.equal(reads.length, 1, 'the record was read for the other replica\'s call only')
+  // Deleted as by another replica whose end-session envelope has not reached the owner yet.
+  await inspect.del(sessionKeys(prefix, sid).meta)
+  const gone = await call(a, 5)
+  t.equal(gone.status, 404, 'a request to the owner for a session whose record is gone: 404')
+  t.match(await gone.json(), { id: 5, error: { code: -32001 } })
 })
 
 t.test('concurrent GET streams for one session on different replicas: exactly one is served', async t => {

@@ -106,8 +106,10 @@ export function eventLogContract (t: Test, make: MakeEventLog): void {
   })
 
   t.test('append hands back the entry exactly as a reader gets it (the local hand-off, issue 10)', async t => {
-    const { log } = await make(t)
-    const sid = randomUUID()
+    const { log, store } = await make(t)
+    const record = sampleRecord()
+    await store.create(record, LONG_TTL)
+    const sid = record.id
     const appended = []
     for (let i = 1; i <= 3; i++) appended.push((await log.append(sid, 'get', note(i), LONG_TTL)).entry)
     const read = await readAll(log, sid, 'get')

@@ -3,6 +3,7 @@ import t from 'tap'
 import { RedisEventLog } from '../../src/state/event-log-redis.js'
 import { RedisSessionStore } from '../../src/state/session-store-redis.js'
 import { CONTRACT_MAX_LEN, eventLogContract } from './contract-event-log.js'
+import { sampleRecord } from './contract-session-store.js'
 import { randomPrefix, startRedis, testRedis } from '../helpers/redis-server.js'
 
 const server = await startRedis(t)
@@ -32,4 +33,17 @@ t.test('entries are Redis stream entries under the session hash tag, trimmed app
   t.ok(await redis.pttl(`${prefix}:{${sid}}:seq`) > 0, 'which has a TTL')
   await log.deleteSession(sid)
   t.equal(await redis.exists(`${prefix}:{${sid}}:seq`), 0, 'and goes with the session')
+})
+
+t.test('markPending checks in the same step that the session still exists (a POST may skip reading its record)', async t => {
+  const redis = await testRedis(t, server.url)
+  const prefix = randomPrefix()
+  const store = new RedisSessionStore(redis, prefix)
+  const log = new RedisEventLog(redis, prefix, 5)
+  const record = sampleRecord()
+  await store.create(record, 60_000)
+  t.type(await log.markPending(record.id, 'r1_a', [1], 60_000, true, 'r', { replicaId: 'r', leaseMs: 60_000 }), 'string', 'an existing session: marked and primed')
+  await store.delete(record.id)
+  await t.rejects(log.markPending(record.id, 'r1_b', [2], 60_000, true, 'r', { replicaId: 'r', leaseMs: 60_000 }), { code: 'GW_ERR_SESSION_NOT_FOUND', statusCode: 404 }, 'a deleted one: 404')
+  t.same(await redis.keys(`${prefix}:{${record.id}}:*`), [], 'and nothing is written for it: no marker, holder or priming entry')
 })

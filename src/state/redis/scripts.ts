@@ -255,17 +255,19 @@ return { id, redis.call('GET', KEYS[2]), n }`
    * markPending: records the requests of a POST as waiting for an answer, each with the server's
    * time (every replica compares one clock) and the replica that serves it, makes the replica that
    * took the POST the holder of its new stream (ARGV[6] > 0: the one round trip a stream's open
-   * would otherwise add), and appends the stream's priming entry.
+   * would otherwise add), and appends the stream's priming entry; nothing when the session's
+   * record is gone (deleted or expired), so a POST need not read the record first (Sessions.get).
    *   KEYS[1] events   KEYS[2] stream set   KEYS[3] pending   KEYS[4] seq hash (the priming entry's ordinal)
-   *   KEYS[5] holder
+   *   KEYS[5] holder   KEYS[6] meta
    *   ARGV[1] max length   ARGV[2] ttl ms   ARGV[3] '1' append a priming entry   ARGV[4] stream id
    *   ARGV[5] serving replica id   ARGV[6] holder lease ms (0: no holder)   ARGV[7] holder replica id
    *   ARGV[8..] pending fields
-   *   returns the priming entry id, or '' without priming
+   *   returns the priming entry id, '' without priming, or nil when the session is gone
    */
   markPending: {
-    numberOfKeys: 5,
+    numberOfKeys: 6,
     lua: `${REMEMBER_STREAM}
+if redis.call('EXISTS', KEYS[6]) == 0 then return false end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 for i = 8, #ARGV do redis.call('HSET', KEYS[3], ARGV[i], now .. '|' .. ARGV[5]) end
@@ -340,7 +342,7 @@ declare module 'ioredis' {
     deleteSession (numberOfKeys: number, ...keysThenStreamIds: string[]): Result<-1 | 0 | 1, Context>
     deleteEvents (numberOfKeys: number, ...keysThenStreamIds: string[]): Result<number, Context>
     takeOwner (owner: RedisKey, replicaId: string, from: string, ttlMs: number): Result<string, Context>
-    markPending (events: RedisKey, streams: RedisKey, pending: RedisKey, seq: RedisKey, holder: RedisKey, maxLen: number, ttlMs: number, priming: string, streamId: string, servedBy: string, holderMs: number, holderReplica: string, ...fields: string[]): Result<string, Context>
+    markPending (events: RedisKey, streams: RedisKey, pending: RedisKey, seq: RedisKey, holder: RedisKey, meta: RedisKey, maxLen: number, ttlMs: number, priming: string, streamId: string, servedBy: string, holderMs: number, holderReplica: string, ...fields: string[]): Result<string | null, Context>
     claimOrphans (pending: RedisKey, replicaId: string): Result<string[], Context>
     claimOwner (owner: RedisKey, replicaId: string, ttlMs: number): Result<string, Context>
     renewLease (lease: RedisKey, replicaId: string, ttlMs: number): Result<0 | 1, Context>
