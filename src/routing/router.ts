@@ -356,7 +356,7 @@ export class Router {
         return
       }
       case 'wake':
-        this.#streams.wake(envelope.sid, envelope.streamId)
+        this.#streams.wake(envelope.sid, envelope.streamId, envelope.entry)
         return
       case 'release':
         this.#streams.release(envelope.sid, envelope.streamId)

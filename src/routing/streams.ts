@@ -12,6 +12,7 @@ import { GET_STREAM, LEGACY_STREAM, type PendingRequest } from '../state/event-l
 import { shortHash } from '../telemetry/logger.js'
 import { tracing } from '../telemetry/tracing.js'
 import { streamKindOf, type StreamKind } from '../telemetry/metrics.js'
+import type { WokenEntry } from '../state/bus.js'
 import type { ReplicaContext } from './context.js'
 import { breathe } from './upkeep.js'
 
@@ -24,6 +25,12 @@ export const COMPLETED_STREAM_TTL_MS = 60_000
  * catches a request that never reached a relay (a bus envelope lost in a Redis failover).
  */
 export const POST_DEADLINE_GRACE_MS = 5_000
+/**
+ * The largest entry (JSON characters) a wake carries to a holder on another replica (issue 10:
+ * it saves that replica reading the log back). Bigger ones are read from the log as before, so
+ * the bus never carries a large answer twice.
+ */
+export const WAKE_ENTRY_MAX_CHARS = 8_192
 
 /** A per-process random prefix: stream ids are unique across replicas and restarts without a syscall each. */
 const STREAM_PREFIX = randomBytes(9).toString('base64url')
@@ -124,7 +131,9 @@ export class ClientStreams {
       const writer = this.#get(sid, streamId)
       if (writer !== undefined) void (entry !== undefined ? writer.offer(entry) : writer.wake())
     } else if (holder !== null) {
-      await this.#o.bus.send(holder, { kind: 'wake', sid, streamId }).catch(err => {
+      // A small entry rides with the wake, so the holder need not read the log back for it.
+      const woken = entry !== undefined && entry.json !== '' && entry.json.length <= WAKE_ENTRY_MAX_CHARS ? { entryId: entry.entryId, json: entry.json, seq: entry.seq } : undefined
+      await this.#o.bus.send(holder, { kind: 'wake', sid, streamId, ...(woken === undefined ? {} : { entry: woken }) }).catch(err => {
         this.#o.log.warn({ err, sid: shortHash(sid) }, 'wake not sent; the entry waits in the log')
       })
     }
@@ -209,9 +218,19 @@ export class ClientStreams {
     return writer
   }
 
-  /** New entries in a stream this replica holds: its writer pulls them. */
-  wake (sid: string, streamId: string): void {
-    void this.#get(sid, streamId)?.wake()
+  /** New entries in a stream this replica holds: its writer pulls them, or writes `entry` at once (StreamWriter.offer). */
+  wake (sid: string, streamId: string, entry?: WokenEntry): void {
+    const writer = this.#get(sid, streamId)
+    if (writer === undefined) return
+    if (entry === undefined) { void writer.wake(); return }
+    let message: JsonRpcMessage
+    try {
+      message = JSON.parse(entry.json) as JsonRpcMessage
+    } catch {
+      void writer.wake()
+      return
+    }
+    void writer.offer({ entryId: entry.entryId, json: entry.json, seq: entry.seq, message })
   }
 
   /** Whether this replica writes the stream now (it holds it and the writer is live). */

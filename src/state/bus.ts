@@ -6,8 +6,12 @@ import type { TraceCarrier } from '../telemetry/tracing.js'
 export type Envelope =
   /** A client message for the backend, sent to the session's owner (`trace`: its SERVER span, tracing on). */
   | { kind: 'deliver', sid: string, streamId: string | null, message: JsonRpcMessage, trace?: TraceCarrier | undefined }
-  /** New entries in a stream's log: the holder pulls after its cursor. */
-  | { kind: 'wake', sid: string, streamId: string }
+  /**
+   * New entries in a stream's log: the holder pulls after its cursor. `entry`: the one just
+   * appended (a small one), which the holder writes without reading the log back when it follows
+   * the last entry it wrote (StreamWriter.offer); otherwise it pulls as usual.
+   */
+  | { kind: 'wake', sid: string, streamId: string, entry?: WokenEntry }
   /** Another replica took the stream (resume elsewhere): stop writing it. */
   | { kind: 'release', sid: string, streamId: string }
   /** The session was deleted or expired: stop its backend and end its streams. */
@@ -23,6 +27,9 @@ export type Envelope =
   | { kind: 'mrtr-cancel', ticket: string }
   /** A backend's session-level notification seen by another replica's pool, for listen streams here. */
   | { kind: 'listen-event', server: string, tenant: string | null, message: JsonRpcMessage }
+
+/** A log entry as a wake carries it: its JSON text, not the parsed message (LogEntry). */
+export interface WokenEntry { entryId: string, json: string, seq: number }
 
 export type EnvelopeHandler = (envelope: Envelope) => void
 

@@ -14,7 +14,7 @@ import t, { type Test } from 'tap'
 import { stdioFixture } from '../helpers/gateway.js'
 import { randomPrefix, startRedis, testRedis, type RedisServer } from '../helpers/redis-server.js'
 import { replicaKey, sessionKeys } from '../../src/state/redis/keys.js'
-import { COMPLETED_STREAM_TTL_MS, POST_DEADLINE_GRACE_MS } from '../../src/routing/streams.js'
+import { COMPLETED_STREAM_TTL_MS, POST_DEADLINE_GRACE_MS, WAKE_ENTRY_MAX_CHARS } from '../../src/routing/streams.js'
 import { startReplica, startRoundRobinProxy, type ReplicaProcess } from '../helpers/replicas.js'
 import { SseReader } from '../helpers/sse-client.js'
 import { eventually, textOf } from '../helpers/wait.js'
@@ -342,7 +342,7 @@ t.test('the same lost call, its POST stream dropped and resumed on another repli
   t.match(rest.messages().find(m => m.id === 6), { error: { code: -32006 } }, 'with -32006, written by the deadline B kept after its client left')
 })
 
-t.test('a POST to the replica that owns the session does not read its record; marking its requests checks it exists', async t => {
+t.test('round trips: a POST to the owner reads no record (marking checks it exists); a holder elsewhere gets the answer with its wake', async t => {
   const { replicas, prefix, redis } = await cluster(t, 2)
   const [a, b] = replicas as [ReplicaProcess, ReplicaProcess]
   const sid = await rawSession(a, a)
@@ -351,7 +351,12 @@ t.test('a POST to the replica that owns the session does not read its record; ma
   const monitor = await watcher.monitor()
   t.teardown(() => { monitor.disconnect(); watcher.disconnect() })
   const reads: string[] = []
-  monitor.on('monitor', (_time: string, args: string[]) => { if (args[0]?.toLowerCase() === 'hgetall' && args[1] === sessionKeys(prefix, sid).meta) reads.push(args[1]) })
+  const logReads: string[] = []
+  monitor.on('monitor', (_time: string, args: string[]) => {
+    const command = args[0]?.toLowerCase()
+    if (command === 'hgetall' && args[1] === sessionKeys(prefix, sid).meta) reads.push(args[1])
+    if (command === 'xrange' && args[1]?.startsWith(sessionKeys(prefix, sid).events('')) === true) logReads.push(args[1])
+  })
   const call = async (on: ReplicaProcess, id: number): Promise<Response> => await fetch(`${on.url}/mcp/full`, { method: 'POST', headers: { ...HEADERS, 'mcp-session-id': sid }, body: JSON.stringify({ jsonrpc: '2.0', id, method: 'tools/call', params: { name: 'echo', arguments: { text: `r${id}` } } }) })
   for (let id = 1; id <= 3; id++) {
     const reader = new SseReader(await call(a, id))
@@ -363,6 +368,12 @@ t.test('a POST to the replica that owns the session does not read its record; ma
   t.ok(routed.messages().some(m => m.id === 4 && 'result' in m), 'a call on the other replica answered')
   await eventually('the routed call\'s record read', () => reads.length >= 1 ? true : undefined)
   t.equal(reads.length, 1, 'the record was read for the other replica\'s call only')
+  t.same(logReads, [], 'and no stream log was read back: the answer came with the wake to the replica holding the POST')
+  const big = 'x'.repeat(WAKE_ENTRY_MAX_CHARS)
+  const large = new SseReader(await fetch(`${b.url}/mcp/full`, { method: 'POST', headers: { ...HEADERS, 'mcp-session-id': sid }, body: JSON.stringify({ jsonrpc: '2.0', id: 6, method: 'tools/call', params: { name: 'echo', arguments: { text: big } } }) }))
+  await large.finished
+  t.match(large.messages().find(m => m.id === 6), { result: { content: [{ text: big }] } }, 'a large answer arrives whole')
+  t.ok(logReads.length >= 1, 'read from the log: the bus does not carry it twice')
   // Deleted as by another replica whose end-session envelope has not reached the owner yet.
   await inspect.del(sessionKeys(prefix, sid).meta)
   const gone = await call(a, 5)
