@@ -41,10 +41,15 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
     return record
   }
 
-  /** The backend's deadline for a POST stream's catch-all (ClientStreams.openPost). */
+  /**
+   * The backend's deadline for a POST stream's catch-all (ClientStreams.openPost), with Redis only:
+   * what it catches is a request lost on the way to another replica's relay. In one process a
+   * request reaches its relay in the same call or fails there, and the relay's own timer answers.
+   */
   function deadlineOf (server: string): { deadline?: { server: string, timeoutMs: number } } {
-    const config = Object.hasOwn(live.servers, server) ? live.servers[server] : undefined
-    return config === undefined ? {} : { deadline: { server, timeoutMs: config.requestTimeoutMs } }
+    if (config.redis === undefined) return {}
+    const serverConfig = Object.hasOwn(live.servers, server) ? live.servers[server] : undefined
+    return serverConfig === undefined ? {} : { deadline: { server, timeoutMs: serverConfig.requestTimeoutMs } }
   }
 
   /** Opens the response stream for the requests of one POST, then hands every message to the owner. */

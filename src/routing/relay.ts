@@ -278,13 +278,10 @@ export class Relay {
     if (isNotification(message)) { await this.#fromBackendNotification(message); return }
     const id = message.id
     if (id === undefined || id === null) return
-    const entry = this.#settle(idKey(id), message)
+    const entry = this.#settle(idKey(id), message, false)
     if (entry === undefined) return // cancelled or timed out: a late answer is dropped
     let response: JsonRpcResponse = { ...message, id: entry.clientId }
-    const errorType = errorTypeOf(response)
-    this.metrics.operation(entry.method, entry.tool, errorType, entry.startedAt)
-    if ('error' in response) this.metrics.backendError('error_response')
-    else if (entry.method === 'tools/list') this.metrics.toolsListed(response.result)
+    const backendResult = 'result' in response ? response.result : undefined
     if (entry.method === 'initialize' && 'result' in response && isRecord(response.result)) {
       // The client's hop has its own negotiated version (SPEC.md G-1).
       response = { ...response, result: { ...response.result, protocolVersion: this.#protocolVersion } }
@@ -294,7 +291,15 @@ export class Relay {
       const result = this.#o.filterResult(entry.method, response.result)
       if (result !== response.result) response = { ...response, result }
     }
-    await this.#o.host.append(this.sid, entry.streamId, response)
+    try {
+      await this.#o.host.append(this.sid, entry.streamId, response)
+    } finally {
+      // Recorded once the answer is on its way: none of this delays it (issue 10).
+      this.metrics.operation(entry.method, entry.tool, errorTypeOf(message), entry.startedAt)
+      if ('error' in message) this.metrics.backendError('error_response')
+      else if (entry.method === 'tools/list') this.metrics.toolsListed(backendResult)
+      if (entry.method === 'tools/call') this.#auditCall(entry, outcomeOf(message))
+    }
     if (entry.method === 'initialize' && 'error' in response) {
       // A session whose initialize failed is of no use, and its child counts against maxSessions:
       // end it once the client has had a moment to read the error.
@@ -383,7 +388,8 @@ export class Relay {
   }
 
   /** Removes an in-flight request; returns it if it was still in flight. `outcome`: its answer, or why none. */
-  #settle (key: string, outcome: JsonRpcResponse | string): InFlight | undefined {
+  /** Ends a request's life in flight. `audit`: write a tools/call's audit line now (else the caller does). */
+  #settle (key: string, outcome: JsonRpcResponse | string, audit = true): InFlight | undefined {
     const entry = this.#inFlight?.get(key)
     if (entry === undefined) return undefined
     entry.span?.end(outcome)
@@ -397,7 +403,7 @@ export class Relay {
       this.#byToken = undefined
     }
     clearTimeout(entry.timer)
-    if (entry.method === 'tools/call') this.#auditCall(entry, outcomeOf(outcome))
+    if (audit && entry.method === 'tools/call') this.#auditCall(entry, outcomeOf(outcome))
     return entry
   }
 
