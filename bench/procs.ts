@@ -18,6 +18,7 @@ export const MAIN = fileURLToPath(new URL('../src/main.js', import.meta.url))
 const UPSTREAM = fileURLToPath(new URL('./http-upstream.js', import.meta.url))
 const IDLE_UPSTREAM = fileURLToPath(new URL('./idle-upstream.js', import.meta.url))
 const MINIMAL_PROXY = fileURLToPath(new URL('./minimal-proxy.js', import.meta.url))
+const FASTIFY_FLOOR = fileURLToPath(new URL('./fastify-floor.js', import.meta.url))
 const GC_PROBE = fileURLToPath(new URL('./gc-probe.js', import.meta.url))
 const LOOP_PROBE = fileURLToPath(new URL('./loop-probe.js', import.meta.url))
 
@@ -252,6 +253,9 @@ export const startIdleUpstream = async (cleanup: Cleanup, offerGet: boolean): Pr
 /** The floor (bench/minimal-proxy.ts) in front of the given stdio command. */
 export const startMinimalProxy = async (cleanup: Cleanup, command: string, args: string[]): Promise<RunningProcess> =>
   await startUrlProcess(cleanup, 'minimal proxy', MINIMAL_PROXY, [command, ...args])
+/** The floor's logic behind Fastify (fastify-floor.ts): what the framework alone costs. */
+export const startFastifyFloor = async (cleanup: Cleanup, command: string, args: string[]): Promise<RunningProcess> =>
+  await startUrlProcess(cleanup, 'fastify floor', FASTIFY_FLOOR, [command, ...args])
 
 // ---- /proc ---------------------------------------------------------------------------------
 

@@ -8,7 +8,7 @@
 import { randomBytes } from 'node:crypto'
 import { fileURLToPath } from 'node:url'
 import {
-  childrenOf, startGatewayProcess, startMinimalProxy, type Cleanup, type GatewayProcess, type RunningProcess
+  childrenOf, startFastifyFloor, startGatewayProcess, startMinimalProxy, type Cleanup, type GatewayProcess, type RunningProcess
 } from './procs.js'
 import { connectHttp, connectModern, connectStdio, crossFetch, HTTP_ECHO, STDIO_ECHO, type BenchSession, type Echo } from './sessions.js'
 
@@ -135,12 +135,15 @@ export function gatewayTarget (name: string, options: GatewayTargetOptions = {})
   }
 }
 
-/** The minimal proxy; a second one (`floor-b`) shows how far two identical targets drift apart in this run. */
-function floorTarget (name: string): TargetSpec {
+/**
+ * The minimal proxy; a second one (`floor-b`) shows how far two identical targets drift apart in
+ * this run. `fastify`: the same logic behind Fastify (`fastify-floor`, for reference).
+ */
+function floorTarget (name: string, fastify = false): TargetSpec {
   return {
     name,
     start: async ctx => {
-      const proxy = await startMinimalProxy(ctx.cleanup, STDIO_COMMAND.command, STDIO_COMMAND.args)
+      const proxy = await (fastify ? startFastifyFloor : startMinimalProxy)(ctx.cleanup, STDIO_COMMAND.command, STDIO_COMMAND.args)
       return {
         name,
         compareTo: name === FLOOR ? null : FLOOR,
@@ -199,6 +202,8 @@ export function targetSpecs (compareMain: string | undefined): TargetSpec[] {
   const specs = [
     floorTarget(FLOOR),
     floorTarget('floor-b'),
+    // The floor behind Fastify: how much of the gateway's ratio the framework takes by itself.
+    floorTarget('fastify-floor', true),
     directTarget,
     gatewayTarget('gateway-memory', { goals: MEMORY_GOALS }),
     gatewayTarget('gateway-redis-local', { redis: 'local', goals: REDIS_LOCAL_GOALS }),
