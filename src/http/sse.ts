@@ -117,6 +117,8 @@ export class StreamWriter {
   /** Whether this writer wrote an entry (its cursor is then one the log gave, not the client's). */
   get advanced (): boolean { return this.#advanced }
   get ended (): boolean { return this.#ended }
+  /** Whether the client was sent an event id (the SSE stream opened): only then can it resume this stream. */
+  get resumable (): boolean { return this.#keepAlive !== undefined }
 
   /** Sends headers (SSE), starts keep-alives, and writes what the log already holds. */
   async start (): Promise<void> {

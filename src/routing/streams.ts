@@ -388,8 +388,11 @@ export class ClientStreams {
       // A completed request stream gets no more entries: its holder lease just lapses, and its log
       // is kept only briefly for a client whose socket died right after the answer (not the whole
       // idle timeout: a busy session would hold every answer it ever sent). A one-request stream
-      // completed by an answer from its log got that TTL with the answer (append).
-      if (!writer.advanced || expectedResponsesOf(streamId) !== 1) this.#o.eventLog.expire(sid, streamId, COMPLETED_STREAM_TTL_MS).catch(() => {})
+      // completed by an answer from its log got that TTL with the answer (append). Answered as
+      // one JSON body (lazy SSE, json mode), the client never had an event id to resume from:
+      // the log goes at once.
+      if (!writer.resumable) this.#o.eventLog.expire(sid, streamId, 0).catch(() => {})
+      else if (!writer.advanced || expectedResponsesOf(streamId) !== 1) this.#o.eventLog.expire(sid, streamId, COMPLETED_STREAM_TTL_MS).catch(() => {})
     } else {
       store.releaseHolder(sid, streamId, this.#o.replicaId).catch(() => {})
     }

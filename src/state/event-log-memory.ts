@@ -159,7 +159,15 @@ export class MemoryEventLog implements EventLog {
 
   async expire (sid: string, streamId: string, ttlMs: number): Promise<void> {
     const stream = this.#live(sid, streamId)
-    if (stream !== null) stream.expiresAt = Date.now() + ttlMs
+    if (stream === null) return
+    if (ttlMs > 0) {
+      stream.expiresAt = Date.now() + ttlMs
+      return
+    }
+    // Gone now, as PEXPIRE 0 deletes the Redis twin's key: not left for the sweep.
+    const streams = this.#streams.get(sid)
+    streams?.delete(streamId)
+    if (streams?.size === 0) this.#streams.delete(sid)
   }
 
   async deleteSession (sid: string): Promise<void> {

@@ -76,7 +76,7 @@ export interface EventLog {
   seqOf (sid: string, streamId: string, entryId: string): Promise<number | null>
   /** Whether the stream has ever had an entry (and has not expired). */
   hasStream (sid: string, streamId: string): Promise<boolean>
-  /** Shortens (or extends) how long a stream's log is kept; no-op for a stream that is gone. */
+  /** Shortens (or extends) how long a stream's log is kept (0: drops it now); no-op for a stream that is gone. */
   expire (sid: string, streamId: string, ttlMs: number): Promise<void>
   /** Drops every stream of a session. */
   deleteSession (sid: string): Promise<void>

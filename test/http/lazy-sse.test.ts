@@ -3,7 +3,9 @@
 // HTTP against a real gateway and a real stdio server, so the wire shape is what is asserted.
 import t, { type Test } from 'tap'
 import { startGateway, stdioFixture, type RunningGateway } from '../helpers/gateway.js'
-import { randomPrefix, startRedis } from '../helpers/redis-server.js'
+import { randomPrefix, startRedis, testRedis } from '../helpers/redis-server.js'
+import { sessionKeys } from '../../src/state/redis/keys.js'
+import { eventually } from '../helpers/wait.js'
 import { SseReader } from '../helpers/sse-client.js'
 
 const ACCEPT = 'application/json, text/event-stream'
@@ -126,7 +128,10 @@ t.test('a held stream that the gateway ends opens as SSE and says when to come b
 
 t.test('with Redis: 2025-11-25 streams open at once (a replica death must not strand a call); older ones are lazy', async t => {
   const redis = await startRedis(t)
-  const gw = await gateway(t, { redis: { url: redis.url, keyPrefix: randomPrefix() } })
+  const prefix = randomPrefix()
+  const gw = await gateway(t, { redis: { url: redis.url, keyPrefix: prefix } })
+  const inspect = await testRedis(t, redis.url)
+  const logsOf = async (sid: string): Promise<string[]> => await inspect.keys(`${sessionKeys(prefix, sid).events('')}r*`)
   const current = await open(gw, '2025-11-25')
   const eager = await post(gw, call(9, 'echo', { text: 'redis' }), current)
   t.match(eager.headers.get('content-type'), /^text\/event-stream/, 'SSE with a priming event on 2025-11-25')
@@ -134,7 +139,13 @@ t.test('with Redis: 2025-11-25 streams open at once (a replica death must not st
   await reader.finished
   t.equal(reader.events[0]?.data, '', 'priming first')
   const older = await open(gw, '2025-06-18')
+  const before = await logsOf(older.sid) // initialize's, kept if its stream opened (a child starts slower than lazySseMs)
   const lazy = await post(gw, call(10, 'echo', { text: 'redis-old' }), older)
   t.match(lazy.headers.get('content-type'), /^application\/json/, 'JSON on 2025-06-18, which has no priming to lose')
   t.match(await lazy.json(), { id: 10, result: { content: [{ text: 'redis-old' }] } })
+  const [kept] = await logsOf(current.sid)
+  t.ok(kept !== undefined && await inspect.pttl(kept) > 30_000, 'the SSE stream\'s log is kept a while, for a client that resumes')
+  await eventually('the JSON answer\'s log dropped', async () => (await logsOf(older.sid)).length === before.length ? true : undefined)
+  t.same(await logsOf(older.sid), before)
+  t.pass('the log of a stream answered as one JSON body goes at once: no event id of it ever reached the client')
 })

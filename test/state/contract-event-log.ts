@@ -194,6 +194,12 @@ export function eventLogContract (t: Test, make: MakeEventLog): void {
     t.notOk(await log.hasStream('s', 'r1_done'), 'gone after the shorter TTL')
     await log.expire('s', 'nothing-here', 50)
     t.pass('expiring a missing stream is a no-op')
+    await log.append('s', 'r1_json', { jsonrpc: '2.0', id: 1, result: {} }, 60_000)
+    await log.append('s', 'r1_kept', null, 60_000)
+    await log.expire('s', 'r1_json', 0)
+    t.notOk(await log.hasStream('s', 'r1_json'), 'a TTL of 0 drops the stream at once')
+    t.same(await log.readAfter('s', 'r1_json', null, 10), [])
+    t.ok(await log.hasStream('s', 'r1_kept'), 'and only that stream')
   })
 
   t.test('hasStream is true once a stream has an entry', async t => {
