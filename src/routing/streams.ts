@@ -390,9 +390,11 @@ export class ClientStreams {
       // idle timeout: a busy session would hold every answer it ever sent). A one-request stream
       // completed by an answer from its log got that TTL with the answer (append). Answered as
       // one JSON body (lazy SSE, json mode), the client never had an event id to resume from:
-      // the log goes at once.
-      if (!writer.resumable) this.#o.eventLog.expire(sid, streamId, 0).catch(() => {})
-      else if (!writer.advanced || expectedResponsesOf(streamId) !== 1) this.#o.eventLog.expire(sid, streamId, COMPLETED_STREAM_TTL_MS).catch(() => {})
+      // the log and the holder lease go at once.
+      if (!writer.resumable) {
+        this.#o.eventLog.expire(sid, streamId, 0).catch(() => {})
+        store.releaseHolder(sid, streamId, this.#o.replicaId).catch(() => {})
+      } else if (!writer.advanced || expectedResponsesOf(streamId) !== 1) this.#o.eventLog.expire(sid, streamId, COMPLETED_STREAM_TTL_MS).catch(() => {})
     } else {
       store.releaseHolder(sid, streamId, this.#o.replicaId).catch(() => {})
     }
