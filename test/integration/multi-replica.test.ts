@@ -303,15 +303,23 @@ t.test('a replica that went on serving a session another one had taken over dies
   t.equal((answer as { error?: { code?: number } } | undefined)?.error?.code, -32007, 'the call gets -32007: the replica serving it is gone')
 })
 
-t.test('a call routed to an owner that never gets it (its bus envelope lost) is answered at the backend\'s deadline', async t => {
+/**
+ * Two replicas (backend deadline 1 s) and a session whose owner is then made a replica that looks
+ * alive (its heartbeat is there) but reads no envelope: what a message lost on the bus in a Redis
+ * failover looks like from the other replica.
+ */
+async function ghostOwned (t: Test): Promise<{ a: ReplicaProcess, b: ReplicaProcess, sid: string }> {
   const { replicas, prefix, redis } = await cluster(t, 2, undefined, { requestTimeoutMs: 1000 })
   const [a, b] = replicas as [ReplicaProcess, ReplicaProcess]
   const sid = await rawSession(a, a)
-  // The session's owner is now a replica that looks alive (its heartbeat is there) but reads no
-  // envelope: what a message lost on the bus in a Redis failover looks like from B.
   const inspect = await testRedis(t, redis.url)
   await inspect.set(sessionKeys(prefix, sid).owner, 'ghost', 'PX', 60_000)
   await inspect.set(replicaKey(prefix, 'ghost'), String(Date.now()), 'PX', 60_000)
+  return { a, b, sid }
+}
+
+t.test('a call routed to an owner that never gets it (its bus envelope lost) is answered at the backend\'s deadline', async t => {
+  const { b, sid } = await ghostOwned(t)
   const started = Date.now()
   const call = await fetch(`${b.url}/mcp/full`, { method: 'POST', headers: { ...HEADERS, 'mcp-session-id': sid }, body: JSON.stringify({ jsonrpc: '2.0', id: 5, method: 'tools/call', params: { name: 'echo', arguments: { text: 'lost' } } }) })
   const reader = new SseReader(call)
@@ -322,12 +330,7 @@ t.test('a call routed to an owner that never gets it (its bus envelope lost) is 
 })
 
 t.test('the same lost call, its POST stream dropped and resumed on another replica: answered there at the deadline', async t => {
-  const { replicas, prefix, redis } = await cluster(t, 2, undefined, { requestTimeoutMs: 1000 })
-  const [a, b] = replicas as [ReplicaProcess, ReplicaProcess]
-  const sid = await rawSession(a, a)
-  const inspect = await testRedis(t, redis.url)
-  await inspect.set(sessionKeys(prefix, sid).owner, 'ghost', 'PX', 60_000)
-  await inspect.set(replicaKey(prefix, 'ghost'), String(Date.now()), 'PX', 60_000)
+  const { a, b, sid } = await ghostOwned(t)
   const ac = new AbortController()
   const call = await fetch(`${b.url}/mcp/full`, { method: 'POST', headers: { ...HEADERS, 'mcp-session-id': sid }, body: JSON.stringify({ jsonrpc: '2.0', id: 6, method: 'tools/call', params: { name: 'echo', arguments: { text: 'lost' } } }), signal: ac.signal })
   const first = new SseReader(call)
