@@ -387,8 +387,10 @@ export class Relay {
     this.#reply(entry.streamId, response)
   }
 
-  /** Removes an in-flight request; returns it if it was still in flight. `outcome`: its answer, or why none. */
-  /** Ends a request's life in flight. `audit`: write a tools/call's audit line now (else the caller does). */
+  /**
+   * Removes an in-flight request; returns it if it was still in flight. `outcome`: its answer, or
+   * why none. `audit`: write a tools/call's audit line now (false: the caller writes it later).
+   */
   #settle (key: string, outcome: JsonRpcResponse | string, audit = true): InFlight | undefined {
     const entry = this.#inFlight?.get(key)
     if (entry === undefined) return undefined
