@@ -53,7 +53,7 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
   }
 
   /** Opens the response stream for the requests of one POST, then hands every message to the owner. */
-  async function answer (reply: FastifyReply, record: SessionRecord, messages: JsonRpcMessage[], batch: boolean, req: FastifyRequest): Promise<void> {
+  async function answer (reply: FastifyReply, record: SessionRecord, messages: JsonRpcMessage[], batch: boolean, req: FastifyRequest, ownerRead?: Promise<string | null>): Promise<void> {
     const requests = messages.filter(isRequest)
     const mode = config.http.responseMode
     const streamId = newRequestStreamId(mode, requests.length)
@@ -64,7 +64,7 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
     // in the same step as the stream's holder and its priming entry. That entry is appended before
     // the stream starts, so nobody is woken to read it back: its frame is written directly with
     // the id the log gave it (H-POST-7).
-    const route = await router.admit(record)
+    const route = await router.admit(record, ownerRead)
     const writer = await router.openPost({
       // A routed session's requests are served by its owner: a marker names it, so when it is
       // gone with requests in flight, whoever watches the session can answer them (router.ts).
@@ -128,6 +128,7 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
       await answer(reply, record, messages, false, req)
       return
     }
+    const ownerRead = router.prefetchOwner(header(req, 'mcp-session-id'), server)
     const record = await sessionOf(req, server, messages.some(isRequest))
     checkVersionHeader(req.headers['mcp-protocol-version'])
     if (batch && !allowsBatches(record.protocolVersion)) {
@@ -138,12 +139,12 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
     if (batch && messages.length > maxBatch) throw new GW_ERR_INVALID_REQUEST(`a batch holds at most ${maxBatch} messages`)
     if (!messages.some(isRequest)) {
       // Only notifications and responses: accepted with 202 and no body (H-POST-3).
-      const route = await router.admit(record)
+      const route = await router.admit(record, ownerRead)
       for (const message of messages) await router.fromClient(record, message, null, route)
       reply.code(202).send()
       return
     }
-    await answer(reply, record, messages, batch, req)
+    await answer(reply, record, messages, batch, req, ownerRead)
   }
 
   async function get (req: FastifyRequest<{ Params: ServerParams }>, reply: FastifyReply): Promise<void> {

@@ -24,7 +24,7 @@ import type { ReplicaContext } from './context.js'
 import { heartbeatTtl, Ownership, type BackendPool, type UpstreamLookup } from './ownership.js'
 import { capabilitiesOf, type Relay } from './relay.js'
 import { shortHash } from '../telemetry/logger.js'
-import { Sessions, type NewSession } from './sessions.js'
+import { isValidSessionId, Sessions, type NewSession } from './sessions.js'
 import { ClientStreams, type OpenPostOptions, type OpenStreamOptions } from './streams.js'
 import type { StreamKind } from '../telemetry/metrics.js'
 
@@ -283,17 +283,33 @@ export class Router {
    * whose owner is gone is taken over here (or, with `onOwnerLoss: end`, ended: a plain 404),
    * so any failure is an HTTP answer, not an empty stream. Direct sessions: undefined.
    */
-  async admit (record: SessionRecord): Promise<Route | undefined> {
+  async admit (record: SessionRecord, ownerRead?: Promise<string | null>): Promise<Route | undefined> {
     if (this.#ownership.isDirect(record.server)) return undefined
-    return await this.#routeOf(record)
+    return await this.#routeOf(record, ownerRead)
   }
 
-  async #routeOf (record: SessionRecord): Promise<Route> {
+  /**
+   * Starts reading the owner of a routed session whose backend does not run here (Redis mode),
+   * while the caller reads its record: a POST taken by a replica that does not own the session
+   * then waits one round trip for both, not two (issue 10). Hand it to admit(); undefined when
+   * admit() would not read the owner.
+   */
+  prefetchOwner (sid: string | undefined, server: string): Promise<string | null> | undefined {
+    if (this.#o.config.redis === undefined || sid === undefined || !isValidSessionId(sid)) return undefined
+    if (this.#ownership.isDirect(server) || this.#ownership.local(sid) !== undefined) return undefined
+    const read = this.#o.store.getOwner(sid)
+    // Awaited by admit(), or dropped when the request fails before (an unknown session: 404).
+    read.catch(() => {})
+    return read
+  }
+
+  /** `ownerRead`: the owner as prefetchOwner() started reading it. */
+  async #routeOf (record: SessionRecord, ownerRead?: Promise<string | null>): Promise<Route> {
     const sid = record.id
     const ownership = this.#ownership
     const local = ownership.local(sid)
     if (local !== undefined) return local
-    const owner = await this.#o.store.getOwner(sid)
+    const owner = await (ownerRead ?? this.#o.store.getOwner(sid))
     if (owner !== null && owner !== this.replicaId && await ownership.isAlive(owner)) return owner
     // The owner is gone and its backend with it (ARCHITECTURE.md 6). A legacy HTTP+SSE client's
     // only stream died with it too, so that session is over; others carry on unless told not to.
