@@ -46,10 +46,10 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
    * what it catches is a request lost on the way to another replica's relay. In one process a
    * request reaches its relay in the same call or fails there, and the relay's own timer answers.
    */
-  function deadlineOf (server: string): { deadline?: { server: string, timeoutMs: number } } {
-    if (config.redis === undefined) return {}
+  function deadlineOf (server: string): { server: string, timeoutMs: number } | undefined {
+    if (config.redis === undefined) return undefined
     const serverConfig = Object.hasOwn(live.servers, server) ? live.servers[server] : undefined
-    return serverConfig === undefined ? {} : { deadline: { server, timeoutMs: serverConfig.requestTimeoutMs } }
+    return serverConfig === undefined ? undefined : { server, timeoutMs: serverConfig.requestTimeoutMs }
   }
 
   /** Opens the response stream for the requests of one POST, then hands every message to the owner. */
@@ -68,8 +68,8 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
     const writer = await router.openPost({
       // A routed session's requests are served by its owner: a marker names it, so when it is
       // gone with requests in flight, whoever watches the session can answer them (router.ts).
-      ...(typeof route === 'string' ? { servedBy: route } : {}),
-      ...deadlineOf(record.server),
+      servedBy: typeof route === 'string' ? route : undefined,
+      deadline: deadlineOf(record.server),
       res: reply.raw,
       sid: record.id,
       streamId,
@@ -128,8 +128,9 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
       await answer(reply, record, messages, false, req)
       return
     }
+    const hasRequests = messages.some(isRequest)
     const ownerRead = router.prefetchOwner(header(req, 'mcp-session-id'), server)
-    const record = await sessionOf(req, server, messages.some(isRequest))
+    const record = await sessionOf(req, server, hasRequests)
     checkVersionHeader(req.headers['mcp-protocol-version'])
     if (batch && !allowsBatches(record.protocolVersion)) {
       throw new GW_ERR_INVALID_REQUEST(`JSON-RPC batches are not supported in protocol version ${record.protocolVersion}`)
@@ -137,7 +138,7 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
     // Every answer of a batch must fit in its stream's bounded log, or a slow reader could lose some.
     const maxBatch = Math.min(9999, config.sessions.eventLogMaxLen - 1)
     if (batch && messages.length > maxBatch) throw new GW_ERR_INVALID_REQUEST(`a batch holds at most ${maxBatch} messages`)
-    if (!messages.some(isRequest)) {
+    if (!hasRequests) {
       // Only notifications and responses: accepted with 202 and no body (H-POST-3).
       const route = await router.admit(record, ownerRead)
       for (const message of messages) await router.fromClient(record, message, null, route)

@@ -133,7 +133,7 @@ export class ClientStreams {
     } else if (holder !== null) {
       // A small entry rides with the wake, so the holder need not read the log back for it.
       const woken = entry !== undefined && entry.json !== '' && entry.json.length <= WAKE_ENTRY_MAX_CHARS ? { entryId: entry.entryId, json: entry.json, seq: entry.seq } : undefined
-      await this.#o.bus.send(holder, { kind: 'wake', sid, streamId, ...(woken === undefined ? {} : { entry: woken }) }).catch(err => {
+      await this.#o.bus.send(holder, { kind: 'wake', sid, streamId, entry: woken }).catch(err => {
         this.#o.log.warn({ err, sid: shortHash(sid) }, 'wake not sent; the entry waits in the log')
       })
     }

@@ -12,6 +12,7 @@ import { replicaKey } from '../../src/state/redis/keys.js'
 import { Inbox } from '../state/contract-bus.js'
 import { sampleRecord } from '../state/contract-session-store.js'
 import { randomPrefix, startRedis, testRedis } from '../helpers/redis-server.js'
+import { eventually } from '../helpers/wait.js'
 
 /** Bounds for "does not hang" and "comes back": generous, they only catch hangs. */
 const HANG = 5_000
@@ -120,13 +121,9 @@ t.test('after a reconnect, a missing heartbeat is not taken for death for one he
   await redisReady(redis, 15_000)
   const back = Date.now()
   t.equal(await store.isAlive('ghost'), true, 'just after the reconnect, a missing heartbeat may be lost data')
-  t.ok(await untilAsync(async () => await redis.exists(replicaKey(prefix, 'me')) === 1, 1_000),
+  t.equal(await eventually('its own heartbeat back', async () => await redis.exists(replicaKey(prefix, 'me')) === 1 ? true : undefined, 1_000), true,
     'this replica wrote its own heartbeat again at once, not at its next beat')
   await sleep(Math.max(0, back + ttlMs + 100 - Date.now()))
   t.equal(await store.isAlive('ghost'), false, 'one heartbeat TTL later, it is death again')
 })
 
-async function untilAsync (what: () => Promise<boolean>, bound: number): Promise<boolean> {
-  for (const end = Date.now() + bound; Date.now() < end; await sleep(20)) if (await what()) return true
-  return await what()
-}
