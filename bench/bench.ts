@@ -27,7 +27,8 @@
 // Knobs (env; defaults in brackets, BENCH_QUICK=1 values after the slash):
 //   BENCH_SEQ [1000/60]            sequential calls per target, split over BENCH_ROUNDS
 //   BENCH_ROUNDS [100/6]           sequential rounds (blocks of SEQ/ROUNDS calls per target)
-//   BENCH_WARMUP [50/10]           sequential warm-up calls per target
+//   BENCH_WARMUP [4000/100]        sequential warm-up calls per target (until V8 has compiled the hot paths)
+//   BENCH_TP_WARMUP [1/0]          untimed throughput passes per target before the timed rounds
 //   BENCH_TP_ROUNDS [4/1]          throughput rounds
 //   BENCH_SESSIONS [50/5]          throughput sessions per target
 //   BENCH_CALLS [100/20]           throughput calls per session
@@ -70,6 +71,11 @@ const CHILD_ESTIMATE_KIB = 40 * 1024
 
 const quick = process.env.BENCH_QUICK === '1'
 
+/** Like intEnv, and 0 is allowed. */
+function intEnvOrZero (name: string, fallback: number, quickFallback = fallback): number {
+  return process.env[name] === '0' ? 0 : intEnv(name, fallback, quickFallback)
+}
+
 function intEnv (name: string, fallback: number, quickFallback = fallback): number {
   const raw = process.env[name]
   if (raw === undefined || raw === '') return quick ? quickFallback : fallback
@@ -96,7 +102,8 @@ const rounds = intEnv('BENCH_ROUNDS', 100, 6)
 
 const knobs = {
   quick,
-  warmup: intEnv('BENCH_WARMUP', 50, 10),
+  warmup: intEnv('BENCH_WARMUP', 4000, 100),
+  tpWarmup: intEnvOrZero('BENCH_TP_WARMUP', 1, 0),
   rounds,
   block: Math.ceil(seq / rounds),
   tpRounds: intEnv('BENCH_TP_ROUNDS', 4, 1),
@@ -232,7 +239,7 @@ async function main (): Promise<void> {
       let throughput = new Map<string, ThroughputResult>()
       if (knobs.phases.includes('seq')) sequential = await runSequential(targets, knobs)
       if (knobs.phases.includes('throughput')) {
-        throughput = await runThroughput(targets, { rounds: knobs.tpRounds, sessions: knobs.sessions, calls: knobs.calls, connectConcurrency: knobs.connectConcurrency })
+        throughput = await runThroughput(targets, { rounds: knobs.tpRounds, warmupRounds: knobs.tpWarmup, sessions: knobs.sessions, calls: knobs.calls, connectConcurrency: knobs.connectConcurrency })
       }
       for (const t of targets) {
         results.push({

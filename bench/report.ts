@@ -209,7 +209,7 @@ export function report (header: RunHeader, results: TargetResult[], idle: IdleRe
   if (results.some(r => r.throughput !== null)) {
     lines.push(
       '',
-      `Throughput: ${String(k.sessions)} SDK sessions x ${String(k.calls)} calls, all sessions at once, one target at a time, ${String(k.tpRounds)} rounds in shuffled order;`,
+      `Throughput: ${String(k.sessions)} SDK sessions x ${String(k.calls)} calls, all sessions at once, one target at a time, ${String(k.tpRounds)} rounds in shuffled order after ${String(k.tpWarmup ?? 0)} untimed pass(es);`,
       'calls/s is the median over rounds; per-round ratio: that round\'s calls/s over the comparison\'s. CPU columns: microseconds per call (all rounds) from /proc (10 ms ticks): the serving process(es)',
       '(proxy, gateway replicas; the compared figure), the backend behind them (stdio children or HTTP upstream), redis-server, and the bench\'s SDK clients.',
       '',
