@@ -174,7 +174,7 @@ export async function runThroughput (targets: Target[], knobs: ThroughputKnobs):
   const errors = new Map<string, Errors>(targets.map(t => [t.name, new Errors()]))
   // A gateway runs for days with its hot code optimised; what it costs while V8 is still compiling
   // is not what a call costs. The first pass of 5,000 calls cost the gateway 1.3-1.6x the CPU per
-  // call of the passes after it (the floor, with far less code, about 1.3x): left in, the figure
+  // call of the passes after it (the floor, with far less code, about 1.4x): left in, the figure
   // measured mostly the JIT. So every target first runs untimed passes, as many as these rounds.
   for (let r = 0; r < knobs.warmupRounds; r++) {
     for (const t of shuffled(targets)) {
