@@ -152,10 +152,14 @@ export function serverOf (config: ServerSource, req: FastifyRequest<{ Params: { 
  */
 export function replyHeaders (reply: FastifyReply, extra: Record<string, string> = {}): Record<string, string> {
   const headers: Record<string, string> = {}
-  for (const [name, value] of Object.entries(reply.getHeaders())) {
+  // for…in over the two plain objects: no entry arrays and no second copy per POST (issue 10).
+  const set = reply.getHeaders()
+  for (const name in set) {
+    const value = set[name]
     if (typeof value === 'string') headers[name] = value
     else if (typeof value === 'number') headers[name] = String(value)
     else if (Array.isArray(value)) headers[name] = value.join(', ')
   }
-  return { ...headers, ...extra }
+  for (const name in extra) headers[name] = extra[name] as string
+  return headers
 }

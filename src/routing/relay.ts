@@ -23,7 +23,7 @@ import {
 } from '../core/jsonrpc.js'
 import { GET_STREAM, LEGACY_STREAM } from '../state/event-log.js'
 import { tracing, type ClientSpan, type TraceCarrier } from '../telemetry/tracing.js'
-import { auditSoon } from '../telemetry/audit.js'
+import { auditChild, auditSoon, type AuditLog } from '../telemetry/audit.js'
 import { toolNameOf } from '../auth/tool-policy.js'
 import { errorTypeOf, type BackendErrorKind, type SessionMetrics } from '../telemetry/metrics.js'
 
@@ -145,6 +145,8 @@ export class Relay {
   #byToken: Map<string, string> | undefined
   /** Server-to-client requests waiting for the client, by opaque id. */
   #pending: Map<string, PendingClientRequest> | undefined
+  /** The session's tools/call audit lines, with who and where bound once; made on the first call. */
+  #auditLog: AuditLog | undefined
 
   constructor (options: RelayOptions) {
     this.#o = options
@@ -411,13 +413,12 @@ export class Relay {
 
   /** The audit line of a tools/call (issue 8): who, which tool, how it ended, how long it took. */
   #auditCall (entry: InFlight, outcome: Outcome): void {
-    auditSoon(this.log, 'tools.call', {
-      ...this.principal,
-      server: this.server,
+    this.#auditLog ??= auditChild(this.log, 'tools.call', { ...this.principal, server: this.server })
+    auditSoon(this.#auditLog, 'tools.call', {
       tool: (entry.tool ?? '').slice(0, 128),
       outcome,
       ms: Math.round(performance.now() - entry.startedAt)
-    })
+    }, true)
   }
 
   /** Every request in flight gets a JSON-RPC error at once (backend died, shutdown, session end). */

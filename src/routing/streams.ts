@@ -45,17 +45,27 @@ export function newRequestStreamId (mode: 'sse' | 'json', responses: number): st
   return `${mode === 'sse' ? 'r' : 'j'}${responses}_${STREAM_PREFIX}${(++streamSeq).toString(36)}`
 }
 
-/** A POST's stream id: `r` (SSE) or `j` (JSON), then how many answers end it. Not global: safe to share. */
-const REQUEST_STREAM = /^[rj](\d{1,4})_/
+/**
+ * How many answers end a stream: a POST's stream id is `r` (SSE) or `j` (JSON), one to four
+ * digits, then `_`; any other stream (GET, legacy) never ends by answers: Infinity. Read by hand,
+ * not by a regular expression: it runs several times per call (issue 10).
+ */
+export function expectedResponsesOf (streamId: string): number {
+  const kind = streamId.charCodeAt(0)
+  if (kind !== 0x72 && kind !== 0x6a) return Infinity // r, j
+  let n = 0
+  for (let i = 1; i <= 5; i++) {
+    const c = streamId.charCodeAt(i)
+    if (c === 0x5f) return i === 1 ? Infinity : n // _
+    if (c < 0x30 || c > 0x39 || i === 5) return Infinity
+    n = n * 10 + c - 0x30
+  }
+  return Infinity
+}
 
 /** Whether a stream is a POST's own stream (it carries the answers of that POST's requests). */
 export function isRequestStreamId (streamId: string): boolean {
-  return REQUEST_STREAM.test(streamId)
-}
-
-export function expectedResponsesOf (streamId: string): number {
-  const match = REQUEST_STREAM.exec(streamId)
-  return match === null ? Infinity : Number(match[1])
+  return expectedResponsesOf(streamId) !== Infinity
 }
 
 export interface OpenStreamOptions {

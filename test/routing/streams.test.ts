@@ -9,7 +9,7 @@ import type { AddressInfo } from 'node:net'
 import { GW_ERR_BACKEND_UNAVAILABLE } from '../../src/core/errors.js'
 import t, { type Test } from 'tap'
 import { parseConfig } from '../../src/config/load.js'
-import { ClientStreams, newRequestStreamId, type OpenStreamOptions } from '../../src/routing/streams.js'
+import { ClientStreams, expectedResponsesOf, isRequestStreamId, newRequestStreamId, type OpenStreamOptions } from '../../src/routing/streams.js'
 import type { StreamWriter } from '../../src/http/sse.js'
 import { UPKEEP_SLICE } from '../../src/routing/upkeep.js'
 import { MemoryBus } from '../../src/state/bus-memory.js'
@@ -133,4 +133,20 @@ t.test('an answer whose wake was lost still reaches its POST stream, at the next
   const frames = framesOf(await body)
   t.same(frames.map(f => f.message), [{ id: 3, jsonrpc: '2.0', result: { late: true } }], 'the answer arrives, once, and the stream ends')
   t.ok(Date.now() - startedAt < 2500, `within about one keep-alive interval (${Date.now() - startedAt} ms)`)
+})
+
+t.test('a stream id says how many answers end it: r or j, one to four digits, then _', async t => {
+  const cases: Array<[string, number]> = [
+    ['r1_abc', 1], ['j3_x', 3], ['r12_y', 12], ['r9999_z', 9999], ['j0_a', 0],
+    ['r10000_z', Infinity], ['r_1', Infinity], ['r1', Infinity], ['r1a_', Infinity], ['x1_a', Infinity],
+    ['get', Infinity], ['legacy', Infinity], ['', Infinity], ['R1_a', Infinity]
+  ]
+  for (const [id, n] of cases) {
+    t.equal(expectedResponsesOf(id), n, id)
+    t.equal(isRequestStreamId(id), n !== Infinity, `${id} is ${n === Infinity ? 'not ' : ''}a POST's stream`)
+  }
+  for (const responses of [1, 7, 42]) {
+    t.equal(expectedResponsesOf(newRequestStreamId('sse', responses)), responses, 'a minted SSE stream id')
+    t.equal(expectedResponsesOf(newRequestStreamId('json', responses)), responses, 'a minted JSON stream id')
+  }
 })
