@@ -1,0 +1,56 @@
+// The per-request logger (telemetry/logger.ts requestChildLogger): made only when a line is
+// logged (issue 10), and writing exactly the lines a pino child with the same bindings writes.
+// Pure logic over real pino loggers writing to memory.
+import { Writable } from 'node:stream'
+import t from 'tap'
+import type { FastifyBaseLogger } from 'fastify'
+import { createLogger, requestChildLogger } from '../../src/telemetry/logger.js'
+
+function memoryLogger (level: string): { log: ReturnType<typeof createLogger>, lines: () => Array<Record<string, unknown>> } {
+  const chunks: string[] = []
+  const dest = new Writable({ write (chunk, _encoding, done) { chunks.push(String(chunk)); done() } })
+  const log = createLogger(level, 'r1', dest)
+  return { log, lines: () => chunks.map(c => JSON.parse(c) as Record<string, unknown>).map(({ time: _time, ...rest }) => rest) }
+}
+
+function logSome (l: FastifyBaseLogger): void {
+  l.debug('not at info')
+  l.info('hello %s', 'x')
+  l.info({ a: 1 }, 'with an object')
+  l.warn('plain')
+  l.info({ b: 2 })
+  l.error({ err: new Error('boom') }, 'failed')
+  l.child({ sid: 's' }).info('from a child')
+}
+
+t.test('a lazy request logger writes what a real child writes', async t => {
+  const lazy = memoryLogger('info')
+  const real = memoryLogger('info')
+  logSome(requestChildLogger().call(null as never, lazy.log, { reqId: 'req-1' }, {}, undefined as never))
+  logSome(real.log.child({ reqId: 'req-1' }))
+  await new Promise(resolve => setImmediate(resolve))
+  t.equal(lazy.lines().length, 6, 'six lines at info')
+  t.same(lazy.lines().map(l => { if (typeof l.err === 'object' && l.err !== null) delete (l.err as Record<string, unknown>).stack; return l }),
+    real.lines().map(l => { if (typeof l.err === 'object' && l.err !== null) delete (l.err as Record<string, unknown>).stack; return l }), 'the same lines, bindings included')
+  t.match(lazy.lines()[0], { replica: 'r1', reqId: 'req-1', msg: 'hello x' })
+})
+
+t.test('level, bindings and level changes behave as a child\'s', async t => {
+  const { log, lines } = memoryLogger('info')
+  const lazy = requestChildLogger().call(null as never, log, { reqId: 'req-2' }, {}, undefined as never)
+  t.equal(lazy.level, 'info')
+  t.same((lazy as unknown as { bindings: () => unknown }).bindings(), { replica: 'r1', reqId: 'req-2' })
+  lazy.debug('dropped')
+  lazy.level = 'debug'
+  t.equal(log.level, 'info', 'the parent keeps its level')
+  lazy.debug('kept')
+  await new Promise(resolve => setImmediate(resolve))
+  t.same(lines().map(l => l.msg), ['kept'], 'only the line after the level change')
+})
+
+t.test('route options get a real child', async t => {
+  const { log } = memoryLogger('info')
+  const child = requestChildLogger().call(null as never, log, { reqId: 'req-3' }, { level: 'warn' }, undefined as never)
+  t.equal(child.level, 'warn')
+  t.equal(log.level, 'info')
+})
