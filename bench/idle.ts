@@ -59,9 +59,14 @@ async function closeMany (sessions: Iterable<RawSession>, concurrency: number): 
   await mapLimit([...sessions], concurrency, closeRawSession)
 }
 
-/** Warm-up: the first sessions load and compile code paths that later sessions only reuse. */
-async function warmUp (url: string, concurrency: number): Promise<void> {
-  const warm = await openMany(url, 20, concurrency, () => {})
+/**
+ * Warm-up: the first sessions load and compile code paths that later sessions only reuse. V8
+ * compiles a path only once it is hot, so a warm-up of 20 sessions left code compiled during the
+ * measured ramp, counted in the heap as if sessions held it: 2.4-3.5 KiB "per session" of the
+ * 200 (heap snapshots, 2026-11-26). The heap phase warms with as many sessions as it measures.
+ */
+async function warmUp (url: string, concurrency: number, count = 20): Promise<void> {
+  const warm = await openMany(url, count, concurrency, () => {})
   await closeMany(warm.open, concurrency)
 }
 
@@ -89,8 +94,8 @@ export interface IdleResult {
 export async function runIdle (name: string, gateway: GatewayProcess, url: string, count: number, concurrency: number, stdioChildren: boolean): Promise<IdleResult> {
   const open = new Set<RawSession>()
   try {
-    log(`${name}: warm-up, 20 sessions opened and closed`)
-    await warmUp(url, concurrency)
+    log(`${name}: warm-up, ${count} sessions opened and closed`)
+    await warmUp(url, concurrency, count)
     const before = await sampleMemory(gateway)
     log(`${name}: gateway RSS ${(before.rssKiB / 1024).toFixed(1)} MiB, heap ${(before.heapUsedKiB / 1024).toFixed(1)} MiB; opening ${count} idle sessions with open GET streams`)
     const opened = await openMany(url, count, concurrency, () => {}, open)
