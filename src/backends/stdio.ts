@@ -427,8 +427,12 @@ export function createStdioBackendFactory (factoryOptions: StdioFactoryOptions =
     // never had a connection, so the factory rejects instead of calling onExit.
     try {
       await new Promise<void>((resolve, reject) => {
-        child.once('spawn', resolve)
-        child.once('error', reject)
+        // Each takes the other's listener off: one left behind would keep this promise (and its
+        // closure) alive with the child for the life of the session (heap per idle session).
+        const onSpawn = (): void => { child.off('error', onError); resolve() }
+        const onError = (err: Error): void => { child.off('spawn', onSpawn); reject(err) }
+        child.once('spawn', onSpawn)
+        child.once('error', onError)
       })
     } catch (err) {
       // Not the error object itself: Node puts the (${ENV}-expanded) arguments in err.spawnargs.

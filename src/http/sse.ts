@@ -12,6 +12,9 @@ import { streamKindOf, type GatewayMetrics } from '../telemetry/metrics.js'
 
 const PAGE = 100
 
+/** A writer's headers once they were sent: nothing reads them again. */
+const SENT_HEADERS: Record<string, string> = Object.freeze({}) as Record<string, string>
+
 export type WriterMode =
   /** Streamable HTTP SSE (POST response stream or GET stream). */
   | 'sse'
@@ -185,6 +188,13 @@ export class StreamWriter {
     const first = (this.#preamble ?? '') + (held === undefined ? '' : held.map(entry => this.#frame(entry)).join(''))
     if (first !== '') res.write(first)
     else res.flushHeaders()
+    // What only the opening needed goes now: an idle stream lives for hours (heap per idle
+    // session, issue 10). Node keeps the header block it sent as a tree of ~30 concatenated
+    // strings (about 1 KB); reading one character makes V8 flatten it into one string.
+    this.#preamble = undefined
+    this.#o.headers = SENT_HEADERS
+    const sent: unknown = (res as unknown as { _header?: unknown })._header
+    if (typeof sent === 'string') sent.charCodeAt(0)
     this.#keepAlive = setInterval(() => {
       if (this.#ended) return
       res.write(': keepalive\n\n')

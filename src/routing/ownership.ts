@@ -173,6 +173,15 @@ export class Ownership {
     const server = this.#serverConfig(record.server)
     const store = this.#o.store
     const policyOf = this.#o.toolPolicy
+    // The closures below outlive this call (they are the backend's handlers and the relay's
+    // filter): they read these, never `record`, so an idle session does not keep the record (with
+    // its initialize params) alive a second time through them (issue 10, heap per idle session).
+    const sid = record.id
+    const tenant = record.tenant
+    const serverName = record.server
+    // Client headers matter only to an HTTP backend that forwards some (A-UP-1); otherwise a
+    // supervised session would keep a copy of them for its life.
+    const forwards = forwardedHeaders !== undefined && 'forwardHeaders' in server && server.forwardHeaders.length > 0
     const relay = new Relay({
       sid: record.id,
       server: record.server,
@@ -191,12 +200,12 @@ export class Ownership {
       principal: principalOfRecord(record),
       log: this.#o.log.child({ sid: shortHash(record.id), backend: record.server }),
       // Looked up per answer, so a replaced tenant table applies to sessions already open.
-      ...(policyOf !== undefined ? { filterResult: (method: string, result: unknown) => method === 'tools/list' ? filterToolsListOf(method, result, policyOf(record.tenant, record.server)) : result } : {})
+      ...(policyOf !== undefined ? { filterResult: (method: string, result: unknown) => method === 'tools/list' ? filterToolsListOf(method, result, policyOf(tenant, serverName)) : result } : {})
     })
     this.#relays.set(record.id, relay)
     const log = relay.log
     const storeUpdate = (patch: Partial<SessionRecord>, what: string): void => {
-      store.update(record.id, patch).catch(err => log.warn({ err }, `${what} not stored`))
+      store.update(sid, patch).catch(err => log.warn({ err }, `${what} not stored`))
     }
     try {
       relay.backend = await this.#o.backends.open(record.id, record.server, {
@@ -219,7 +228,7 @@ export class Ownership {
         initializeParams: record.initializeParams,
         // Looked up from the record, so every replica that opens the session adds the same values.
         ...(this.#o.upstream !== undefined ? { upstream: this.#o.upstream(record.tenant, record.server) } : {}),
-        ...(forwardedHeaders !== undefined ? { forwardedHeaders } : {}),
+        ...(forwards ? { forwardedHeaders } : {}),
         ...(direct ? { listen: isOwner, getStreamLastEventId: record.backendGetEventId ?? null } : {}),
         // HTTP backends: any replica that takes the session over resumes this backend session.
         // On a new backend session (first initialize, or a re-initialise after a 404) the old GET

@@ -110,8 +110,12 @@ export interface ClientStreamsOptions extends ReplicaContext {
 
 export class ClientStreams {
   readonly #o: ClientStreamsOptions
-  /** Writers by session, then stream: a session's streams are found without a scan of all. */
-  readonly #writers = new Map<string, Map<string, StreamWriter>>()
+  /**
+   * Writers by session, then stream: a session's streams are found without a scan of all. A
+   * session that has had one stream at a time here (an idle one holds only its GET stream) keeps
+   * the writer itself, not a map of one (heap per idle session, issue 10).
+   */
+  readonly #writers = new Map<string, StreamWriter | Map<string, StreamWriter>>()
   /** POST streams' catch-all deadlines (openPost), cleared when their writer completes. */
   readonly #deadlines = new Map<StreamWriter, NodeJS.Timeout>()
 
@@ -290,7 +294,7 @@ export class ClientStreams {
   /** Streams written here, by kind (read when metrics are scraped). */
   countByKind (): Map<StreamKind, number> {
     const counts = new Map<StreamKind, number>()
-    for (const writers of this.#writers.values()) for (const writer of writers.values()) {
+    for (const writer of this.#all()) {
       const kind = streamKindOf(writer.streamId)
       counts.set(kind, (counts.get(kind) ?? 0) + 1)
     }
@@ -303,9 +307,7 @@ export class ClientStreams {
    */
   awaitingSessions (): Set<string> {
     const sids = new Set<string>()
-    for (const [sid, writers] of this.#writers) {
-      for (const writer of writers.values()) if (!writer.ended && isRequestStreamId(writer.streamId)) { sids.add(sid); break }
-    }
+    for (const writer of this.#all()) if (!writer.ended && isRequestStreamId(writer.streamId)) sids.add(writer.sid)
     return sids
   }
 
@@ -328,7 +330,8 @@ export class ClientStreams {
    */
   endSession (sid: string, err: GatewayError): void {
     const writers = this.#writers.get(sid)
-    if (writers !== undefined) for (const writer of [...writers.values()]) this.#endWithSession(writer, err)
+    if (writers === undefined) return
+    for (const writer of writers instanceof Map ? [...writers.values()] : [writers]) this.#endWithSession(writer, err)
   }
 
   #endWithSession (writer: StreamWriter, err: GatewayError): void {
@@ -368,30 +371,43 @@ export class ClientStreams {
   }
 
   #get (sid: string, streamId: string): StreamWriter | undefined {
-    return this.#writers.get(sid)?.get(streamId)
+    const writers = this.#writers.get(sid)
+    if (writers instanceof Map) return writers.get(streamId)
+    return writers?.streamId === streamId ? writers : undefined
   }
 
   #set (writer: StreamWriter): void {
-    let writers = this.#writers.get(writer.sid)
-    if (writers === undefined) {
-      writers = new Map()
-      this.#writers.set(writer.sid, writers)
+    const writers = this.#writers.get(writer.sid)
+    if (writers === undefined || (!(writers instanceof Map) && writers.streamId === writer.streamId)) {
+      this.#writers.set(writer.sid, writer)
+    } else if (writers instanceof Map) {
+      writers.set(writer.streamId, writer)
+    } else {
+      this.#writers.set(writer.sid, new Map([[writers.streamId, writers], [writer.streamId, writer]]))
     }
-    writers.set(writer.streamId, writer)
   }
 
   /** Forgets the writer if it is still the one registered for its stream. */
   #delete (writer: StreamWriter): void {
     const writers = this.#writers.get(writer.sid)
-    if (writers?.get(writer.streamId) !== writer) return
+    if (writers === writer) {
+      this.#writers.delete(writer.sid)
+      return
+    }
+    if (!(writers instanceof Map) || writers.get(writer.streamId) !== writer) return
     writers.delete(writer.streamId)
+    // A map, once made, stays while a stream is left: going back to one writer would make a new
+    // map for every POST of a session whose GET stream is open.
     if (writers.size === 0) this.#writers.delete(writer.sid)
   }
 
   /** A snapshot of every writer (callers end some while iterating). */
   #all (): StreamWriter[] {
     const all: StreamWriter[] = []
-    for (const writers of this.#writers.values()) for (const writer of writers.values()) all.push(writer)
+    for (const writers of this.#writers.values()) {
+      if (writers instanceof Map) for (const writer of writers.values()) all.push(writer)
+      else all.push(writers)
+    }
     return all
   }
 

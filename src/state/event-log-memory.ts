@@ -47,7 +47,12 @@ export class MemoryEventLog implements EventLog {
     const pending = this.#pending.get(sid)
     const marker = pending?.get(field)
     if (marker === 'done') return false
-    if (marker !== undefined) { pending?.delete(field); return true }
+    if (marker !== undefined) {
+      pending?.delete(field)
+      // An idle session keeps no empty map (heap per idle session, issue 10).
+      if (pending?.size === 0) this.#pending.delete(sid)
+      return true
+    }
     if (!this.#store.isLive(sid)) return false
     const stream = this.#live(sid, streamId)
     return !(stream?.entries ?? []).some(json => {

@@ -150,3 +150,33 @@ t.test('a stream id says how many answers end it: r or j, one to four digits, th
     t.equal(expectedResponsesOf(newRequestStreamId('json', responses)), responses, 'a minted JSON stream id')
   }
 })
+
+t.test('a session\'s streams are found, ended and counted whether it holds one stream or several', async t => {
+  const { store, log, streams } = memoryStreams(t)
+  const sid = 'session-000000000002'
+  await store.create({ id: sid, server: 's', principal: 'anonymous', transport: 'streamable', protocolVersion: '2025-11-25', initializeParams: null, backendSessionId: null, createdAt: 0 }, 60_000)
+  // Never started, so only what ending a writer touches: a response that ends.
+  const res = (): ServerResponse => {
+    const stub = { writableEnded: false, headersSent: false, end: () => { stub.writableEnded = true } }
+    return stub as unknown as ServerResponse
+  }
+  const open = async (streamId: string): Promise<StreamWriter> => await streams.open({ res: res(), sid, streamId, mode: 'sse', cursor: null, headers: {}, log })
+  const get = await open(GET_STREAM)
+  t.ok(streams.writes(sid, GET_STREAM), 'one stream: found')
+  const post = newRequestStreamId('sse', 1)
+  const postWriter = await open(post)
+  t.ok(streams.writes(sid, GET_STREAM) && streams.writes(sid, post), 'two streams: both found')
+  t.same([...streams.countByKind().values()].reduce((a, b) => a + b, 0), 2, 'both counted')
+  t.same([...streams.awaitingSessions()], [sid], 'a POST stream makes the session one that awaits answers')
+  postWriter.end('released')
+  t.notOk(streams.writes(sid, post), 'the ended POST stream is gone')
+  t.ok(streams.writes(sid, GET_STREAM), 'the GET stream is still found')
+  t.same([...streams.awaitingSessions()], [], 'no POST stream left')
+  const again = await open(GET_STREAM)
+  t.ok(get.ended, 'a second GET stream replaces the first')
+  t.ok(streams.writes(sid, GET_STREAM))
+  streams.endSession(sid, new GW_ERR_BACKEND_UNAVAILABLE('s', 'session ended'))
+  t.ok(again.ended, 'ending the session ends its stream')
+  t.notOk(streams.writes(sid, GET_STREAM))
+  t.same(streams.countByKind().size, 0, 'nothing left')
+})
