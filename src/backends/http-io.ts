@@ -106,12 +106,69 @@ export function backoff (attempt: number, baseMs: number, maxMs: number): number
   return exp / 2 + Math.random() * exp / 2
 }
 
-/** Feeds an SSE body through eventsource-parser; resolves when the body ends, rejects on error. */
-export async function pumpSse (body: Body, onEvent: (event: EventSourceMessage) => void, onRetry: (ms: number) => void): Promise<void> {
+/**
+ * Feeds an SSE body through eventsource-parser and calls `done` once: with null when the body
+ * ended, or with what ended it otherwise (the body's error, a close before its end, a handler that
+ * threw, a message above MAX_BODY_BYTES). Stream callbacks rather than `for await`, so a stream
+ * that stays idle for hours holds no async iterator, promises or parked frames (issue 10).
+ */
+export function readSse (body: Body, onEvent: (event: EventSourceMessage) => void, onRetry: (ms: number) => void, done: (err: Error | null) => void): void {
   const decoder = new TextDecoder()
   const parser = createParser({ onEvent, onRetry, maxBufferSize: MAX_BODY_BYTES })
-  for await (const chunk of body) {
-    parser.feed(typeof chunk === 'string' ? chunk : decoder.decode(chunk as Buffer, { stream: true }))
+  let over = false
+  const finish = (err: Error | null): void => {
+    if (over) return
+    over = true
+    body.off('data', onData).off('end', onEnd).off('error', finish).off('close', onClose)
+    done(err)
   }
-  parser.feed(decoder.decode())
+  // As for await did: a throw stops the read and releases the body. Past the parser's buffer limit,
+  // feed() throws, so an oversized message ends the stream.
+  const fail = (err: unknown): void => {
+    // The body reports its destruction as an error after our listener is gone: keep it from being uncaught.
+    body.on('error', noop).destroy()
+    finish(asError(err))
+  }
+  const onData = (chunk: Buffer | string): void => {
+    try {
+      parser.feed(typeof chunk === 'string' ? chunk : decoder.decode(chunk, { stream: true }))
+    } catch (err) {
+      fail(err)
+    }
+  }
+  const onEnd = (): void => {
+    try {
+      parser.feed(decoder.decode())
+    } catch (err) {
+      fail(err)
+      return
+    }
+    finish(null)
+  }
+  // undici reports a body destroyed before its end as an error; a bare 'close' would otherwise leave the reader waiting forever.
+  const onClose = (): void => { finish(prematureClose()) }
+  if (body.closed) {
+    // Nothing more will be emitted: settle as for await would, but not inside the caller's frame.
+    const err = body.errored ?? (body.readableEnded ? null : prematureClose())
+    queueMicrotask(() => { finish(err) })
+    return
+  }
+  body.on('data', onData).on('end', onEnd).on('error', finish).on('close', onClose)
+}
+
+/** readSse as a promise: resolves when the body ends, rejects with what ended it otherwise. */
+export function pumpSse (body: Body, onEvent: (event: EventSourceMessage) => void, onRetry: (ms: number) => void): Promise<void> {
+  return new Promise<void>((resolve, reject) => {
+    readSse(body, onEvent, onRetry, err => { if (err === null) resolve(); else reject(err) })
+  })
+}
+
+function noop (): void {}
+
+function asError (err: unknown): Error {
+  return err instanceof Error ? err : new Error(String(err), { cause: err })
+}
+
+function prematureClose (): Error {
+  return Object.assign(new Error('Premature close'), { code: 'ERR_STREAM_PREMATURE_CLOSE' })
 }
