@@ -3,10 +3,11 @@
 // holding the session's lease listens), and re-initialisation when the backend answers 404.
 import { randomUUID } from 'node:crypto'
 import type { Dispatcher } from 'undici'
+import type { EventSourceMessage } from 'eventsource-parser'
 import type { HttpServerConfig } from '../config/schema.js'
 import { classify, isNotification, isRequest, type JsonRpcMessage, type JsonRpcRequest, type JsonRpcResponse } from '../core/jsonrpc.js'
 import { DELETE_TIMEOUT_MS, HttpBackend, type HttpBackendOpenOptions, type Pending, type SseCursor } from './http-base.js'
-import { describe, drain, errorDetail, headerValue, mediaType, MAX_BODY_BYTES, pumpSse, readText, type Body } from './http-io.js'
+import { describe, drain, errorDetail, headerValue, mediaType, MAX_BODY_BYTES, pumpSse, readSse, readText, type Body } from './http-io.js'
 
 export class StreamableHttpBackend extends HttpBackend {
   #sessionId: string | null
@@ -15,7 +16,7 @@ export class StreamableHttpBackend extends HttpBackend {
   #gate: Promise<void> | null = null
   #reinit: Promise<boolean> | null = null
   #listen: boolean
-  #get: AbortController | null = null
+  #get: GetLoop | null = null
   #getCursor: SseCursor = {}
   /** The backend answered 405 to GET: it offers no stream, so listening again is pointless. */
   #noGetStream = false
@@ -55,7 +56,7 @@ export class StreamableHttpBackend extends HttpBackend {
 
   stopListening (): void {
     this.#listen = false
-    this.#get?.abort()
+    this.#get?.stop()
     this.#get = null
   }
 
@@ -249,7 +250,12 @@ export class StreamableHttpBackend extends HttpBackend {
 
   /** Feeds one SSE body; garbage data fails the request the stream carries (if any). */
   async #pump (body: Body, cursor: SseCursor, p: Pending | null): Promise<void> {
-    await pumpSse(body, event => {
+    await pumpSse(body, this.#sseEvents(cursor, p), ms => { cursor.retryMs = ms })
+  }
+
+  /** What one SSE event does: moves the cursor, then delivers a `message` event's data. */
+  #sseEvents (cursor: SseCursor, p: Pending | null): (event: EventSourceMessage) => void {
+    return event => {
       if (event.id !== undefined) {
         cursor.lastId = event.id
         cursor.onId?.(event.id)
@@ -258,7 +264,7 @@ export class StreamableHttpBackend extends HttpBackend {
       if (!this.deliverData(event.data) && p !== null) {
         this.fail(p, this.unavailable('the backend sent an event that is not JSON-RPC'), { status: 200 })
       }
-    }, ms => { cursor.retryMs = ms })
+    }
   }
 
   /** GET on the endpoint (standalone stream, or a resumption when lastEventId is given). */
@@ -352,75 +358,116 @@ export class StreamableHttpBackend extends HttpBackend {
   }
 
   // -- the standalone GET stream (H-GET-*) -------------------------------------------------------
+  // A state machine driven by callbacks (open -> read -> wait -> open ...), not an async loop: an
+  // idle session's stream then holds only its loop record, the body's listeners and the parser,
+  // no parked frames or promises (issue 10).
 
   #openGet (): void {
     if (this.#get !== null || this.closed) return
-    const controller = new AbortController()
-    this.#get = controller
-    this.#runGet(controller).catch((err: unknown) => {
-      this.log.error({ err }, 'backend GET stream loop failed')
-    }).finally(() => {
-      if (this.#get === controller) this.#get = null
+    const loop = new GetLoop(this.lifetime.signal)
+    this.#get = loop
+    this.#connectGet(loop)
+  }
+
+  /** One GET; what follows depends on the answer (#onGetAnswer) or the failure (#retryGet). */
+  #connectGet (loop: GetLoop): void {
+    if (loop.stopped) {
+      this.#endGet(loop)
+      return
+    }
+    const sid = this.#sessionId
+    this.#openStream(this.#getCursor.lastId, loop.signal).then(
+      res => { this.#onGetAnswer(loop, sid, res) },
+      (err: unknown) => { this.#getFailed(loop, err) }
+    ).catch((err: unknown) => { this.#getLoopFailed(loop, err) })
+  }
+
+  #onGetAnswer (loop: GetLoop, sid: string | null, res: Dispatcher.ResponseData): void {
+    const status = res.statusCode
+    if (status === 200 && mediaType(res.headers) === 'text/event-stream') {
+      loop.attempt = 0
+      loop.justReinitialised = false
+      this.#readGet(loop, res.body)
+      return
+    }
+    // Every other answer has its body drained first, then decides (drain never rejects).
+    drain(res.body).then(() => {
+      if (status === 405) {
+        this.log.debug('backend offers no GET stream')
+        this.#noGetStream = true
+        this.#endGet(loop)
+      } else if (status === 409) {
+        // H-GET-3: the session already has a GET stream. After a failover that is usually the
+        // dead holder's stream, which the backend drops once it notices the closed socket:
+        // retry with backoff; if it never frees, stop listening without ending the session.
+        this.#retryGet(loop, 'another GET stream is open for the backend session', true)
+      } else if (status === 404 && sid !== null) {
+        this.#getSessionGone(loop, sid)
+      } else {
+        this.#retryGet(loop, `the GET stream answered HTTP ${status}`)
+      }
+    }).catch((err: unknown) => { this.#getLoopFailed(loop, err) })
+  }
+
+  /** The backend forgot the session: re-initialise, then one immediate GET on the new session. */
+  #getSessionGone (loop: GetLoop, sid: string): void {
+    const reason = 'the backend session expired and could not be re-initialised'
+    // A new session deserves one immediate GET; a 404 right after it counts as a failure.
+    if (loop.justReinitialised) {
+      this.#retryGet(loop, reason)
+      return
+    }
+    this.#reinitialise(sid).then(ok => {
+      if (!ok) {
+        this.#retryGet(loop, reason)
+        return
+      }
+      loop.justReinitialised = true
+      this.#connectGet(loop)
+    }, (err: unknown) => { this.#getFailed(loop, err) }).catch((err: unknown) => { this.#getLoopFailed(loop, err) })
+  }
+
+  #readGet (loop: GetLoop, body: Body): void {
+    // The cursor of this session: a re-initialise meanwhile starts a new one for the next GET.
+    const cursor = this.#getCursor
+    readSse(body, this.#sseEvents(cursor, null), ms => { cursor.retryMs = ms }, err => {
+      if (err === null) this.#retryGet(loop, 'the GET stream ended')
+      else this.#getFailed(loop, err)
     })
   }
 
-  async #runGet (controller: AbortController): Promise<void> {
-    const signal = AbortSignal.any([controller.signal, this.lifetime.signal])
-    let attempt = 0
-    let justReinitialised = false
-    let conflict = false
-    while (!signal.aborted) {
-      let reason: string
-      const sid = this.#sessionId
-      conflict = false
-      try {
-        const res = await this.#openStream(this.#getCursor.lastId, signal)
-        if (res.statusCode === 405) {
-          await drain(res.body)
-          this.log.debug('backend offers no GET stream')
-          this.#noGetStream = true
-          return
-        }
-        if (res.statusCode === 409) {
-          // H-GET-3: the session already has a GET stream. After a failover that is usually the
-          // dead holder's stream, which the backend drops once it notices the closed socket:
-          // retry with backoff; if it never frees, stop listening without ending the session.
-          await drain(res.body)
-          conflict = true
-          reason = 'another GET stream is open for the backend session'
-        } else if (res.statusCode === 404 && sid !== null) {
-          await drain(res.body)
-          // A new session deserves one immediate GET; a 404 right after it counts as a failure.
-          if (!justReinitialised && await this.#reinitialise(sid)) {
-            justReinitialised = true
-            continue
-          }
-          reason = 'the backend session expired and could not be re-initialised'
-        } else if (res.statusCode === 200 && mediaType(res.headers) === 'text/event-stream') {
-          attempt = 0
-          justReinitialised = false
-          await this.#pump(res.body, this.#getCursor, null)
-          reason = 'the GET stream ended'
-        } else {
-          await drain(res.body)
-          reason = `the GET stream answered HTTP ${res.statusCode}`
-        }
-      } catch (err) {
-        if (signal.aborted) return
-        reason = `the GET stream failed: ${describe(err)}`
-      }
-      if (signal.aborted) return
-      if (attempt >= this.config.reconnect.maxAttempts) {
-        if (conflict) {
-          this.log.warn('backend GET stream stays taken; not listening')
-          return
-        }
-        this.unrecoverable(`${reason}; reconnect attempts exhausted`)
-        return
-      }
-      this.log.debug({ reason, attempt }, 'backend GET stream reconnecting')
-      if (!await this.waitBeforeRetry(attempt++, this.#getCursor.retryMs, signal)) return
+  #getFailed (loop: GetLoop, err: unknown): void {
+    this.#retryGet(loop, `the GET stream failed: ${describe(err)}`)
+  }
+
+  /** The stream is lost (or was refused): wait and open again, or give up once attempts run out. */
+  #retryGet (loop: GetLoop, reason: string, conflict = false): void {
+    if (loop.stopped) {
+      this.#endGet(loop)
+      return
     }
+    if (loop.attempt >= this.config.reconnect.maxAttempts) {
+      if (conflict) this.log.warn('backend GET stream stays taken; not listening')
+      else this.unrecoverable(`${reason}; reconnect attempts exhausted`)
+      this.#endGet(loop)
+      return
+    }
+    this.log.debug({ reason, attempt: loop.attempt }, 'backend GET stream reconnecting')
+    this.waitBeforeRetry(loop.attempt++, this.#getCursor.retryMs, loop.signal).then(waited => {
+      if (waited) this.#connectGet(loop)
+      else this.#endGet(loop)
+    }).catch((err: unknown) => { this.#getLoopFailed(loop, err) })
+  }
+
+  /** A bug in the loop itself, not a network failure: say so and stop listening. */
+  #getLoopFailed (loop: GetLoop, err: unknown): void {
+    this.log.error({ err }, 'backend GET stream loop failed')
+    this.#endGet(loop)
+  }
+
+  #endGet (loop: GetLoop): void {
+    loop.stop()
+    if (this.#get === loop) this.#get = null
   }
 
   // -- shutdown ----------------------------------------------------------------------------------
@@ -443,5 +490,45 @@ export class StreamableHttpBackend extends HttpBackend {
     } catch (err) {
       this.log.debug({ err }, 'backend DELETE failed')
     }
+  }
+}
+
+/**
+ * One run of the standalone GET stream, from #openGet until it stops. Its controller is the signal
+ * of every GET of the run; the connection's lifetime reaches it through this one listener, removed
+ * when the run stops, where AbortSignal.any cost a signal and weak references per stream (issue 10).
+ */
+class GetLoop {
+  readonly #controller = new AbortController()
+  readonly #lifetime: AbortSignal
+  /** Reconnect attempts since the stream was last open. */
+  attempt = 0
+  /** The last GET found the session gone and a new one was made: another 404 is a failure. */
+  justReinitialised = false
+
+  constructor (lifetime: AbortSignal) {
+    this.#lifetime = lifetime
+    if (lifetime.aborted) this.#controller.abort()
+    // The run itself is the listener (handleEvent): no closure per stream.
+    else lifetime.addEventListener('abort', this, { once: true })
+  }
+
+  get signal (): AbortSignal {
+    return this.#controller.signal
+  }
+
+  get stopped (): boolean {
+    return this.#controller.signal.aborted
+  }
+
+  /** The connection's lifetime ended. */
+  handleEvent (): void {
+    this.#controller.abort()
+  }
+
+  /** Ends the run (stopListening, close, or a decision of the loop); idempotent. */
+  stop (): void {
+    this.#lifetime.removeEventListener('abort', this)
+    this.#controller.abort()
   }
 }
