@@ -104,6 +104,18 @@ export interface SseCursor {
 
 export const keyOf = (id: RequestId): string => typeof id === 'number' ? `n${id}` : `s${id}`
 
+// One URL per server config rather than one per session (issue 10); weak, so a reload's old configs go.
+const serverUrls = new WeakMap<HttpServerConfig, URL>()
+
+function serverUrl (config: HttpServerConfig): URL {
+  let url = serverUrls.get(config)
+  if (url === undefined) {
+    url = new URL(config.url)
+    serverUrls.set(config, url)
+  }
+  return url
+}
+
 // ---------------------------------------------------------------------------------------------
 // What both transports share: the table of requests in flight, deadlines, delivery, headers,
 // shutdown.
@@ -113,13 +125,17 @@ export abstract class HttpBackend implements HttpBackendConnection {
   protected readonly config: HttpServerConfig
   protected readonly handlers: BackendHandlers
   protected readonly log: Logger
-  protected readonly url: URL
+  /** The server's URL, shared by all its sessions: never modified. */
+  protected readonly url: Readonly<URL>
   protected readonly requests: Pool
   protected readonly streams: Pool
   protected readonly pending = new Map<string, Pending>()
   /** Aborted on close(), detach() or an unrecoverable failure; every exchange listens to it. */
   protected readonly lifetime = new AbortController()
-  /** Answered requests whose exchange still runs (LINGER_MS), aborted with the connection. Made on first use. */
+  /**
+   * Answered requests whose exchange still runs (LINGER_MS), aborted with the connection. Made on
+   * first use and dropped when empty: an idle session would otherwise keep the Set its initialize left.
+   */
   #lingering: Set<Pending> | undefined
   protected closed = false
   protected initParams: Record<string, unknown> | undefined
@@ -135,7 +151,7 @@ export abstract class HttpBackend implements HttpBackendConnection {
     this.config = config
     this.handlers = options.handlers
     this.log = childLogger(options.log, { backend: options.server, transport: config.transport })
-    this.url = new URL(config.url)
+    this.url = serverUrl(config)
     this.requests = dispatcherFor(this.url.origin, config.connections, config.connectTimeoutMs)
     this.streams = dispatcherFor(this.url.origin, null, config.connectTimeoutMs)
     this.initParams = options.initializeParams
@@ -195,7 +211,7 @@ export abstract class HttpBackend implements HttpBackendConnection {
     return { ...this.#base }
   }
 
-  protected async request (pool: Pool, method: 'GET' | 'POST' | 'DELETE', url: URL, headers: Record<string, string>,
+  protected async request (pool: Pool, method: 'GET' | 'POST' | 'DELETE', url: Readonly<URL>, headers: Record<string, string>,
     signal: AbortSignal, options: { body?: string, bodyTimeout?: number, headersTimeout?: number } = {}): Promise<Dispatcher.ResponseData> {
     return await pool.request({
       method,
@@ -236,7 +252,12 @@ export abstract class HttpBackend implements HttpBackendConnection {
   protected exchangeEnded (p: Pending): void {
     p.exchangeDone = true
     clearTimeout(p.linger)
-    this.#lingering?.delete(p)
+    this.#unlinger(p)
+  }
+
+  #unlinger (p: Pending): void {
+    const lingering = this.#lingering
+    if (lingering?.delete(p) === true && lingering.size === 0) this.#lingering = undefined
   }
 
   #abortLingering (): void {
@@ -351,9 +372,8 @@ export abstract class HttpBackend implements HttpBackendConnection {
       // Let the exchange end by itself, but not hold a pooled connection forever. The timer goes
       // when the exchange ends (exchangeEnded): it would keep the request's state for LINGER_MS.
       if (p.exchangeDone !== true) {
-        const lingering = this.#lingering ??= new Set()
-        lingering.add(p)
-        p.linger = setTimeout(() => { lingering.delete(p); p.abort.abort() }, LINGER_MS).unref()
+        (this.#lingering ??= new Set()).add(p)
+        p.linger = setTimeout(() => { this.#unlinger(p); p.abort.abort() }, LINGER_MS).unref()
       }
       if (p.method === 'initialize' && 'result' in c.message) this.onInitializeResult(c.message.result)
       if (p.internal !== undefined) {
