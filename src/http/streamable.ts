@@ -28,6 +28,9 @@ export interface HttpStreamableOptions {
 
 interface ServerParams { server: string }
 
+/** The lazy-SSE window of an initialize (see lazyMsOf in httpStreamable). */
+export const INITIALIZE_LAZY_MS = 10_000
+
 export default async function httpStreamable (app: FastifyInstance, opts: HttpStreamableOptions): Promise<void> {
   const { config, live, router, modern } = opts
 
@@ -50,6 +53,19 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
     if (config.redis === undefined) return undefined
     const serverConfig = Object.hasOwn(live.servers, server) ? live.servers[server] : undefined
     return serverConfig === undefined ? undefined : { server, timeoutMs: serverConfig.requestTimeoutMs }
+  }
+
+  /**
+   * How long a POST's SSE stream may stay unopened (lazy SSE). An initialize waits for a backend
+   * that is often still starting (a stdio child takes hundreds of ms), so with the usual 50 ms its
+   * answer opened an SSE stream whose log was then kept for a resume nobody makes (a client
+   * without a session id cannot resume it): 1 KB and a keep-alive timer per new session for a
+   * minute. Nothing but the answer comes on an initialize's stream, so it waits up to
+   * INITIALIZE_LAZY_MS for one JSON body. `lazySseMs: 0` still opens every stream at once.
+   */
+  function lazyMsOf (requests: JsonRpcRequest[]): number {
+    const lazyMs = config.http.lazySseMs
+    return lazyMs > 0 && requests.length === 1 && requests[0]?.method === 'initialize' ? Math.max(lazyMs, INITIALIZE_LAZY_MS) : lazyMs
   }
 
   /** Opens the response stream for the requests of one POST, then hands every message to the owner. */
@@ -79,7 +95,7 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
       requestIds: requests.map(r => r.id),
       headers: replyHeaders(reply, { 'mcp-session-id': record.id }),
       preamble: primingId => `id: ${formatEventId(streamId, primingId)}\nretry: ${config.http.retryMs}\ndata: \n\n`,
-      ...(mode === 'sse' && (config.redis === undefined || !priming) ? { lazyMs: config.http.lazySseMs } : {}),
+      ...(mode === 'sse' && (config.redis === undefined || !priming) ? { lazyMs: lazyMsOf(requests) } : {}),
       log: req.log
     })
     reply.hijack()

@@ -148,3 +148,21 @@ t.test('with Redis: 2025-11-25 streams open at once (a replica death must not st
   await eventually('the JSON answer\'s log dropped', async () => (await logsOf(older.sid)).length === before.length ? true : undefined)
   t.same(await logsOf(older.sid), before, 'the log of a stream answered as one JSON body goes at once: no event id of it ever reached the client')
 })
+
+t.test('an initialize waits for its answer as one JSON body, though the backend takes longer than lazySseMs to start', async t => {
+  const gw = await gateway(t)
+  const started = Date.now()
+  const res = await post(gw, { jsonrpc: '2.0', id: 0, method: 'initialize', params: { protocolVersion: '2025-11-25', capabilities: {}, clientInfo: { name: 'raw', version: '1' } } })
+  const waited = Date.now() - started
+  t.match(res.headers.get('content-type'), /^application\/json/, `JSON, not SSE (the answer took ${waited} ms, the lazy window is 50 ms)`)
+  t.ok(waited > 50, 'the stdio child took longer to start than the usual lazy window')
+  t.ok((res.headers.get('mcp-session-id') ?? '') !== '', 'the session id comes with it')
+  t.match(await res.json(), { jsonrpc: '2.0', id: 0, result: { protocolVersion: '2025-11-25' } })
+})
+
+t.test('lazySseMs 0 still opens an initialize\'s stream at once', async t => {
+  const gw = await gateway(t, { http: { lazySseMs: 0 } })
+  const res = await post(gw, { jsonrpc: '2.0', id: 0, method: 'initialize', params: { protocolVersion: '2025-11-25', capabilities: {}, clientInfo: { name: 'raw', version: '1' } } })
+  t.match(res.headers.get('content-type'), /^text\/event-stream/)
+  await new SseReader(res).finished
+})

@@ -47,7 +47,9 @@ async function errorOf (res: Response): Promise<{ code: number, message: string,
 }
 
 t.test('initialize: session id, SSE response with priming event and retry (2025-11-25)', async t => {
-  const gw = await startGateway(t, { servers: { everything } })
+  // An SSE stream opened at once (lazySseMs 0): by default an initialize's answer is one JSON
+  // body (lazy-sse.test.ts), and a stream that does open follows H-POST-7.
+  const gw = await startGateway(t, { servers: { everything }, http: { lazySseMs: 0 } })
   const res = await post(gw, init('2025-11-25'))
   t.equal(res.status, 200)
   t.match(res.headers.get('content-type'), /text\/event-stream/)
