@@ -15,7 +15,7 @@ import { spawn, type ChildProcess } from 'node:child_process'
 import { once } from 'node:events'
 import { setTimeout as sleep } from 'node:timers/promises'
 import type { Logger } from 'pino'
-import { childLogger } from '../telemetry/logger.js'
+import { lazyChild, newBindings } from '../telemetry/logger.js'
 import type { BackendConnection, BackendExit, BackendFactory, BackendOpenOptions } from './backend.js'
 import type { ServerConfig, StdioServerConfig } from '../config/schema.js'
 import { GW_ERR_BACKEND_UNAVAILABLE, GW_ERR_INTERNAL } from '../core/errors.js'
@@ -440,9 +440,10 @@ export function createStdioBackendFactory (factoryOptions: StdioFactoryOptions =
       options.log.warn({ code, reason: message, backend: server, command: config.command }, 'backend failed to start')
       throw new GW_ERR_BACKEND_UNAVAILABLE(server, (err as Error).message, { cause: err })
     }
-    const log = childLogger(options.log, { backend: server, pid: child.pid })
-    log.info({ command: config.command }, 'backend started')
-    return new StdioBackend(server, config, child, log, handlers)
+    // Its lines carry backend and pid; a child that is quiet on stderr never makes the logger.
+    const bindings = newBindings(options.log, { backend: server, pid: child.pid })
+    options.log.info({ ...bindings, command: config.command }, 'backend started')
+    return new StdioBackend(server, config, child, lazyChild(options.log, bindings), handlers)
   }
 }
 

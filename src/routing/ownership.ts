@@ -20,7 +20,7 @@ import type { ServerConfig } from '../config/schema.js'
 import type { ServerSource } from '../config/live.js'
 import { GW_ERR_BACKEND_UNAVAILABLE, GW_ERR_SERVER_NOT_FOUND, type GatewayError } from '../core/errors.js'
 import type { EstablishedState, SessionRecord } from '../state/session-store.js'
-import { shortHash } from '../telemetry/logger.js'
+import { lazyChild, shortHash } from '../telemetry/logger.js'
 import type { SupervisedHandlers, SupervisedOpenOptions } from '../backends/supervisor.js'
 import type { TenantUpstream } from '../backends/backend.js'
 import type { ReplicaContext } from './context.js'
@@ -198,7 +198,7 @@ export class Ownership {
       backendTransport: server.transport,
       host: this.#o.host,
       principal: principalOfRecord(record),
-      log: this.#o.log.child({ sid: shortHash(record.id), backend: record.server }),
+      log: lazyChild(this.#o.log, { sid: shortHash(record.id), backend: record.server }),
       // Looked up per answer, so a replaced tenant table applies to sessions already open.
       ...(policyOf !== undefined ? { filterResult: (method: string, result: unknown) => method === 'tools/list' ? filterToolsListOf(method, result, policyOf(tenant, serverName)) : result } : {})
     })

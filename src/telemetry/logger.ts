@@ -41,12 +41,18 @@ const LOG_BUFFER_BYTES = 4096
 
 /**
  * A child with only the bindings its parent does not hold yet, so no key appears twice in a line
- * (a backend's logger is a child of its session's, which may name the backend already). For
- * loggers made once per session or connection, not per request: bindings() parses.
+ * (a backend's logger is a child of its session's, which may name the backend already), made
+ * when it first logs (lazyChild). For loggers made once per session or connection, not per
+ * request: bindings() parses.
  */
 export function childLogger (log: Logger, bindings: Record<string, unknown>): Logger {
+  return lazyChild(log, newBindings(log, bindings))
+}
+
+/** The bindings `log` does not hold yet (childLogger). */
+export function newBindings (log: Logger, bindings: Record<string, unknown>): Record<string, unknown> {
   const bound = log.bindings()
-  return log.child(Object.fromEntries(Object.entries(bindings).filter(([key]) => !Object.hasOwn(bound, key))))
+  return Object.fromEntries(Object.entries(bindings).filter(([key]) => !Object.hasOwn(bound, key)))
 }
 
 /** Session ids are bearer-like: logs carry a short hash, never the id itself. */
@@ -59,13 +65,14 @@ type LevelName = 'trace' | 'debug' | 'info' | 'warn' | 'error' | 'fatal'
 type LogArgs = [obj: unknown, msg?: string, ...rest: unknown[]]
 
 /**
- * Fastify's per-request logger (the `reqId` binding), made only when a line is logged. Fastify
- * builds one for every request, and a pino child per request cost about 1.5 % of the gateway's
- * CPU per call (issue 10), while at info most requests log nothing: this stand-in keeps the parent
- * and the bindings, and makes the real child on the first line at an enabled level (or the first
- * child, or a level change). Lines are the same as a real child's.
+ * A child logger made only when a line is logged: it keeps the parent and the bindings, and makes
+ * the real pino child on the first line at an enabled level (or the first child, or a level
+ * change). Lines are the same as a real child's. Fastify builds a logger for every request, and a
+ * pino child per request cost about 1.5 % of the gateway's CPU per call (issue 10); a session and
+ * its stdio child each keep one for their lives, about 300 bytes apiece (heap per idle session),
+ * while a quiet one never logs a line.
  */
-class LazyRequestLogger {
+class LazyChildLogger {
   readonly #parent: Logger
   readonly #bindings: Record<string, unknown>
   #child: Logger | undefined
@@ -103,13 +110,21 @@ class LazyRequestLogger {
 }
 
 /**
- * Fastify's per-request child logger factory: a LazyRequestLogger over a pino root, a real child
+ * A child of `log` with these bindings, made when it first logs (LazyChildLogger). Only the
+ * methods the gateway calls exist: the levels, child, bindings, level and isLevelEnabled.
+ */
+export function lazyChild (log: Logger, bindings: Record<string, unknown>): Logger {
+  return new LazyChildLogger(log, bindings) as unknown as Logger
+}
+
+/**
+ * Fastify's per-request child logger factory: a LazyChildLogger over a pino logger, a real child
  * with route options (a route's log level or serializers) or any other parent.
  */
 export function requestChildLogger (): NonNullable<FastifyServerOptions['childLoggerFactory']> {
   return function (logger, bindings, options) {
     if (Object.keys(options).length > 0 || !isPino(logger)) return logger.child(bindings, options)
-    return new LazyRequestLogger(logger, bindings) as unknown as FastifyBaseLogger
+    return new LazyChildLogger(logger, bindings) as unknown as FastifyBaseLogger
   }
 }
 

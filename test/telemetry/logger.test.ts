@@ -4,7 +4,7 @@
 import { Writable } from 'node:stream'
 import t from 'tap'
 import type { FastifyBaseLogger } from 'fastify'
-import { createLogger, requestChildLogger } from '../../src/telemetry/logger.js'
+import { childLogger, createLogger, lazyChild, requestChildLogger } from '../../src/telemetry/logger.js'
 
 function memoryLogger (level: string): { log: ReturnType<typeof createLogger>, lines: () => Array<Record<string, unknown>> } {
   const chunks: string[] = []
@@ -53,4 +53,19 @@ t.test('route options get a real child', async t => {
   const child = requestChildLogger().call(null as never, log, { reqId: 'req-3' }, { level: 'warn' }, undefined as never)
   t.equal(child.level, 'warn')
   t.equal(log.level, 'info')
+})
+
+t.test('childLogger adds only the bindings its parent lacks, and writes a child\'s lines', async t => {
+  const { log, lines } = memoryLogger('info')
+  const session = lazyChild(log, { sid: 'abc', backend: 'full' })
+  const backend = childLogger(session, { backend: 'full', pid: 42 })
+  t.same(backend.bindings(), { replica: 'r1', sid: 'abc', backend: 'full', pid: 42 }, 'backend is not bound twice')
+  backend.warn({ stream: 'stderr' }, 'a line')
+  session.info('session line')
+  backend.debug('not at info')
+  await new Promise(resolve => setImmediate(resolve))
+  t.same(lines(), [
+    { level: 40, replica: 'r1', sid: 'abc', backend: 'full', pid: 42, stream: 'stderr', msg: 'a line' },
+    { level: 30, replica: 'r1', sid: 'abc', backend: 'full', msg: 'session line' }
+  ])
 })
