@@ -9,6 +9,7 @@ import { ANSWERED_DIRECTLY, compareEntryIds, formatEventId, type EventLog, type 
 import { isResponse, type JsonRpcMessage, type JsonRpcResponse, type RequestId } from '../core/jsonrpc.js'
 import { tracing } from '../telemetry/tracing.js'
 import { streamKindOf, type GatewayMetrics } from '../telemetry/metrics.js'
+import { startKeepAlive, stopKeepAlive, type KeepAliveSlot } from './keep-alive.js'
 
 const PAGE = 100
 
@@ -86,7 +87,8 @@ export class StreamWriter {
   readonly #collected: JsonRpcResponse[] = []
   /** Request ids of a POST stream answered so far. */
   #answered: Set<RequestId> | undefined
-  #keepAlive: NodeJS.Timeout | undefined
+  /** Where this stream waits for its keep-alives (http/keep-alive.ts), once the SSE stream is open. */
+  #keepAlive: KeepAliveSlot | undefined
   /** Lazy SSE: whether the headers are still held, the answers held meanwhile, and the delay. */
   #holding = false
   #held: LogEntry[] | undefined
@@ -195,14 +197,17 @@ export class StreamWriter {
     this.#o.headers = SENT_HEADERS
     const sent: unknown = (res as unknown as { _header?: unknown })._header
     if (typeof sent === 'string') sent.charCodeAt(0)
-    this.#keepAlive = setInterval(() => {
-      if (this.#ended) return
-      res.write(': keepalive\n\n')
-      // A POST stream still waiting for answers also reads its log: a wake lost on the bus (a
-      // Redis failover drops what was in flight) delays an answer by one interval, never forever.
-      if (Number.isFinite(this.#remaining)) void this.wake()
-    }, this.#o.keepAliveMs)
-    this.#keepAlive.unref()
+    this.#keepAlive = startKeepAlive(this.#o.keepAliveMs, this)
+
+  }
+
+  /** Called by the keep-alive timer (http/keep-alive.ts) about every keepAliveMs while open. */
+  keepAlive (): void {
+    if (this.#ended) return
+    this.#o.res.write(': keepalive\n\n')
+    // A POST stream still waiting for answers also reads its log: a wake lost on the bus (a
+    // Redis failover drops what was in flight) delays an answer by one interval, never forever.
+    if (Number.isFinite(this.#remaining)) void this.wake()
   }
 
   /** Something was appended to this stream's log: pull it. Safe to call any number of times. */
@@ -383,7 +388,7 @@ export class StreamWriter {
     // A held lazy stream that ends without its answers ends as the SSE stream it would have been.
     if (this.#holding && reason !== 'client-closed') this.#openSse()
     this.#ended = true
-    clearInterval(this.#keepAlive)
+    if (this.#keepAlive !== undefined) stopKeepAlive(this.#o.keepAliveMs, this, this.#keepAlive)
     clearTimeout(this.#lazyTimer)
     this.#closed?.abort()
     const { res } = this.#o
