@@ -84,7 +84,8 @@ export class StreamWriter {
   #lastSeq: number | null
   /** Built only when a write must wait for drain (rare): it stops that wait when the writer ends. */
   #closed: AbortController | undefined
-  readonly #collected: JsonRpcResponse[] = []
+  /** JSON mode: the answers so far (made on the first; SSE streams never need it). */
+  #collected: JsonRpcResponse[] | undefined
   /** Request ids of a POST stream answered so far. */
   #answered: Set<RequestId> | undefined
   /** Where this stream waits for its keep-alives (http/keep-alive.ts), once the SSE stream is open. */
@@ -321,7 +322,7 @@ export class StreamWriter {
       answered.add(id)
       failed.push(id)
       const message = answer(id)
-      if (mode === 'json') this.#collected.push(message)
+      if (mode === 'json') (this.#collected ??= []).push(message)
       else res.write(`id: ${formatEventId(this.streamId, ANSWERED_DIRECTLY)}\ndata: ${JSON.stringify(message)}\n\n`)
     }
     this.#complete()
@@ -333,7 +334,7 @@ export class StreamWriter {
     // Only a POST stream's answers are counted (awaitsAnswers, failUnanswered): a GET stream keeps no set.
     if (this.#o.requestIds !== undefined && entry.message !== null && isResponse(entry.message) && entry.message.id !== null && entry.message.id !== undefined) (this.#answered ??= new Set()).add(entry.message.id)
     if (mode === 'json') {
-      if (entry.message !== null && isResponse(entry.message)) this.#collected.push(entry.message)
+      if (entry.message !== null && isResponse(entry.message)) (this.#collected ??= []).push(entry.message)
       return
     }
     if (this.#holding) {
@@ -369,7 +370,8 @@ export class StreamWriter {
   #complete (): void {
     const { res, mode } = this.#o
     if (mode === 'json' && !res.headersSent) {
-      const body = this.#o.batch === true ? this.#collected : this.#collected[0]
+      const collected = this.#collected ?? []
+      const body = this.#o.batch === true ? collected : collected[0]
       res.writeHead(200, { 'content-type': 'application/json', ...this.#o.headers })
       res.end(JSON.stringify(body))
     } else if (this.#holding) {

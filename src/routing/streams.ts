@@ -116,6 +116,8 @@ export class ClientStreams {
    * the writer itself, not a map of one (heap per idle session, issue 10).
    */
   readonly #writers = new Map<string, StreamWriter | Map<string, StreamWriter>>()
+  /** Every writer's end callback: one function, not a closure per stream. */
+  readonly #onEnd = (writer: StreamWriter, reason: WriterEndReason): void => { this.#onWriterEnd(writer, reason) }
   /** POST streams' catch-all deadlines (openPost), cleared when their writer completes. */
   readonly #deadlines = new Map<StreamWriter, NodeJS.Timeout>()
 
@@ -239,7 +241,7 @@ export class ClientStreams {
       retryMs: options.retryMs,
       preamble: typeof options.preamble === 'string' ? options.preamble : undefined,
       lazyMs: options.lazyMs,
-      onEnd: (w, reason) => { this.#onWriterEnd(w, reason) },
+      onEnd: this.#onEnd,
       log: options.log,
       metrics: this.#o.metrics.registry === null ? undefined : this.#o.metrics
     })
