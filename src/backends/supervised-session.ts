@@ -68,9 +68,11 @@ export class SupervisedSession implements BackendSession {
   #conn: BackendConnection | null = null
   /** Bumped for every connection, so callbacks of a dead one are ignored. */
   #generation = 0
-  #restarts: number[] = []
+  /** When the recent restarts happened (stdio); made by the first crash, as #queue by the first restart. */
+  #restarts: number[] | undefined
   #timer: NodeJS.Timeout | undefined
-  #queue: Queued[] = []
+  /** Messages held while restarting (and while flushing them); undefined when none (heap per idle session). */
+  #queue: Queued[] | undefined
   #flushing = false
   #stopping: Promise<void> | null = null
   /** Aborted by stop(): ends a restart in progress. Made when a restart first needs it. */
@@ -238,7 +240,7 @@ export class SupervisedSession implements BackendSession {
           return
         }
         // Still flushing what waited during the restart: stay behind it, in order.
-        await new Promise<void>((resolve, reject) => this.#queue.push({ msg, resolve, reject }))
+        await new Promise<void>((resolve, reject) => (this.#queue ??= []).push({ msg, resolve, reject }))
         return
       }
       case 'restarting': {
@@ -247,11 +249,11 @@ export class SupervisedSession implements BackendSession {
           this.#log.debug({ id: msg.id }, 'dropped a response addressed to a restarted child')
           return
         }
-        if (this.#queue.length >= RESTART_QUEUE_LIMIT) {
+        if ((this.#queue?.length ?? 0) >= RESTART_QUEUE_LIMIT) {
           throw new GW_ERR_BACKEND_UNAVAILABLE(this.server, 'restarting, and too many messages are waiting')
         }
         // Captured when flushed, not now: a queued initialize must not also be replayed.
-        await new Promise<void>((resolve, reject) => this.#queue.push({ msg, resolve, reject }))
+        await new Promise<void>((resolve, reject) => (this.#queue ??= []).push({ msg, resolve, reject }))
         return
       }
       default:
@@ -261,8 +263,8 @@ export class SupervisedSession implements BackendSession {
 
   #rejectQueue (err: Error): void {
     const queue = this.#queue
-    this.#queue = []
-    for (const q of queue) q.reject(err)
+    this.#queue = undefined
+    for (const q of queue ?? []) q.reject(err)
   }
 
   #rejectGwPending (err: Error): void {
@@ -290,13 +292,14 @@ export class SupervisedSession implements BackendSession {
       return
     }
     const now = Date.now()
-    this.#restarts = this.#restarts.filter(t => now - t < policy.windowMs)
-    if (this.#restarts.length >= policy.maxRestarts) {
-      this.#gone(`backend crashed ${this.#restarts.length + 1} times within ${policy.windowMs} ms: ${exit.reason}`)
+    const restarts = (this.#restarts ?? []).filter(t => now - t < policy.windowMs)
+    this.#restarts = restarts
+    if (restarts.length >= policy.maxRestarts) {
+      this.#gone(`backend crashed ${restarts.length + 1} times within ${policy.windowMs} ms: ${exit.reason}`)
       return
     }
-    this.#restarts.push(now)
-    const attempt = this.#restarts.length
+    restarts.push(now)
+    const attempt = restarts.length
     const delayMs = Math.round(restartDelay(attempt - 1, policy.baseDelayMs, policy.maxDelayMs))
     this.#state = 'restarting'
     // The router fails the in-flight requests, queued ones included: drop them here too.
@@ -384,8 +387,9 @@ export class SupervisedSession implements BackendSession {
   async #flush (conn: BackendConnection): Promise<void> {
     this.#flushing = true
     try {
-      while (this.#queue.length > 0 && this.#state === 'running' && this.#conn === conn) {
-        const q = this.#queue.shift()!
+      while (this.#state === 'running' && this.#conn === conn) {
+        const q = this.#queue?.shift()
+        if (q === undefined) break
         try {
           this.#capture(q.msg)
           await conn.send(q.msg)
@@ -396,6 +400,7 @@ export class SupervisedSession implements BackendSession {
       }
     } finally {
       this.#flushing = false
+      if (this.#queue?.length === 0) this.#queue = undefined
     }
   }
 
