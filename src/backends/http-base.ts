@@ -129,7 +129,11 @@ export abstract class HttpBackend implements HttpBackendConnection {
   protected readonly url: Readonly<URL>
   protected readonly requests: Pool
   protected readonly streams: Pool
-  protected readonly pending = new Map<string, Pending>()
+  /**
+   * Requests in flight by keyOf(id). Made on first use and dropped when empty, as #lingering: an
+   * idle session would otherwise keep the empty Map its initialize left (~180 B, issue 10).
+   */
+  #pending: Map<string, Pending> | undefined
   /** Aborted on close(), detach() or an unrecoverable failure; every exchange listens to it. */
   protected readonly lifetime = new AbortController()
   /**
@@ -141,7 +145,7 @@ export abstract class HttpBackend implements HttpBackendConnection {
   protected initParams: Record<string, unknown> | undefined
   /** The client (or a resumed session) completed the handshake: re-initialising makes sense. */
   protected initialized = false
-  /** What goes upstream besides the protocol headers; fixed for the connection's life. */
+  /** What goes upstream besides the protocol headers; fixed for the connection's life, maybe shared (sessionBaseHeaders). */
   readonly #base: Readonly<Record<string, string>>
   #closing: Promise<void> | null = null
   #exited = false
@@ -155,7 +159,7 @@ export abstract class HttpBackend implements HttpBackendConnection {
     this.requests = dispatcherFor(this.url.origin, config.connections, config.connectTimeoutMs)
     this.streams = dispatcherFor(this.url.origin, null, config.connectTimeoutMs)
     this.initParams = options.initializeParams
-    this.#base = upstreamBaseHeaders(config, options.upstream, options.forwardedHeaders ?? {})
+    this.#base = sessionBaseHeaders(config, options.upstream, options.forwardedHeaders)
   }
 
   abstract send (message: JsonRpcMessage): Promise<void>
@@ -181,12 +185,12 @@ export abstract class HttpBackend implements HttpBackendConnection {
     this.closed = true
     this.lifetime.abort()
     // The router asked for this: nobody waits for the requests still in flight.
-    for (const p of this.pending.values()) {
+    for (const p of this.#pending?.values() ?? []) {
       clearTimeout(p.timer)
       p.abort.abort()
       p.internal?.reject(new GW_ERR_BACKEND_UNAVAILABLE(this.server, 'the connection was closed'))
     }
-    this.pending.clear()
+    this.#pending = undefined
     this.#abortLingering()
     try {
       await this.shutdown(deleteSession && !wasExited)
@@ -227,10 +231,15 @@ export abstract class HttpBackend implements HttpBackendConnection {
 
   // -- requests in flight -----------------------------------------------------------------------
 
+  /** The request in flight with this id, if any. */
+  protected pendingOf (id: RequestId): Pending | undefined {
+    return this.#pending?.get(keyOf(id))
+  }
+
   /** Registers a request with its deadline. Its exchange aborts when it is settled by timeout. */
   protected track (request: JsonRpcRequest, internal?: Pending['internal']): Pending {
     const key = keyOf(request.id)
-    const previous = this.pending.get(key)
+    const previous = this.#pending?.get(key)
     if (previous !== undefined) {
       // A duplicate id from the router: the older one can no longer be told apart.
       this.log.warn({ id: request.id }, 'request id reused while in flight')
@@ -244,7 +253,8 @@ export abstract class HttpBackend implements HttpBackendConnection {
       timer: setTimeout(() => this.#onTimeout(p), this.config.requestTimeoutMs).unref()
     }
     if (internal !== undefined) p.internal = internal
-    this.pending.set(key, p)
+    const pending = this.#pending ??= new Map()
+    pending.set(key, p)
     return p
   }
 
@@ -269,13 +279,15 @@ export abstract class HttpBackend implements HttpBackendConnection {
   }
 
   protected isPending (p: Pending): boolean {
-    return this.pending.get(keyOf(p.id)) === p
+    return this.#pending?.get(keyOf(p.id)) === p
   }
 
   /** Removes p from the table; false when it was already settled. */
   protected settle (p: Pending): boolean {
-    if (!this.isPending(p)) return false
-    this.pending.delete(keyOf(p.id))
+    const pending = this.#pending
+    if (pending === undefined || pending.get(keyOf(p.id)) !== p) return false
+    pending.delete(keyOf(p.id))
+    if (pending.size === 0) this.#pending = undefined
     clearTimeout(p.timer)
     return true
   }
@@ -295,7 +307,7 @@ export abstract class HttpBackend implements HttpBackendConnection {
   }
 
   protected failAll (err: GatewayError, extra?: Record<string, unknown>, filter?: (p: Pending) => boolean): void {
-    for (const p of [...this.pending.values()]) {
+    for (const p of [...this.#pending?.values() ?? []]) {
       if (filter === undefined || filter(p)) this.fail(p, err, extra)
     }
   }
@@ -339,7 +351,7 @@ export abstract class HttpBackend implements HttpBackendConnection {
     if (params === undefined || Array.isArray(params)) return
     const id = params.requestId
     if (typeof id !== 'string' && typeof id !== 'number') return
-    const p = this.pending.get(keyOf(id))
+    const p = this.pendingOf(id)
     if (p !== undefined && p.internal === undefined && this.settle(p)) p.abort.abort()
   }
 
@@ -363,7 +375,7 @@ export abstract class HttpBackend implements HttpBackendConnection {
       return false
     }
     if (c.kind === 'response' && c.message.id !== undefined && c.message.id !== null) {
-      const p = this.pending.get(keyOf(c.message.id))
+      const p = this.pendingOf(c.message.id)
       if (p === undefined) {
         this.log.debug({ id: c.message.id }, 'dropped a backend response nobody waits for')
         return true
@@ -447,9 +459,36 @@ export abstract class HttpBackend implements HttpBackendConnection {
  * server's configured headers, then the tenant's upstream headers (later ones win; names lower-cased).
  */
 export function upstreamBaseHeaders (config: HttpServerConfig, upstream: TenantUpstream | undefined, clientHeaders: Record<string, string>): Record<string, string> {
-  const headers = pickForwarded(config.forwardHeaders, clientHeaders)
+  return withConfigured(pickForwarded(config.forwardHeaders, clientHeaders), config, upstream)
+}
+
+function withConfigured (headers: Record<string, string>, config: HttpServerConfig, upstream: TenantUpstream | undefined): Record<string, string> {
   for (const [name, value] of Object.entries(config.headers)) headers[name.toLowerCase()] = value
   for (const [name, value] of Object.entries(upstream?.headers ?? {})) headers[name.toLowerCase()] = value
+  return headers
+}
+
+// Base headers of the sessions that forward no client header, which depend only on the server's
+// config and the tenant's upstream (both long-lived objects): one frozen object per pair rather than
+// one per session (issue 10). Weak, so a reload's old configs take theirs with them.
+const sharedBases = new WeakMap<HttpServerConfig, WeakMap<TenantUpstream | typeof NO_UPSTREAM, Readonly<Record<string, string>>>>()
+const NO_UPSTREAM = Object.freeze({})
+
+/** upstreamBaseHeaders for one session, shared with the server's other sessions when nothing is forwarded. */
+function sessionBaseHeaders (config: HttpServerConfig, upstream: TenantUpstream | undefined, clientHeaders: Record<string, string> | undefined): Readonly<Record<string, string>> {
+  const forwarded = pickForwarded(config.forwardHeaders, clientHeaders)
+  if (Object.keys(forwarded).length > 0) return withConfigured(forwarded, config, upstream)
+  let byUpstream = sharedBases.get(config)
+  if (byUpstream === undefined) {
+    byUpstream = new WeakMap()
+    sharedBases.set(config, byUpstream)
+  }
+  const key = upstream ?? NO_UPSTREAM
+  let headers = byUpstream.get(key)
+  if (headers === undefined) {
+    headers = Object.freeze(withConfigured(forwarded, config, upstream))
+    byUpstream.set(key, headers)
+  }
   return headers
 }
 

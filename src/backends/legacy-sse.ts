@@ -4,7 +4,7 @@ import type { Dispatcher } from 'undici'
 import type { HttpServerConfig } from '../config/schema.js'
 import type { GatewayError } from '../core/errors.js'
 import { isNotification, isRequest, type JsonRpcMessage, type JsonRpcRequest, type JsonRpcResponse } from '../core/jsonrpc.js'
-import { HttpBackend, keyOf, type HttpBackendOpenOptions } from './http-base.js'
+import { HttpBackend, type HttpBackendOpenOptions } from './http-base.js'
 import { describe, drain, mediaType, pumpSse } from './http-io.js'
 
 // Legacy HTTP+SSE (SPEC.md 6): GET the SSE url, wait for `endpoint`, POST every message there;
@@ -83,7 +83,7 @@ export class LegacySseBackend extends HttpBackend {
     const queue = this.#queue
     this.#queue = []
     for (const item of queue) {
-      if (isRequest(item.message) && this.pending.get(keyOf(item.message.id)) === undefined) {
+      if (isRequest(item.message) && this.pendingOf(item.message.id) === undefined) {
         item.resolve() // answered meanwhile (timeout or cancel): do not send it late
         continue
       }
@@ -96,7 +96,7 @@ export class LegacySseBackend extends HttpBackend {
     if (endpoint === null) throw this.unavailable('the SSE connection is not established')
     const headers = this.baseHeaders()
     headers['content-type'] = 'application/json'
-    const p = isRequest(message) ? this.pending.get(keyOf(message.id)) : undefined
+    const p = isRequest(message) ? this.pendingOf(message.id) : undefined
     const signal = p === undefined ? this.lifetime.signal : p.abort.signal
     let res: Dispatcher.ResponseData
     try {

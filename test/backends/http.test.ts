@@ -252,6 +252,29 @@ async function scriptedGetUpstream (t: Test, gets: (n: number, res: import('node
 
 const note = (n: number): string => `data: ${JSON.stringify({ jsonrpc: '2.0', method: 'notifications/tools/list_changed', params: { n } })}\n\n`
 
+t.test('issue 10: sessions that forward no header share their base headers, and none leaks into another', async t => {
+  const up = await scriptedGetUpstream(t, (_n, res) => { res.writeHead(405).end() })
+  // One config and one tenant upstream object, as the supervisor hands every session of a server.
+  const config = httpConfig(up.url, { headers: { 'X-Api-Key': 'backend-key' }, forwardHeaders: ['X-Trace-Id'] })
+  const tenant = { headers: { 'X-Tenant': 't1' }, env: {} }
+  const plain = await open(t, { config, upstream: tenant })
+  const traced = await open(t, { config, upstream: tenant, forwardedHeaders: { 'X-Trace-Id': 'trace-1' } })
+  const other = await open(t, { config, upstream: { headers: { 'X-Tenant': 't2' }, env: {} } })
+  const again = await open(t, { config, upstream: tenant })
+  await handshake(plain.conn, plain.inbox, 1)
+  await handshake(traced.conn, traced.inbox, 2)
+  await handshake(other.conn, other.inbox, 3)
+  await handshake(again.conn, again.inbox, 4)
+  const initOf = (id: number): Recorded | undefined => posts(up.seen, 'initialize').find(r => (r.body as { id?: unknown } | undefined)?.id === id)
+  for (const [id, tenantName, trace] of [[1, 't1', undefined], [2, 't1', 'trace-1'], [3, 't2', undefined], [4, 't1', undefined]] as const) {
+    const headers = initOf(id)?.headers
+    t.equal(headers?.['x-api-key'], 'backend-key', `session ${id}: the server's header`)
+    t.equal(headers?.['x-tenant'], tenantName, `session ${id}: its tenant's header`)
+    t.equal(headers?.['x-trace-id'], trace, `session ${id}: only its own forwarded header`)
+    t.notOk(headers?.['mcp-session-id'], `session ${id}: no session id on initialize (nothing left over from another session)`)
+  }
+})
+
 t.test('the standalone GET stream reconnects after a drop with Last-Event-ID, honouring retry', async t => {
   const up = await scriptedGetUpstream(t, (n, res) => {
     res.writeHead(200, { 'content-type': 'text/event-stream' })
