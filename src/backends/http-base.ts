@@ -98,8 +98,6 @@ export interface Pending {
 export interface SseCursor {
   lastId?: string
   retryMs?: number
-  /** Told every event id, so another replica can resume this stream after a failover. */
-  onId?: (id: string) => void
 }
 
 export const keyOf = (id: RequestId): string => typeof id === 'number' ? `n${id}` : `s${id}`
@@ -134,8 +132,13 @@ export abstract class HttpBackend implements HttpBackendConnection {
    * idle session would otherwise keep the empty Map its initialize left (~180 B, issue 10).
    */
   #pending: Map<string, Pending> | undefined
-  /** Aborted on close(), detach() or an unrecoverable failure; every exchange listens to it. */
-  protected readonly lifetime = new AbortController()
+  /** See lifetime: made on first use. */
+  #lifetime: AbortController | undefined
+  /**
+   * Exchanges that belong to no request (notification POSTs) while they run: aborted with the
+   * connection. Made on first use and dropped when empty.
+   */
+  #exchanges: Set<AbortController> | undefined
   /**
    * Answered requests whose exchange still runs (LINGER_MS), aborted with the connection. Made on
    * first use and dropped when empty: an idle session would otherwise keep the Set its initialize left.
@@ -183,7 +186,7 @@ export abstract class HttpBackend implements HttpBackendConnection {
   async #stop (deleteSession: boolean): Promise<void> {
     const wasExited = this.#exited
     this.closed = true
-    this.lifetime.abort()
+    this.#endLifetime()
     // The router asked for this: nobody waits for the requests still in flight.
     for (const p of this.#pending?.values() ?? []) {
       clearTimeout(p.timer)
@@ -201,6 +204,44 @@ export abstract class HttpBackend implements HttpBackendConnection {
 
   protected get isOpen (): boolean {
     return !this.closed
+  }
+
+  /**
+   * Aborted on close(), detach() or an unrecoverable failure, for what lasts as long as the
+   * connection (legacy SSE's stream and its reconnect waits). Made on first use: a Streamable HTTP
+   * session needs none (its GET run is stopped by stopStreams, its notification POSTs are exchanges),
+   * and an AbortController with its listeners held ~1 KB per idle session (issue 10).
+   */
+  protected get lifetime (): AbortSignal {
+    if (this.#lifetime === undefined) {
+      this.#lifetime = new AbortController()
+      if (this.closed) this.#lifetime.abort()
+    }
+    return this.#lifetime.signal
+  }
+
+  /** An exchange that belongs to no request: aborted with the connection; endExchange when it is over. */
+  protected startExchange (): AbortController {
+    const abort = new AbortController()
+    if (this.closed) abort.abort()
+    else (this.#exchanges ??= new Set()).add(abort)
+    return abort
+  }
+
+  protected endExchange (abort: AbortController): void {
+    const exchanges = this.#exchanges
+    if (exchanges?.delete(abort) === true && exchanges.size === 0) this.#exchanges = undefined
+  }
+
+  /** Stops what the transport runs for the connection's whole life (Streamable HTTP: the GET stream). */
+  protected stopStreams (): void {}
+
+  /** The connection is over (closed, detached or lost): everything that runs for it stops. */
+  #endLifetime (): void {
+    this.#lifetime?.abort()
+    for (const abort of this.#exchanges ?? []) abort.abort()
+    this.#exchanges = undefined
+    this.stopStreams()
   }
 
   protected assertOpen (): void {
@@ -433,7 +474,7 @@ export abstract class HttpBackend implements HttpBackendConnection {
     this.#abortLingering()
     this.rejectQueued(err)
     this.closed = true
-    this.lifetime.abort()
+    this.#endLifetime()
     try {
       this.handlers.onExit({ reason })
     } catch (err) {
@@ -441,12 +482,16 @@ export abstract class HttpBackend implements HttpBackendConnection {
     }
   }
 
-  /** Waits before reconnect attempt n; the server's `retry` wins over the backoff (H-BC-3). */
-  protected async waitBeforeRetry (attempt: number, retryMs: number | undefined, signal: AbortSignal): Promise<boolean> {
+  /** The wait before reconnect attempt n; the server's `retry` wins over the backoff (H-BC-3). */
+  protected retryDelay (attempt: number, retryMs: number | undefined): number {
     const { baseDelayMs, maxDelayMs } = this.config.reconnect
-    const ms = retryMs ?? backoff(attempt, baseDelayMs, maxDelayMs)
+    return retryMs ?? backoff(attempt, baseDelayMs, maxDelayMs)
+  }
+
+  /** Waits before reconnect attempt n (retryDelay); false when the signal ended the wait. */
+  protected async waitBeforeRetry (attempt: number, retryMs: number | undefined, signal: AbortSignal): Promise<boolean> {
     try {
-      await sleep(ms, undefined, { signal, ref: false })
+      await sleep(this.retryDelay(attempt, retryMs), undefined, { signal, ref: false })
       return true
     } catch {
       return false

@@ -1,8 +1,9 @@
 // HTTP plumbing shared by the HTTP backends: the upstream connection pools and small helpers to
 // read bodies, SSE streams and network errors. No MCP here.
 import type { IncomingHttpHeaders } from 'node:http'
+import { TextDecoder } from 'node:util'
 import { Pool, type Dispatcher } from 'undici'
-import { createParser, type EventSourceMessage } from 'eventsource-parser'
+import { createParser, type EventSourceMessage, type EventSourceParser } from 'eventsource-parser'
 import { classify } from '../core/jsonrpc.js'
 
 /** Largest message or body read from a backend; beyond it the reply counts as garbage. */
@@ -58,8 +59,11 @@ export function sseDataLines (text: string): string[] {
   return text.split('\n').filter(l => l.startsWith('data:')).map(l => l.slice(5).trim())
 }
 
+/** What drain() reads of a body it does not want before it drops the connection instead. */
+const DRAIN_LIMIT = 65_536
+
 export async function drain (body: Body): Promise<void> {
-  await body.dump({ limit: 65_536 }).catch(() => {})
+  await body.dump({ limit: DRAIN_LIMIT }).catch(() => {})
 }
 
 export async function readText (body: Body, max: number): Promise<string> {
@@ -171,4 +175,153 @@ function asError (err: unknown): Error {
 
 function prematureClose (): Error {
   return Object.assign(new Error('Premature close'), { code: 'ERR_STREAM_PREMATURE_CLOSE' })
+}
+
+/** What an SseExchange reports to its owner; each call names the exchange, so a stale one can be told apart. */
+export interface SseHandler {
+  /** The answer arrived: true reads its body as SSE; false drains it (as drain() does) before onSseEnd. */
+  onSseResponse (exchange: SseExchange, status: number, headers: IncomingHttpHeaders): boolean
+  onSseEvent (exchange: SseExchange, event: EventSourceMessage): void
+  onSseRetry (exchange: SseExchange, ms: number): void
+  /**
+   * Called once, unless abort() came first: null when the body ended, or what ended it (undici's error,
+   * as request() rejects with; a throw of the handler; a message above MAX_BODY_BYTES). Must not throw.
+   */
+  onSseEnd (exchange: SseExchange, err: Error | null): void
+}
+
+/**
+ * One long-lived SSE request dispatched on an undici pool with this object as its handler, where
+ * request() with a signal adds a RequestHandler, a BodyReadable with its listeners and an
+ * AbortController per stream, all held for as long as the stream stays idle (issue 10; readSse reads
+ * the bodies that request() returns). The text goes through eventsource-parser as in readSse.
+ *
+ * It speaks undici's v2 handler API (onRequestStart ...), the only one undici 8 keeps; undici 7
+ * adapts it with a controller that would keep the answer's raw header Buffers for the stream's whole
+ * life (~1.4 KB per stream, measured), so onResponseStart lets go of them.
+ */
+export class SseExchange implements Dispatcher.DispatchHandler {
+  readonly #handler: SseHandler
+  #controller: Dispatcher.DispatchController | null = null
+  /** Ended or abandoned: whatever undici still reports is ignored. */
+  #over = false
+  #status = 0
+  #streaming = false
+  #parser: EventSourceParser | null = null
+  #decoder: TextDecoder | null = null
+  /** Bytes of an answer that is drained, not read. */
+  #drained = 0
+
+  constructor (handler: SseHandler) {
+    this.#handler = handler
+  }
+
+  /** The answer's status; 0 until it arrives (and for an exchange that failed before it). */
+  get status (): number {
+    return this.#status
+  }
+
+  /** Whether the answer is read as SSE (onSseResponse said so). */
+  get streaming (): boolean {
+    return this.#streaming
+  }
+
+  /** Sends the request. A failure to dispatch it is reported through onSseEnd too. */
+  start (dispatcher: Dispatcher, options: Dispatcher.DispatchOptions): void {
+    dispatcher.dispatch(options, this)
+  }
+
+  /** Ends the exchange from our side, releasing its connection; onSseEnd is not called. Idempotent. */
+  abort (): void {
+    if (this.#over) return
+    this.#over = true
+    this.#release()
+    // Before onRequestStart (queued or connecting) there is nothing to abort yet: it aborts then.
+    this.#controller?.abort(abandoned())
+  }
+
+  onRequestStart (controller: Dispatcher.DispatchController): void {
+    this.#controller = controller
+    if (this.#over) controller.abort(abandoned())
+  }
+
+  onResponseStart (controller: Dispatcher.DispatchController, status: number, headers: IncomingHttpHeaders): void {
+    // 1xx answers are informational; the real one follows.
+    if (this.#over || status < 200) return
+    this.#status = status
+    controller.rawHeaders = null
+    try {
+      this.#streaming = this.#handler.onSseResponse(this, status, headers)
+    } catch (err) {
+      this.#fail(err)
+      return
+    }
+    if (!this.#streaming) return
+    this.#decoder = new TextDecoder()
+    this.#parser = createParser({
+      onEvent: event => { this.#handler.onSseEvent(this, event) },
+      onRetry: ms => { this.#handler.onSseRetry(this, ms) },
+      maxBufferSize: MAX_BODY_BYTES
+    })
+  }
+
+  onResponseData (_controller: Dispatcher.DispatchController, chunk: Buffer): void {
+    if (this.#over) return
+    if (!this.#streaming) {
+      // As drain(): past the limit the connection is dropped rather than read to its end.
+      this.#drained += chunk.length
+      if (this.#drained > DRAIN_LIMIT) {
+        this.#over = true
+        this.#controller?.abort(abandoned())
+        this.#ended(null)
+      }
+      return
+    }
+    try {
+      // As in readSse: a throw (the parser's past its buffer limit, or a handler's) ends the read.
+      this.#parser?.feed(this.#decoder!.decode(chunk, { stream: true }))
+    } catch (err) {
+      this.#fail(err)
+    }
+  }
+
+  onResponseEnd (): void {
+    if (this.#over) return
+    try {
+      if (this.#streaming) this.#parser?.feed(this.#decoder!.decode())
+    } catch (err) {
+      this.#fail(err)
+      return
+    }
+    this.#over = true
+    this.#ended(null)
+  }
+
+  onResponseError (_controller: Dispatcher.DispatchController, err: Error): void {
+    if (this.#over) return
+    this.#over = true
+    this.#ended(err)
+  }
+
+  #fail (err: unknown): void {
+    if (this.#over) return
+    this.#over = true
+    const error = asError(err)
+    this.#controller?.abort(error)
+    this.#ended(error)
+  }
+
+  #ended (err: Error | null): void {
+    this.#release()
+    this.#handler.onSseEnd(this, err)
+  }
+
+  #release (): void {
+    this.#parser = null
+    this.#decoder = null
+  }
+}
+
+function abandoned (): Error {
+  return new Error('the SSE exchange was abandoned')
 }

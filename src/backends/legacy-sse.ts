@@ -97,7 +97,7 @@ export class LegacySseBackend extends HttpBackend {
     const headers = this.baseHeaders()
     headers['content-type'] = 'application/json'
     const p = isRequest(message) ? this.pendingOf(message.id) : undefined
-    const signal = p === undefined ? this.lifetime.signal : p.abort.signal
+    const signal = p === undefined ? this.lifetime : p.abort.signal
     let res: Dispatcher.ResponseData
     try {
       res = await this.request(this.requests, 'POST', endpoint, headers, signal, { body: JSON.stringify(message), bodyTimeout: this.config.requestTimeoutMs })
@@ -124,7 +124,7 @@ export class LegacySseBackend extends HttpBackend {
     while (!this.closed) {
       const controller = new AbortController()
       this.#stream = controller
-      const signal = AbortSignal.any([controller.signal, this.lifetime.signal])
+      const signal = AbortSignal.any([controller.signal, this.lifetime])
       let reason: string
       // A server that never names its endpoint would hold the requests until their deadlines.
       const endpointDeadline = setTimeout(() => controller.abort(), this.config.requestTimeoutMs).unref()
@@ -147,7 +147,7 @@ export class LegacySseBackend extends HttpBackend {
           reason = `the SSE connection answered HTTP ${res.statusCode}`
         }
       } catch (err) {
-        reason = controller.signal.aborted && !this.lifetime.signal.aborted
+        reason = controller.signal.aborted && !this.lifetime.aborted
           ? 'the SSE connection was abandoned'
           : `the SSE connection failed: ${describe(err)}`
       }
@@ -161,7 +161,7 @@ export class LegacySseBackend extends HttpBackend {
         return
       }
       this.log.warn({ reason, attempt }, 'backend SSE connection lost; reconnecting')
-      if (!await this.waitBeforeRetry(attempt++, retryMs, this.lifetime.signal)) return
+      if (!await this.waitBeforeRetry(attempt++, retryMs, this.lifetime)) return
     }
   }
 

@@ -2,14 +2,15 @@
 // SSE replies resumed with Last-Event-ID, the backend's standalone GET stream (only the replica
 // holding the session's lease listens), and re-initialisation when the backend answers 404.
 import { randomUUID } from 'node:crypto'
+import type { IncomingHttpHeaders } from 'node:http'
 import type { Dispatcher } from 'undici'
 import type { EventSourceMessage } from 'eventsource-parser'
 import type { HttpServerConfig } from '../config/schema.js'
 import { classify, isNotification, isRequest, type JsonRpcMessage, type JsonRpcRequest, type JsonRpcResponse } from '../core/jsonrpc.js'
 import { DELETE_TIMEOUT_MS, HttpBackend, type HttpBackendOpenOptions, type Pending, type SseCursor } from './http-base.js'
-import { describe, drain, errorDetail, headerValue, mediaType, MAX_BODY_BYTES, pumpSse, readSse, readText, type Body } from './http-io.js'
+import { describe, drain, errorDetail, headerValue, mediaType, MAX_BODY_BYTES, pumpSse, readText, SseExchange, type Body, type SseHandler } from './http-io.js'
 
-export class StreamableHttpBackend extends HttpBackend {
+export class StreamableHttpBackend extends HttpBackend implements SseHandler {
   #sessionId: string | null
   #protocolVersion: string | undefined
   /** While set, other POSTs wait: an initialize is getting the session id, or a re-init runs. */
@@ -26,11 +27,7 @@ export class StreamableHttpBackend extends HttpBackend {
     this.#sessionId = options.backendSessionId ?? null
     this.#protocolVersion = options.protocolVersion
     this.#listen = options.listen ?? true
-    const onId = options.handlers.onGetStreamEventId
-    this.#getCursor = {
-      ...(options.getStreamLastEventId != null ? { lastId: options.getStreamLastEventId } : {}),
-      ...(onId !== undefined ? { onId: (id: string) => { onId(id) } } : {})
-    }
+    if (options.getStreamLastEventId != null) this.#getCursor.lastId = options.getStreamLastEventId
     if (this.#sessionId !== null) {
       // Failover: the session was initialised by another replica (H-SES-6: no initialize).
       this.initialized = true
@@ -248,38 +245,53 @@ export class StreamableHttpBackend extends HttpBackend {
     }
   }
 
-  /** Feeds one SSE body; garbage data fails the request the stream carries (if any). */
-  async #pump (body: Body, cursor: SseCursor, p: Pending | null): Promise<void> {
-    await pumpSse(body, this.#sseEvents(cursor, p), ms => { cursor.retryMs = ms })
+  /** Feeds one SSE body; garbage data fails the request the stream carries. */
+  async #pump (body: Body, cursor: SseCursor, p: Pending): Promise<void> {
+    await pumpSse(body, event => { this.#onEvent(cursor, event, p) }, ms => { cursor.retryMs = ms })
   }
 
-  /** What one SSE event does: moves the cursor, then delivers a `message` event's data. */
-  #sseEvents (cursor: SseCursor, p: Pending | null): (event: EventSourceMessage) => void {
-    return event => {
-      if (event.id !== undefined) {
-        cursor.lastId = event.id
-        cursor.onId?.(event.id)
-      }
-      if (event.event !== undefined && event.event !== 'message') return
-      if (!this.deliverData(event.data) && p !== null) {
-        this.fail(p, this.unavailable('the backend sent an event that is not JSON-RPC'), { status: 200 })
-      }
+  /**
+   * What one SSE event does: moves the cursor, then delivers a `message` event's data. A POST's
+   * stream (p) fails its request on garbage; the GET stream (p null) reports its event ids instead.
+   */
+  #onEvent (cursor: SseCursor, event: EventSourceMessage, p: Pending | null): void {
+    if (event.id !== undefined) {
+      cursor.lastId = event.id
+      if (p === null) this.handlers.onGetStreamEventId?.(event.id)
+    }
+    if (event.event !== undefined && event.event !== 'message') return
+    if (!this.deliverData(event.data) && p !== null) {
+      this.fail(p, this.unavailable('the backend sent an event that is not JSON-RPC'), { status: 200 })
     }
   }
 
-  /** GET on the endpoint (standalone stream, or a resumption when lastEventId is given). */
-  async #openStream (lastEventId: string | undefined, signal: AbortSignal): Promise<Dispatcher.ResponseData> {
+  /** Headers of a GET on the endpoint (standalone stream, or a resumption when lastEventId is given). */
+  #streamHeaders (lastEventId: string | undefined): Record<string, string> {
     const headers = this.baseHeaders()
     headers.accept = 'text/event-stream' // H-GET-1
     if (this.#sessionId !== null) headers['mcp-session-id'] = this.#sessionId
     if (this.#protocolVersion !== undefined) headers['mcp-protocol-version'] = this.#protocolVersion
     if (lastEventId !== undefined) headers['last-event-id'] = lastEventId
-    return await this.request(this.streams, 'GET', this.url, headers, signal)
+    return headers
+  }
+
+  /** GET on the endpoint to resume a POST's response stream. */
+  async #openStream (lastEventId: string | undefined, signal: AbortSignal): Promise<Dispatcher.ResponseData> {
+    return await this.request(this.streams, 'GET', this.url, this.#streamHeaders(lastEventId), signal)
   }
 
   /** POSTs a notification or response; 2xx expected; 404 on a session re-initialises once. */
   protected async postNotification (message: JsonRpcMessage, retried = false, bypassGate = false): Promise<void> {
-    const signal = this.lifetime.signal
+    // Aborted with the connection; held only while the POST runs (an idle session holds none).
+    const abort = this.startExchange()
+    try {
+      await this.#postNotification(message, abort.signal, retried, bypassGate)
+    } finally {
+      this.endExchange(abort)
+    }
+  }
+
+  async #postNotification (message: JsonRpcMessage, signal: AbortSignal, retried: boolean, bypassGate: boolean): Promise<void> {
     let exchange: { res: Dispatcher.ResponseData, sid: string | null }
     try {
       // A notification has no deadline of its own: bound the whole exchange by the request timeout.
@@ -296,7 +308,7 @@ export class StreamableHttpBackend extends HttpBackend {
     }
     if (status === 404 && sid !== null && !retried) {
       await drain(res.body)
-      if (await this.#reinitialise(sid)) return await this.postNotification(message, true, bypassGate)
+      if (await this.#reinitialise(sid)) return await this.#postNotification(message, signal, true, bypassGate)
       this.#giveUpWithoutParams()
       throw this.unavailable('the backend session expired and could not be re-initialised')
     }
@@ -335,8 +347,8 @@ export class StreamableHttpBackend extends HttpBackend {
   async #doReinitialise (expired: string): Promise<boolean> {
     this.log.info('backend session expired; re-initialising')
     this.#sessionId = null
-    // Event ids of the old session mean nothing to the new one; the id reporting stays.
-    this.#getCursor = this.#getCursor.onId !== undefined ? { onId: this.#getCursor.onId } : {}
+    // Event ids of the old session mean nothing to the new one.
+    this.#getCursor = {}
     const request: JsonRpcRequest = { jsonrpc: '2.0', id: `gw-init-${randomUUID()}`, method: 'initialize', params: this.initParams }
     try {
       const reply = await new Promise<JsonRpcResponse>((resolve, reject) => {
@@ -358,55 +370,99 @@ export class StreamableHttpBackend extends HttpBackend {
   }
 
   // -- the standalone GET stream (H-GET-*) -------------------------------------------------------
-  // A state machine driven by callbacks (open -> read -> wait -> open ...), not an async loop: an
-  // idle session's stream then holds only its loop record, the body's listeners and the parser,
-  // no parked frames or promises (issue 10).
+  // A state machine driven by callbacks (open -> read -> wait -> open ...), not an async loop, and
+  // each GET an SseExchange (http-io.ts) with this backend as its SseHandler: an idle session's
+  // stream then holds its run, the exchange and undici's connection state, no body stream, signal,
+  // promise or parked frame (issue 10).
 
   #openGet (): void {
     if (this.#get !== null || this.closed) return
-    const loop = new GetLoop(this.lifetime.signal)
+    const loop = new GetLoop(this.#getCursor)
     this.#get = loop
     this.#connectGet(loop)
   }
 
-  /** One GET; what follows depends on the answer (#onGetAnswer) or the failure (#retryGet). */
+  /** One GET; what follows depends on the answer and how it ends (onSseEnd). */
   #connectGet (loop: GetLoop): void {
     if (loop.stopped) {
       this.#endGet(loop)
       return
     }
-    const sid = this.#sessionId
-    this.#openStream(this.#getCursor.lastId, loop.signal).then(
-      res => { this.#onGetAnswer(loop, sid, res) },
-      (err: unknown) => { this.#getFailed(loop, err) }
-    ).catch((err: unknown) => { this.#getLoopFailed(loop, err) })
+    // A re-initialise meanwhile starts a new cursor for the next GET; this one reads into its own.
+    loop.sid = this.#sessionId
+    loop.cursor = this.#getCursor
+    // Made current before it starts: undici reports a failure to dispatch at once, from inside start().
+    const exchange = new SseExchange(this)
+    loop.exchange = exchange
+    exchange.start(this.streams, {
+      method: 'GET',
+      path: this.url.pathname + this.url.search,
+      headers: this.#streamHeaders(loop.cursor.lastId),
+      headersTimeout: this.config.requestTimeoutMs,
+      // An SSE body may stay idle for long.
+      bodyTimeout: 0
+    })
   }
 
-  #onGetAnswer (loop: GetLoop, sid: string | null, res: Dispatcher.ResponseData): void {
-    const status = res.statusCode
-    if (status === 200 && mediaType(res.headers) === 'text/event-stream') {
-      loop.attempt = 0
-      loop.justReinitialised = false
-      this.#readGet(loop, res.body)
-      return
+  /** The run whose current GET this is; null for a GET nobody waits for any more. */
+  #runOf (exchange: SseExchange): GetLoop | null {
+    const loop = this.#get
+    return loop !== null && loop.exchange === exchange ? loop : null
+  }
+
+  /** SseHandler of the GET stream: an event stream is read; any other answer is drained, then decided in onSseEnd. */
+  onSseResponse (exchange: SseExchange, status: number, headers: IncomingHttpHeaders): boolean {
+    const loop = this.#runOf(exchange)
+    if (loop === null || status !== 200 || mediaType(headers) !== 'text/event-stream') return false
+    loop.attempt = 0
+    loop.justReinitialised = false
+    return true
+  }
+
+  /** SseHandler of the GET stream. A throw ends the stream, which then reconnects. */
+  onSseEvent (exchange: SseExchange, event: EventSourceMessage): void {
+    const loop = this.#runOf(exchange)
+    if (loop !== null) this.#onEvent(loop.cursor, event, null)
+  }
+
+  /** SseHandler of the GET stream. */
+  onSseRetry (exchange: SseExchange, ms: number): void {
+    const loop = this.#runOf(exchange)
+    if (loop !== null) loop.cursor.retryMs = ms
+  }
+
+  /** SseHandler of the GET stream: the GET is over; reconnect, stop, or re-initialise by its answer. */
+  onSseEnd (exchange: SseExchange, err: Error | null): void {
+    const loop = this.#runOf(exchange)
+    if (loop === null) return
+    loop.exchange = null
+    try {
+      if (exchange.status === 0) this.#getFailed(loop, err)
+      else if (exchange.streaming) {
+        if (err === null) this.#retryGet(loop, 'the GET stream ended')
+        else this.#getFailed(loop, err)
+      } else this.#onRefused(loop, exchange.status)
+    } catch (err) {
+      this.#getLoopFailed(loop, err)
     }
-    // Every other answer has its body drained first, then decides (drain never rejects).
-    drain(res.body).then(() => {
-      if (status === 405) {
-        this.log.debug('backend offers no GET stream')
-        this.#noGetStream = true
-        this.#endGet(loop)
-      } else if (status === 409) {
-        // H-GET-3: the session already has a GET stream. After a failover that is usually the
-        // dead holder's stream, which the backend drops once it notices the closed socket:
-        // retry with backoff; if it never frees, stop listening without ending the session.
-        this.#retryGet(loop, 'another GET stream is open for the backend session', true)
-      } else if (status === 404 && sid !== null) {
-        this.#getSessionGone(loop, sid)
-      } else {
-        this.#retryGet(loop, `the GET stream answered HTTP ${status}`)
-      }
-    }).catch((err: unknown) => { this.#getLoopFailed(loop, err) })
+  }
+
+  /** The GET was answered with something else than an event stream (its body drained, as ever). */
+  #onRefused (loop: GetLoop, status: number): void {
+    if (status === 405) {
+      this.log.debug('backend offers no GET stream')
+      this.#noGetStream = true
+      this.#endGet(loop)
+    } else if (status === 409) {
+      // H-GET-3: the session already has a GET stream. After a failover that is usually the
+      // dead holder's stream, which the backend drops once it notices the closed socket:
+      // retry with backoff; if it never frees, stop listening without ending the session.
+      this.#retryGet(loop, 'another GET stream is open for the backend session', true)
+    } else if (status === 404 && loop.sid !== null) {
+      this.#getSessionGone(loop, loop.sid)
+    } else {
+      this.#retryGet(loop, `the GET stream answered HTTP ${status}`)
+    }
   }
 
   /** The backend forgot the session: re-initialise, then one immediate GET on the new session. */
@@ -427,15 +483,6 @@ export class StreamableHttpBackend extends HttpBackend {
     }, (err: unknown) => { this.#getFailed(loop, err) }).catch((err: unknown) => { this.#getLoopFailed(loop, err) })
   }
 
-  #readGet (loop: GetLoop, body: Body): void {
-    // The cursor of this session: a re-initialise meanwhile starts a new one for the next GET.
-    const cursor = this.#getCursor
-    readSse(body, this.#sseEvents(cursor, null), ms => { cursor.retryMs = ms }, err => {
-      if (err === null) this.#retryGet(loop, 'the GET stream ended')
-      else this.#getFailed(loop, err)
-    })
-  }
-
   #getFailed (loop: GetLoop, err: unknown): void {
     this.#retryGet(loop, `the GET stream failed: ${describe(err)}`)
   }
@@ -453,10 +500,15 @@ export class StreamableHttpBackend extends HttpBackend {
       return
     }
     this.log.debug({ reason, attempt: loop.attempt }, 'backend GET stream reconnecting')
-    this.waitBeforeRetry(loop.attempt++, this.#getCursor.retryMs, loop.signal).then(waited => {
-      if (waited) this.#connectGet(loop)
-      else this.#endGet(loop)
-    }).catch((err: unknown) => { this.#getLoopFailed(loop, err) })
+    // Unref'd: a reconnect wait alone does not keep the process up. stop() clears it.
+    loop.timer = setTimeout(() => {
+      loop.timer = undefined
+      try {
+        this.#connectGet(loop)
+      } catch (err) {
+        this.#getLoopFailed(loop, err)
+      }
+    }, this.retryDelay(loop.attempt++, this.#getCursor.retryMs)).unref()
   }
 
   /** A bug in the loop itself, not a network failure: say so and stop listening. */
@@ -470,10 +522,14 @@ export class StreamableHttpBackend extends HttpBackend {
     if (this.#get === loop) this.#get = null
   }
 
+  protected override stopStreams (): void {
+    const loop = this.#get
+    if (loop !== null) this.#endGet(loop)
+  }
+
   // -- shutdown ----------------------------------------------------------------------------------
 
   protected async shutdown (deleteSession: boolean): Promise<void> {
-    this.#get = null
     const sid = this.#sessionId
     if (!deleteSession || sid === null) return
     // H-SES-4: end the backend session; 405 means the server does not allow it, which is fine.
@@ -494,41 +550,33 @@ export class StreamableHttpBackend extends HttpBackend {
 }
 
 /**
- * One run of the standalone GET stream, from #openGet until it stops. Its controller is the signal
- * of every GET of the run; the connection's lifetime reaches it through this one listener, removed
- * when the run stops, where AbortSignal.any cost a signal and weak references per stream (issue 10).
+ * One run of the standalone GET stream, from #openGet until it stops (stopListening, close, or a
+ * decision of the loop): its reconnect count and the GET or the wait in progress, which stop() ends.
+ * Plain state: the backend drives it, and a GET's callbacks name their exchange (#runOf).
  */
 class GetLoop {
-  readonly #controller = new AbortController()
-  readonly #lifetime: AbortSignal
   /** Reconnect attempts since the stream was last open. */
   attempt = 0
   /** The last GET found the session gone and a new one was made: another 404 is a failure. */
   justReinitialised = false
+  stopped = false
+  /** The GET in progress, and the session id and cursor it was opened with. */
+  exchange: SseExchange | null = null
+  sid: string | null = null
+  cursor: SseCursor
+  /** The wait before the next GET. */
+  timer: NodeJS.Timeout | undefined = undefined
 
-  constructor (lifetime: AbortSignal) {
-    this.#lifetime = lifetime
-    if (lifetime.aborted) this.#controller.abort()
-    // The run itself is the listener (handleEvent): no closure per stream.
-    else lifetime.addEventListener('abort', this, { once: true })
+  constructor (cursor: SseCursor) {
+    this.cursor = cursor
   }
 
-  get signal (): AbortSignal {
-    return this.#controller.signal
-  }
-
-  get stopped (): boolean {
-    return this.#controller.signal.aborted
-  }
-
-  /** The connection's lifetime ended. */
-  handleEvent (): void {
-    this.#controller.abort()
-  }
-
-  /** Ends the run (stopListening, close, or a decision of the loop); idempotent. */
+  /** Ends the run; idempotent. */
   stop (): void {
-    this.#lifetime.removeEventListener('abort', this)
-    this.#controller.abort()
+    this.stopped = true
+    clearTimeout(this.timer)
+    this.timer = undefined
+    this.exchange?.abort()
+    this.exchange = null
   }
 }

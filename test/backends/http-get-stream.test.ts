@@ -1,15 +1,15 @@
-// Issue 10 (memory per idle session): the standalone GET stream of a Streamable HTTP backend is read
-// with stream callbacks and driven as a state machine (src/backends/streamable-http.ts, readSse in
-// src/backends/http-io.ts). These tests hold it to what the async loop did: reconnects keep order and
-// Last-Event-ID, an oversized message ends the stream, stop/start cycles leave nothing behind on the
-// connection's signal, and readSse settles once with its listeners gone.
-import { getEventListeners } from 'node:events'
+// Issue 10 (memory per idle session): the standalone GET stream of a Streamable HTTP backend is
+// driven as a state machine (src/backends/streamable-http.ts), each GET an SseExchange dispatched on
+// the streams pool (src/backends/http-io.ts); POST streams are read with readSse. These tests hold it
+// to what the async loop did: reconnects keep order and Last-Event-ID, an oversized message ends the
+// stream, stop/start cycles and close() leave no GET running, a GET that fails at once or is stopped
+// before it connects still settles, and readSse settles once with its listeners gone.
 import type { ServerResponse } from 'node:http'
 import t, { type Test } from 'tap'
 import { pino } from 'pino'
 import { request } from 'undici'
-import { closeHttpDispatchers, openHttpBackend, type HttpBackendConnection } from '../../src/backends/http.js'
-import { MAX_BODY_BYTES, readSse, type Body } from '../../src/backends/http-io.js'
+import { closeHttpDispatchers, openHttpBackend, type HttpBackendConnection, type HttpBackendOpenOptions } from '../../src/backends/http.js'
+import { dispatcherFor, MAX_BODY_BYTES, readSse, type Body } from '../../src/backends/http-io.js'
 import type { BackendExit } from '../../src/backends/backend.js'
 import type { HttpServerConfig } from '../../src/config/schema.js'
 import type { JsonRpcMessage, RequestId } from '../../src/core/jsonrpc.js'
@@ -82,7 +82,7 @@ interface Opened {
   exits: BackendExit[]
 }
 
-async function openReady (t: Test, config: HttpServerConfig): Promise<Opened> {
+async function openReady (t: Test, config: HttpServerConfig, options: Partial<HttpBackendOpenOptions> = {}): Promise<Opened> {
   const messages: JsonRpcMessage[] = []
   const ids: string[] = []
   const exits: BackendExit[] = []
@@ -91,7 +91,8 @@ async function openReady (t: Test, config: HttpServerConfig): Promise<Opened> {
     sid: 'client-session',
     config,
     log: silent,
-    handlers: { onMessage: m => { messages.push(m) }, onExit: e => { exits.push(e) }, onGetStreamEventId: id => { ids.push(id) } }
+    handlers: { onMessage: m => { messages.push(m) }, onExit: e => { exits.push(e) }, onGetStreamEventId: id => { ids.push(id) } },
+    ...options
   })
   t.teardown(async () => await conn.close())
   await conn.send({ jsonrpc: '2.0', id: 1, method: 'initialize', params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 'gw-test', version: '1' } } })
@@ -105,20 +106,11 @@ const numbers = (messages: JsonRpcMessage[]): number[] =>
   messages.flatMap(m => 'method' in m && m.method === 'notifications/message' ? [(m.params as { n: number }).n] : [])
 const gets = (seen: Recorded[]): Recorded[] => seen.filter(r => r.method === 'GET')
 
-/** The connection's lifetime signal (protected): every GET run hangs off it. */
-const lifetimeOf = (conn: HttpBackendConnection): AbortSignal => (conn as unknown as { lifetime: AbortController }).lifetime.signal
-
 /**
- * What a signal holds for signals derived from it. Node 20's AbortSignal.any leaves a WeakRef in the
- * source's dependant set for every signal it makes, dropped only when the source aborts (checked on
- * 20.20): one per GET run before issue 10. 0 where Node keeps no such set.
+ * GETs the shared streams pool of this upstream still runs (the backends' pool, http-io.ts): what a
+ * stream left behind when it was stopped or lost would show here.
  */
-function dependantsOf (signal: AbortSignal): number {
-  const key = Object.getOwnPropertySymbols(signal).find(s => s.description === 'kDependantSignals')
-  if (key === undefined) return 0
-  const set = (signal as unknown as Record<symbol, Set<unknown> | undefined>)[key]
-  return set?.size ?? 0
-}
+const streamsRunning = (url: string): number => dispatcherFor(new URL(url).origin, null, 2000).stats.running
 
 t.test('issue 10: a GET stream dropped again and again delivers every event once, in order, resuming after the last id', async t => {
   const drops = 6
@@ -138,20 +130,20 @@ t.test('issue 10: a GET stream dropped again and again delivers every event once
   t.equal(seen.length, drops + 1, 'one GET per stream: the server retry (1 ms) won over the 60 s backoff')
   t.notOk(seen[0]?.headers['last-event-id'], 'the first GET starts fresh')
   for (let n = 1; n < seen.length; n++) t.equal(seen[n]?.headers['last-event-id'], `e${n - 1}b`, `GET ${n} resumes after e${n - 1}b`)
-  t.equal(getEventListeners(lifetimeOf(conn), 'abort').length, 1, 'the reconnects share the run\'s one listener on the lifetime')
+  await until(() => up.open() === 1 ? true : undefined, 'the dropped streams gone upstream')
+  t.equal(streamsRunning(up.url), 1, 'only the last GET runs: the dropped ones left nothing running')
   t.equal(exits.length, 0)
+  await conn.close()
+  t.equal(streamsRunning(up.url), 0)
 })
 
-t.test('issue 10: stopListening/startListening cycles leave no listener or derived signal on the connection', async t => {
+t.test('issue 10: stopListening/startListening cycles leave one GET running, and none once stopped', async t => {
   const up = await scriptedUpstream(t, (_n, res) => {
     res.writeHead(200, { 'content-type': 'text/event-stream' })
     res.write(': open\n\n')
   })
   const { conn, exits } = await openReady(t, httpConfig(up.url, { maxAttempts: 2, baseDelayMs: 10, maxDelayMs: 20 }))
   await until(() => up.open() === 1 ? true : undefined, 'the first GET stream')
-  const lifetime = lifetimeOf(conn)
-  const listeners = getEventListeners(lifetime, 'abort').length
-  const dependants = dependantsOf(lifetime)
   const cycles = 40
   for (let i = 0; i < cycles; i++) {
     conn.stopListening()
@@ -159,14 +151,13 @@ t.test('issue 10: stopListening/startListening cycles leave no listener or deriv
     await until(() => gets(up.seen).length === i + 2 ? true : undefined, `GET ${i + 2}`)
   }
   await until(() => up.open() === 1 ? true : undefined, 'the stopped streams released upstream')
-  t.equal(getEventListeners(lifetime, 'abort').length, listeners, 'one abort listener for the one GET run, as before the cycles')
-  t.equal(dependantsOf(lifetime), dependants, 'no signal derived from the lifetime per GET run')
+  t.equal(streamsRunning(up.url), 1, 'the stopped GETs were aborted: one runs, as before the cycles')
   conn.stopListening()
   await until(() => up.open() === 0 ? true : undefined, 'the last stream released upstream')
-  t.equal(getEventListeners(lifetime, 'abort').length, 0, 'no GET run, nothing left on the lifetime')
+  t.equal(streamsRunning(up.url), 0, 'no GET run, no GET running')
   t.equal(exits.length, 0)
   await conn.close()
-  t.equal(getEventListeners(lifetime, 'abort').length, 0)
+  t.equal(gets(up.seen).length, cycles + 1, 'nothing reconnected a stopped stream')
 })
 
 t.test('close() during a GET stream ends it upstream and its run with it', async t => {
@@ -180,7 +171,60 @@ t.test('close() during a GET stream ends it upstream and its run with it', async
   await until(() => up.open() === 0 ? true : undefined, 'the stream released upstream')
   await new Promise(resolve => setTimeout(resolve, 50))
   t.equal(gets(up.seen).length, 1, 'no reconnect after close')
-  t.equal(getEventListeners(lifetimeOf(conn), 'abort').length, 0)
+  t.equal(streamsRunning(up.url), 0)
+})
+
+t.test('a GET stopped before its connection is up is aborted once it is, and listening again works', async t => {
+  const up = await scriptedUpstream(t, (_n, res) => {
+    res.writeHead(200, { 'content-type': 'text/event-stream' })
+    res.write(`id: s1\n${note(1)}`)
+  })
+  // A fresh origin: the first GET must connect first, so stopping at once stops it before undici starts it.
+  const { conn, messages, exits } = await openReady(t, httpConfig(up.url, { maxAttempts: 2, baseDelayMs: 10, maxDelayMs: 20 }), { listen: false })
+  conn.startListening()
+  conn.stopListening()
+  await until(() => streamsRunning(up.url) === 0 ? true : undefined, 'the stopped GET aborted')
+  await new Promise(resolve => setTimeout(resolve, 50))
+  t.equal(up.open(), 0, 'no stream held upstream')
+  t.same(numbers(messages), [], 'nothing read from the stopped GET')
+  conn.startListening()
+  await until(() => numbers(messages).includes(1) ? true : undefined, 'the event of the next GET')
+  t.equal(streamsRunning(up.url), 1)
+  t.equal(exits.length, 0)
+})
+
+t.test('a GET answer that is not a stream and does not end is dropped after 64 KiB, then decided by its status', async t => {
+  const up = await scriptedUpstream(t, (n, res) => {
+    if (n > 0) {
+      res.writeHead(200, { 'content-type': 'text/event-stream' })
+      res.write(note(2))
+      return
+    }
+    // An error page that never ends: drained as drain() does, then the 503 counts as a failed attempt.
+    res.writeHead(503, { 'content-type': 'text/html' })
+    res.write('x'.repeat(100 * 1024))
+  })
+  const { messages, exits } = await openReady(t, httpConfig(up.url, { maxAttempts: 2, baseDelayMs: 10, maxDelayMs: 20 }))
+  await until(() => numbers(messages).includes(2) ? true : undefined, 'the event of the second GET')
+  t.equal(gets(up.seen).length, 2, 'the 503 was retried')
+  await until(() => up.open() === 1 ? true : undefined, 'the endless answer released upstream')
+  t.equal(exits.length, 0)
+})
+
+t.test('a GET that fails inside its dispatch (pool destroyed) is retried, then gives up with onExit', async t => {
+  const up = await scriptedUpstream(t, (n, res) => {
+    res.writeHead(200, { 'content-type': 'text/event-stream' })
+    res.write(note(n))
+  })
+  const { conn, messages, exits } = await openReady(t, httpConfig(up.url, { maxAttempts: 2, baseDelayMs: 10, maxDelayMs: 20 }))
+  await until(() => numbers(messages).includes(0) ? true : undefined, 'the first stream')
+  // The backend keeps its pools: every GET from here fails from inside dispatch(), synchronously.
+  await closeHttpDispatchers()
+  const exit = await until(() => exits[0], 'onExit after the attempts')
+  t.match(exit.reason, /the GET stream failed: .*destroyed.*; reconnect attempts exhausted/)
+  t.equal(exits.length, 1)
+  t.equal(gets(up.seen).length, 1, 'the failed GETs never reached the upstream')
+  await conn.close()
 })
 
 t.test('a message above MAX_BODY_BYTES on the GET stream ends that stream; the next one resumes', async t => {

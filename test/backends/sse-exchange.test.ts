@@ -1,0 +1,222 @@
+// SseExchange (src/backends/http-io.ts): the standalone GET stream's request, dispatched on an undici
+// pool with a handler object instead of request() (issue 10). What request() and readSse gave for
+// free is held here: undici's own errors (the error mapping of http-base.ts reads them), one end per
+// exchange, answers that are not read drained as drain() does, a handler's throw ending the read,
+// abort() releasing the connection, and the raw header Buffers undici 7 would keep let go of.
+import type { IncomingHttpHeaders } from 'node:http'
+import t, { type Test } from 'tap'
+import { Pool, request, type Dispatcher } from 'undici'
+import type { EventSourceMessage } from 'eventsource-parser'
+import { describe, SseExchange, type SseHandler } from '../../src/backends/http-io.js'
+import { closedPort, listen } from '../fixtures/http-upstreams.js'
+
+/** Records what an exchange reports; `read` decides whether an answer is read as SSE. */
+class Recorder implements SseHandler {
+  readonly events: EventSourceMessage[] = []
+  readonly retries: number[] = []
+  readonly ends: Array<Error | null> = []
+  answered: { status: number, headers: IncomingHttpHeaders } | null = null
+  constructor (readonly read: (status: number) => boolean = status => status === 200, readonly onEvent: (event: EventSourceMessage) => void = () => {}) {}
+
+  onSseResponse (_exchange: SseExchange, status: number, headers: IncomingHttpHeaders): boolean {
+    this.answered = { status, headers }
+    return this.read(status)
+  }
+
+  onSseEvent (_exchange: SseExchange, event: EventSourceMessage): void {
+    this.events.push(event)
+    this.onEvent(event)
+  }
+
+  onSseRetry (_exchange: SseExchange, ms: number): void {
+    this.retries.push(ms)
+  }
+
+  onSseEnd (_exchange: SseExchange, err: Error | null): void {
+    this.ends.push(err)
+  }
+}
+
+/** An exchange that keeps the controller undici hands it, to look at afterwards. */
+class Watched extends SseExchange {
+  controller: Dispatcher.DispatchController | null = null
+  override onRequestStart (controller: Dispatcher.DispatchController): void {
+    this.controller = controller
+    super.onRequestStart(controller)
+  }
+}
+
+async function until<T> (find: () => T | undefined, what: string, ms = 5000): Promise<T> {
+  const deadline = Date.now() + ms
+  for (;;) {
+    const found = find()
+    if (found !== undefined) return found
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`)
+    await new Promise(resolve => setTimeout(resolve, 5))
+  }
+}
+
+const settle = async (): Promise<void> => { await new Promise(resolve => setTimeout(resolve, 30)) }
+
+async function upstream (t: Test, answer: Parameters<typeof listen>[0]): Promise<{ pool: Pool, url: string, open: () => number }> {
+  let open = 0
+  const http = await listen((req, res) => {
+    open++
+    res.once('close', () => { open-- })
+    answer(req, res)
+  })
+  const pool = new Pool(http.url, { connections: null, bodyTimeout: 0 })
+  t.teardown(async () => {
+    await pool.destroy()
+    await http.close()
+  })
+  return { pool, url: http.url, open: () => open }
+}
+
+const get = (headersTimeout = 5000): Dispatcher.DispatchOptions => ({ method: 'GET', path: '/sse', headers: { accept: 'text/event-stream' }, headersTimeout, bodyTimeout: 0 })
+
+t.test('reads events, ids and retry across chunks, and ends once with null when the body ends', async t => {
+  const up = await upstream(t, (_req, res) => {
+    res.writeHead(200, { 'content-type': 'text/event-stream' })
+    res.write('retry: 250\nid: 1\nevent: message\ndata: {"a":')
+    setTimeout(() => { res.end('1}\n\n: comment\nid: 2\ndata: x\ndata: y\n\n') }, 10)
+  })
+  const rec = new Recorder()
+  const exchange = new SseExchange(rec)
+  exchange.start(up.pool, get())
+  await until(() => rec.ends[0] !== undefined ? true : undefined, 'the end')
+  await settle()
+  t.same(rec.ends, [null], 'one end, no error')
+  t.same(rec.events.map(e => [e.id, e.event, e.data]), [['1', 'message', '{"a":1}'], ['2', undefined, 'x\ny']])
+  t.same(rec.retries, [250])
+  t.equal(exchange.status, 200)
+  t.ok(exchange.streaming)
+  t.equal(up.pool.stats.running, 0, 'nothing left running')
+})
+
+t.test('lets go of the answer\'s raw header Buffers while the stream stays open', async t => {
+  const up = await upstream(t, (_req, res) => {
+    res.writeHead(200, { 'content-type': 'text/event-stream', 'x-padding': 'p'.repeat(200) })
+    res.write('data: open\n\n')
+  })
+  const rec = new Recorder()
+  const exchange = new Watched(rec)
+  exchange.start(up.pool, get())
+  await until(() => rec.events[0], 'the first event')
+  t.equal(rec.answered?.headers['x-padding'], 'p'.repeat(200), 'the handler saw the headers')
+  t.notOk(exchange.controller?.rawHeaders, 'the controller no longer holds them')
+  exchange.abort()
+})
+
+t.test('abort() ends the exchange without a report and releases its connection', async t => {
+  const up = await upstream(t, (_req, res) => {
+    res.writeHead(200, { 'content-type': 'text/event-stream' })
+    res.write('data: one\n\n')
+  })
+  const rec = new Recorder()
+  const exchange = new SseExchange(rec)
+  exchange.start(up.pool, get())
+  await until(() => rec.events[0], 'the first event')
+  exchange.abort()
+  exchange.abort()
+  await until(() => up.open() === 0 ? true : undefined, 'the stream closed upstream')
+  await settle()
+  t.same(rec.ends, [], 'no onSseEnd after abort()')
+  t.equal(up.pool.stats.running, 0)
+})
+
+t.test('abort() before the request started aborts it when undici starts it', async t => {
+  const up = await upstream(t, (_req, res) => {
+    res.writeHead(200, { 'content-type': 'text/event-stream' })
+    res.write('data: one\n\n')
+  })
+  const rec = new Recorder()
+  const exchange = new SseExchange(rec)
+  exchange.start(up.pool, get())
+  exchange.abort() // the pool is still connecting
+  await until(() => up.pool.stats.running === 0 && up.pool.stats.pending === 0 ? true : undefined, 'the request gone')
+  await settle()
+  t.equal(up.open(), 0, 'nothing held upstream')
+  t.same(rec.events, [])
+  t.same(rec.ends, [])
+})
+
+t.test('a throw of the handler ends the read with that error and releases the connection', async t => {
+  const up = await upstream(t, (_req, res) => {
+    res.writeHead(200, { 'content-type': 'text/event-stream' })
+    res.write('data: a\n\ndata: b\n\ndata: c\n\n')
+  })
+  const boom = new Error('handler failed')
+  const rec = new Recorder(undefined, event => { if (event.data === 'b') throw boom })
+  new SseExchange(rec).start(up.pool, get())
+  await until(() => rec.ends[0], 'the end')
+  await until(() => up.open() === 0 ? true : undefined, 'the stream closed upstream')
+  await settle()
+  t.same(rec.ends, [boom], 'ended once, with the handler\'s error')
+  t.same(rec.events.map(e => e.data), ['a', 'b'], 'nothing read after the throw')
+  t.equal(up.pool.stats.running, 0)
+})
+
+t.test('a stream cut short ends with undici\'s error', async t => {
+  const up = await upstream(t, (_req, res) => {
+    res.writeHead(200, { 'content-type': 'text/event-stream' })
+    res.write('data: a\n\n')
+    setTimeout(() => res.socket?.destroy(), 10)
+  })
+  const rec = new Recorder()
+  new SseExchange(rec).start(up.pool, get())
+  const err = await until(() => rec.ends[0], 'the end')
+  t.type(err, Error)
+  t.match(err, { code: 'UND_ERR_SOCKET' }, 'the error request() would report for the body')
+  t.same(rec.events.map(e => e.data), ['a'])
+})
+
+t.test('failures before an answer are undici\'s own errors, as request() rejects with', async t => {
+  t.test('connection refused', async t => {
+    const origin = `http://127.0.0.1:${await closedPort()}`
+    const pool = new Pool(origin, { connections: null })
+    t.teardown(async () => await pool.destroy())
+    const rec = new Recorder()
+    const exchange = new SseExchange(rec)
+    exchange.start(pool, get())
+    const err = await until(() => rec.ends[0], 'the end')
+    const viaRequest: unknown = await request(`${origin}/sse`).then(() => null, (e: unknown) => e)
+    t.match(err, { code: 'ECONNREFUSED' })
+    t.equal(describe(err), describe(viaRequest), 'described as the request() failure is')
+    t.equal(exchange.status, 0, 'no answer')
+  })
+
+  t.test('no headers within headersTimeout', async t => {
+    const up = await upstream(t, () => {}) // never answers
+    const rec = new Recorder()
+    new SseExchange(rec).start(up.pool, get(50))
+    const err = await until(() => rec.ends[0], 'the end')
+    t.match(err, { code: 'UND_ERR_HEADERS_TIMEOUT' })
+  })
+
+  t.test('a destroyed pool: reported at once, from inside start()', async t => {
+    const pool = new Pool('http://127.0.0.1:9', { connections: null })
+    await pool.destroy()
+    const rec = new Recorder()
+    new SseExchange(rec).start(pool, get())
+    t.equal(rec.ends.length, 1, 'onSseEnd ran before start() returned')
+    t.match(rec.ends[0], { code: 'UND_ERR_DESTROYED' })
+  })
+})
+
+t.test('an answer it is told not to read is drained to its end, then reported with its status', async t => {
+  const up = await upstream(t, (_req, res) => {
+    res.writeHead(409, { 'content-type': 'application/json' })
+    res.end(JSON.stringify({ error: 'taken' }))
+  })
+  const rec = new Recorder()
+  const exchange = new SseExchange(rec)
+  exchange.start(up.pool, get())
+  await until(() => rec.ends[0] !== undefined ? true : undefined, 'the end')
+  t.same(rec.ends, [null])
+  t.equal(exchange.status, 409)
+  t.notOk(exchange.streaming)
+  t.same(rec.events, [], 'the body was not parsed')
+  await settle()
+  t.equal(up.pool.stats.connected, 1, 'read to its end: the connection stays for the next request')
+})
