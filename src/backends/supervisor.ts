@@ -112,6 +112,19 @@ export class Supervisor {
   /** Closes still in progress (stop or gone), so stopAll() waits for every child. */
   readonly #closing = new Set<Promise<void>>()
   #shuttingDown = false
+  /**
+   * Told by every session when it ends (stop or gone): one function for all of them, where a closure
+   * per session kept open()'s whole scope alive (~140 B per idle session, issue 10). A session is in
+   * #sessions from its construction until it ends, and its sid cannot be opened again meanwhile, so
+   * finding it there is what makes the release happen once.
+   */
+  readonly #ended = (session: SupervisedSession, closing: Promise<void>): void => {
+    if (this.#sessions.get(session.sid) !== session) return
+    this.#sessions.delete(session.sid)
+    this.#perServer.set(session.server, (this.#perServer.get(session.server) ?? 1) - 1)
+    this.#closing.add(closing)
+    void closing.finally(() => this.#closing.delete(closing))
+  }
 
   constructor (options: SupervisorOptions) {
     this.#config = options.config
@@ -133,19 +146,11 @@ export class Supervisor {
       throw withRetryAfter(new GW_ERR_BACKEND_CAPACITY(server, config.maxSessions), CAPACITY_RETRY_AFTER_S)
     }
 
-    // Reserve the slot before the first await, so concurrent opens cannot overshoot the limit.
-    this.#perServer.set(server, live + 1)
-    let ended = false
     // One logger per session, shared with its relay when given (heap per idle session).
     const log = options.log ?? this.#log.child({ sid: shortHash(sid) })
-    const session = new SupervisedSession(server, sid, config, factory, handlers, options, log, (s, closing) => {
-      if (ended) return
-      ended = true
-      this.#perServer.set(server, (this.#perServer.get(server) ?? 1) - 1)
-      if (this.#sessions.get(s.sid) === s) this.#sessions.delete(s.sid)
-      this.#closing.add(closing)
-      void closing.finally(() => this.#closing.delete(closing))
-    })
+    const session = new SupervisedSession(server, sid, config, factory, handlers, options, log, this.#ended)
+    // Reserve the slot before the first await, so concurrent opens cannot overshoot the limit.
+    this.#perServer.set(server, live + 1)
     this.#sessions.set(sid, session)
     try {
       await session.connect()
