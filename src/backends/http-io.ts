@@ -207,8 +207,17 @@ export class SseExchange implements Dispatcher.DispatchHandler {
   #over = false
   #status = 0
   #streaming = false
+  /**
+   * The parser and decoder of the events being read: made by the first chunk after an event boundary
+   * and dropped at the next (endsEvent), so an idle stream that has sent nothing, or only whole
+   * events and comments, holds neither (~0.9 KB per stream, issue 10). Between events
+   * eventsource-parser keeps no state but its first-chunk flag (#newParser), so a new one reads on
+   * exactly as the old one would have.
+   */
   #parser: EventSourceParser | null = null
   #decoder: TextDecoder | null = null
+  /** A parser was made before: the stream's start, where a BOM is stripped, is behind us. */
+  #begun = false
   /** Bytes of an answer that is drained, not read. */
   #drained = 0
 
@@ -254,15 +263,7 @@ export class SseExchange implements Dispatcher.DispatchHandler {
       this.#streaming = this.#handler.onSseResponse(this, status, headers)
     } catch (err) {
       this.#fail(err)
-      return
     }
-    if (!this.#streaming) return
-    this.#decoder = new TextDecoder()
-    this.#parser = createParser({
-      onEvent: event => { this.#handler.onSseEvent(this, event) },
-      onRetry: ms => { this.#handler.onSseRetry(this, ms) },
-      maxBufferSize: MAX_BODY_BYTES
-    })
   }
 
   onResponseData (_controller: Dispatcher.DispatchController, chunk: Buffer): void {
@@ -279,16 +280,36 @@ export class SseExchange implements Dispatcher.DispatchHandler {
     }
     try {
       // As in readSse: a throw (the parser's past its buffer limit, or a handler's) ends the read.
-      this.#parser?.feed(this.#decoder!.decode(chunk, { stream: true }))
+      const parser = this.#parser ?? this.#newParser()
+      parser.feed(this.#decoder!.decode(chunk, { stream: true }))
+      // Unless a handler ended the exchange meanwhile, or a new parser replaced this one.
+      if (this.#parser === parser && endsEvent(chunk)) this.#release()
     } catch (err) {
       this.#fail(err)
     }
   }
 
+  #newParser (): EventSourceParser {
+    const first = !this.#begun
+    this.#begun = true
+    // TextDecoder strips a BOM at the start of what it decodes: right for the stream's start only.
+    this.#decoder = first ? new TextDecoder() : new TextDecoder('utf-8', { ignoreBOM: true })
+    const parser = createParser({
+      onEvent: event => { this.#handler.onSseEvent(this, event) },
+      onRetry: ms => { this.#handler.onSseRetry(this, ms) },
+      maxBufferSize: MAX_BODY_BYTES
+    })
+    // eventsource-parser looks for a BOM in its first chunk: one past the stream's start must not.
+    if (!first) parser.feed('')
+    this.#parser = parser
+    return parser
+  }
+
   onResponseEnd (): void {
     if (this.#over) return
     try {
-      if (this.#streaming) this.#parser?.feed(this.#decoder!.decode())
+      // No parser: the body ended on an event boundary, with nothing left to decode.
+      if (this.#parser !== null) this.#parser.feed(this.#decoder!.decode())
     } catch (err) {
       this.#fail(err)
       return
@@ -320,6 +341,25 @@ export class SseExchange implements Dispatcher.DispatchHandler {
     this.#parser = null
     this.#decoder = null
   }
+}
+
+const LF = 0x0a
+const CR = 0x0d
+
+/**
+ * Whether a chunk ends with an empty line, after which eventsource-parser has dispatched (or
+ * dropped) the event and holds nothing: its last line ending (LF or CRLF) follows another line
+ * ending. It must end in LF: a CR at the end may be half a CRLF, which the parser waits for. A
+ * boundary split across chunks goes unseen and the parser is kept, which costs memory only.
+ */
+export function endsEvent (chunk: Uint8Array): boolean {
+  let end = chunk.length
+  if (end === 0 || chunk[end - 1] !== LF) return false
+  end--
+  if (end > 0 && chunk[end - 1] === CR) end--
+  if (end === 0) return false
+  const before = chunk[end - 1]
+  return before === LF || before === CR
 }
 
 function abandoned (): Error {

@@ -2,12 +2,14 @@
 // pool with a handler object instead of request() (issue 10). What request() and readSse gave for
 // free is held here: undici's own errors (the error mapping of http-base.ts reads them), one end per
 // exchange, answers that are not read drained as drain() does, a handler's throw ending the read,
-// abort() releasing the connection, and the raw header Buffers undici 7 would keep let go of.
+// abort() releasing the connection, and the raw header Buffers undici 7 would keep let go of. Its
+// parser is dropped between events and made again: it must read exactly what one eventsource-parser
+// fed the same chunks through one TextDecoder reads (readSse, and this reader before issue 10).
 import type { IncomingHttpHeaders } from 'node:http'
 import t, { type Test } from 'tap'
 import { Pool, request, type Dispatcher } from 'undici'
-import type { EventSourceMessage } from 'eventsource-parser'
-import { describe, SseExchange, type SseHandler } from '../../src/backends/http-io.js'
+import { createParser, type EventSourceMessage } from 'eventsource-parser'
+import { describe, endsEvent, SseExchange, type SseHandler } from '../../src/backends/http-io.js'
 import { closedPort, listen } from '../fixtures/http-upstreams.js'
 
 /** Records what an exchange reports; `read` decides whether an answer is read as SSE. */
@@ -219,4 +221,112 @@ t.test('an answer it is told not to read is drained to its end, then reported wi
   t.same(rec.events, [], 'the body was not parsed')
   await settle()
   t.equal(up.pool.stats.connected, 1, 'read to its end: the connection stays for the next request')
+})
+
+// ---- the parser made per event: same reading as one parser for the whole stream ---------------
+
+/** A controller for driving an exchange by hand, as undici would. */
+function fakeController (): Dispatcher.DispatchController {
+  return { aborted: false, paused: false, reason: null, rawHeaders: [], abort () {}, pause () {}, resume () {} }
+}
+
+/** Feeds `chunks` to an exchange as one 200 text/event-stream answer; what it reported. */
+function readChunks (chunks: Uint8Array[]): Recorder {
+  const rec = new Recorder()
+  const exchange = new SseExchange(rec)
+  const controller = fakeController()
+  exchange.onRequestStart(controller)
+  exchange.onResponseStart(controller, 200, { 'content-type': 'text/event-stream' })
+  for (const chunk of chunks) exchange.onResponseData(controller, Buffer.from(chunk))
+  exchange.onResponseEnd()
+  return rec
+}
+
+/** The reference: one eventsource-parser and one TextDecoder for the whole stream, fed the same chunks. */
+function readOnce (chunks: Uint8Array[]): { events: EventSourceMessage[], retries: number[] } {
+  const events: EventSourceMessage[] = []
+  const retries: number[] = []
+  const parser = createParser({ onEvent: e => { events.push(e) }, onRetry: ms => { retries.push(ms) } })
+  const decoder = new TextDecoder()
+  for (const chunk of chunks) parser.feed(decoder.decode(chunk, { stream: true }))
+  parser.feed(decoder.decode())
+  return { events, retries }
+}
+
+/** Deterministic (mulberry32), so a failure can be replayed from its seed. */
+function random (seed: number): () => number {
+  let a = seed >>> 0
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0
+    let x = Math.imul(a ^ (a >>> 15), 1 | a)
+    x = (x + Math.imul(x ^ (x >>> 7), 61 | x)) ^ x
+    return ((x ^ (x >>> 14)) >>> 0) / 4294967296
+  }
+}
+
+/** A stream of SSE lines of every kind the spec names, with LF, CR and CRLF endings and blank lines. */
+function sseStream (rnd: () => number): Uint8Array {
+  const pick = <T>(xs: readonly T[]): T => xs[Math.floor(rnd() * xs.length)] as T
+  const texts = ['{"jsonrpc":"2.0","method":"x"}', '', ' leading space', 'é ü', '😀 emoji', '日本語', 'a:b:c']
+  const lines = [
+    () => `data: ${pick(texts)}`, () => `data:${pick(texts)}`, () => 'data', () => `id: ${pick(['1', 'e-2', '', 'x y'])}`,
+    () => 'id: a\0b', () => `event: ${pick(['message', 'endpoint', ''])}`, () => 'event', () => `retry: ${pick(['0', '250', '1x', '-5'])}`,
+    () => `: ${pick(texts)}`, () => ':', () => `unknown: ${pick(texts)}`, () => 'nocolon', () => '',
+    () => '\uFEFFdata: after-bom', () => 'ï»¿data: latin-bom'
+  ]
+  let text = rnd() < 0.3 ? '\uFEFF' : ''
+  const n = 5 + Math.floor(rnd() * 40)
+  for (let i = 0; i < n; i++) text += (rnd() < 0.3 ? '' : pick(lines)()) + pick(['\n', '\n', '\r', '\r\n'])
+  return new TextEncoder().encode(text)
+}
+
+/** Cuts bytes at random points, sometimes right after each event boundary, sometimes inside a character. */
+function chunked (bytes: Uint8Array, rnd: () => number): Uint8Array[] {
+  const chunks: Uint8Array[] = []
+  let start = 0
+  for (let i = 1; i < bytes.length; i++) {
+    if (rnd() < 0.15 || (endsEvent(bytes.subarray(start, i)) && rnd() < 0.7)) {
+      chunks.push(bytes.subarray(start, i))
+      start = i
+    }
+  }
+  chunks.push(bytes.subarray(start))
+  return chunks
+}
+
+t.test('whatever the chunking, the events and retries are those of one parser for the whole stream', async t => {
+  let cases = 0
+  for (let seed = 1; seed <= 400; seed++) {
+    const rnd = random(seed)
+    const bytes = sseStream(rnd)
+    for (const chunks of [[bytes], chunked(bytes, rnd), chunked(bytes, rnd), Array.from(bytes, b => Uint8Array.of(b))]) {
+      const want = readOnce(chunks)
+      const got = readChunks(chunks)
+      cases++
+      if (JSON.stringify(got.events) !== JSON.stringify(want.events) || JSON.stringify(got.retries) !== JSON.stringify(want.retries)) {
+        t.fail(`seed ${seed}: ${JSON.stringify(new TextDecoder().decode(bytes))} in ${chunks.length} chunks`, { found: got.events, wanted: want.events })
+        return
+      }
+      if (got.ends.length !== 1 || got.ends[0] !== null) t.fail(`seed ${seed}: ended ${JSON.stringify(got.ends)}`)
+    }
+  }
+  t.pass(`${cases} chunkings read alike`)
+})
+
+t.test('a BOM is stripped at the stream\'s start only, also when the parser was dropped before it', async t => {
+  const enc = (s: string): Uint8Array => new TextEncoder().encode(s)
+  const at = readChunks([enc('\uFEFFdata: a\n\n')])
+  t.same(at.events.map(e => e.data), ['a'], 'stripped at the start')
+  // After a whole event the parser is dropped; the next chunk starts with a BOM, which is no BOM here.
+  const later = readChunks([enc('data: a\n\n'), enc('\uFEFFdata: b\n\n'), enc('data: c\n\n')])
+  t.same(later.events.map(e => e.data), ['a', 'c'], 'mid-stream it is part of a field name, as for one parser')
+  const latin = readChunks([enc('data: a\n\n'), enc('ï»¿data: b\n\n')])
+  t.same(latin.events.map(e => e.data), ['a'], 'nor does a new parser take its first chunk for the stream\'s start')
+  t.same(readOnce([enc('data: a\n\n'), enc('ï»¿data: b\n\n')]).events.map(e => e.data), ['a'], '(one parser agrees)')
+})
+
+t.test('endsEvent: a chunk that ends with an empty line, whatever the line endings', async t => {
+  const ends = (s: string): boolean => endsEvent(new TextEncoder().encode(s))
+  for (const s of ['data: a\n\n', 'data: a\r\n\r\n', 'data: a\r\r\n', 'data: a\n\r\n', ': ping\n\n', '\n\n', 'x\r\n\n']) t.ok(ends(s), JSON.stringify(s))
+  for (const s of ['', '\n', '\r\n', 'data: a\n', 'data: a\r\n', 'data: a\n\r', 'data: a\r\r', 'data: a']) t.notOk(ends(s), JSON.stringify(s))
 })
