@@ -217,8 +217,12 @@ class StdioBackend implements BackendConnection {
   readonly #child: ChildProcess
   readonly #log: Logger
   readonly #handlers: BackendOpenOptions['handlers']
-  /** Aborted when the child is gone or close() was called: wakes every waiter. */
-  readonly #gone = new AbortController()
+  /**
+   * Aborted when the child is gone or close() was called: wakes every waiter. Made by the first
+   * wait for a full pipe (most children never have one): an AbortController held per child for
+   * nothing cost an idle session some hundreds of bytes (issue 10).
+   */
+  #gone: AbortController | undefined
   #exited = false
   #closing: Promise<void> | null = null
   #reported = false
@@ -269,7 +273,7 @@ class StdioBackend implements BackendConnection {
     child.once('exit', (code, signal) => {
       this.#exited = true
       liveChildren.delete(child)
-      this.#gone.abort()
+      this.#gone?.abort()
       fallback = setTimeout(() => {
         stdout.destroy()
         stderr.destroy()
@@ -330,6 +334,11 @@ class StdioBackend implements BackendConnection {
 
   /** One 'drain' wait shared by every writer held back, however many there are. */
   async #drain (): Promise<void> {
+    if (this.#gone === undefined) {
+      this.#gone = new AbortController()
+      // Gone before the first wait: the abort that would have woken it has happened already.
+      if (this.#exited || this.#closing !== null) this.#gone.abort()
+    }
     this.#drained ??= once(this.#child.stdin!, 'drain', { signal: this.#gone.signal }).then(() => {
       this.#drained = null
     }, () => {
@@ -375,7 +384,7 @@ class StdioBackend implements BackendConnection {
   }
 
   async #stop (): Promise<void> {
-    this.#gone.abort()
+    this.#gone?.abort()
     const signal = await stopChild(this.#child, this.#config.stopGraceMs)
     liveChildren.delete(this.#child)
     this.#child.stdout?.destroy()

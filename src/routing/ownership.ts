@@ -233,8 +233,13 @@ export class Ownership {
         // HTTP backends: any replica that takes the session over resumes this backend session.
         // On a new backend session (first initialize, or a re-initialise after a 404) the old GET
         // stream position means nothing for it.
-        onBackendSessionId: backendSessionId => { storeUpdate({ backendSessionId, backendGetEventId: null }, 'backend session id') },
-        onBackendProtocolVersion: backendProtocolVersion => { storeUpdate({ backendProtocolVersion }, 'backend protocol version') },
+        // (A stdio child has neither: no callbacks kept for its whole life.)
+        ...(server.transport === 'stdio'
+          ? {}
+          : {
+              onBackendSessionId: (backendSessionId: string | null) => { storeUpdate({ backendSessionId, backendGetEventId: null }, 'backend session id') },
+              onBackendProtocolVersion: (backendProtocolVersion: string) => { storeUpdate({ backendProtocolVersion }, 'backend protocol version') }
+            }),
         // The replica that takes the GET lease over resumes the backend's stream from here, so
         // nothing the backend sent meanwhile is lost (it replays, if it keeps an event store).
         ...(direct ? { onGetStreamEventId: (backendGetEventId: string) => { storeUpdate({ backendGetEventId }, 'backend GET event id') } } : {}),

@@ -52,7 +52,9 @@ export class Sessions {
   /** Creates a session owned by this replica and starts its backend connection. */
   async create (input: NewSession, forwardedHeaders?: Record<string, string>): Promise<SessionRecord> {
     if (this.#o.stopping()) throw new GW_ERR_SHUTTING_DOWN()
-    const record: SessionRecord = { ...input, id: randomBytes(24).toString('base64url'), backendSessionId: null, createdAt: Date.now() }
+    // The initialize params are frozen, not copied: the relay, the backend's replay and the memory
+    // store then share one object nobody can change (heap per idle session).
+    const record: SessionRecord = { ...input, initializeParams: deepFreeze(input.initializeParams), id: randomBytes(24).toString('base64url'), backendSessionId: null, createdAt: Date.now() }
     await this.#o.store.create(record, this.#idleMs)
     // The quota slot is taken once the record exists (quotas.ts prunes slots whose record is gone).
     if (this.#o.admit !== undefined) {

@@ -32,11 +32,17 @@ export interface MemorySessionStoreOptions {
   sweepIntervalMs?: number
 }
 
-/** The stored form of a record: a copy nobody else holds, whose nested values are frozen. */
+/**
+ * The stored form of a record: a copy nobody else can change, whose nested values are frozen. A
+ * nested value frozen already (the initialize params: Sessions.create freezes them) is shared,
+ * not copied: nobody can change it either, and a second copy per session was heap for nothing.
+ */
 const frozenCopy = (record: SessionRecord): SessionRecord => {
-  const copy = structuredClone(record)
-  for (const inner of Object.values(copy)) deepFreeze(inner)
-  return copy
+  const copy: Record<string, unknown> = {}
+  for (const [field, value] of Object.entries(record)) {
+    copy[field] = typeof value === 'object' && value !== null && !Object.isFrozen(value) ? deepFreeze(structuredClone(value)) : value
+  }
+  return copy as unknown as SessionRecord
 }
 
 const live = <T>(entry: Expiring<T> | null | undefined, now: number): entry is Expiring<T> =>

@@ -64,18 +64,23 @@ export function shortHash (value: string): string {
 type LevelName = 'trace' | 'debug' | 'info' | 'warn' | 'error' | 'fatal'
 type LogArgs = [obj: unknown, msg?: string, ...rest: unknown[]]
 
+/** Lines a lazy child writes through its parent before it makes a pino child of its own. */
+const LINES_BEFORE_CHILD = 4
+
 /**
- * A child logger made only when a line is logged: it keeps the parent and the bindings, and makes
- * the real pino child on the first line at an enabled level (or the first child, or a level
- * change). Lines are the same as a real child's. Fastify builds a logger for every request, and a
- * pino child per request cost about 1.5 % of the gateway's CPU per call (issue 10); a session and
- * its stdio child each keep one for their lives, about 300 bytes apiece (heap per idle session),
- * while a quiet one never logs a line.
+ * A child logger made only when it is needed: it keeps the parent and the bindings. Its first
+ * lines (LINES_BEFORE_CHILD) go through the parent with the bindings as their first fields, which
+ * writes what a child would (a key given twice appears once, the line's own value); a logger that
+ * logs more, is asked for a child or a level change, or logs an Error by itself makes the real
+ * pino child. Fastify builds a logger for every request, and a pino child per request cost about
+ * 1.5 % of the gateway's CPU per call (issue 10); a session and its stdio child each kept one for
+ * their lives, about 350 bytes apiece (heap per idle session), for a line or two at their start.
  */
 class LazyChildLogger {
   readonly #parent: Logger
   readonly #bindings: Record<string, unknown>
   #child: Logger | undefined
+  #lines = 0
 
   constructor (parent: Logger, bindings: Record<string, unknown>) {
     this.#parent = parent
@@ -90,6 +95,20 @@ class LazyChildLogger {
   #log (level: LevelName, args: LogArgs): void {
     const log = this.#child ?? this.#parent
     if (!log.isLevelEnabled(level)) return
+    if (this.#child === undefined && this.#lines < LINES_BEFORE_CHILD) {
+      const [first, ...rest] = args
+      const through: (...a: unknown[]) => void = this.#parent[level]
+      if (typeof first === 'string') {
+        this.#lines++
+        through.call(this.#parent, { ...this.#bindings }, first, ...rest)
+        return
+      }
+      if (isPlainObject(first)) {
+        this.#lines++
+        through.call(this.#parent, { ...this.#bindings, ...first }, ...rest)
+        return
+      }
+    }
     // The call exactly as made: pino reads its arguments by count and type.
     const write: (...a: unknown[]) => void = this.#real()[level]
     write.apply(this.#child, args)
@@ -109,8 +128,12 @@ class LazyChildLogger {
   silent (): void {}
 }
 
+function isPlainObject (value: unknown): value is Record<string, unknown> {
+  return typeof value === 'object' && value !== null && Object.getPrototypeOf(value) === Object.prototype
+}
+
 /**
- * A child of `log` with these bindings, made when it first logs (LazyChildLogger). Only the
+ * A child of `log` with these bindings, made when it is needed (LazyChildLogger). Only the
  * methods the gateway calls exist: the levels, child, bindings, level and isLevelEnabled.
  */
 export function lazyChild (log: Logger, bindings: Record<string, unknown>): Logger {

@@ -69,3 +69,34 @@ t.test('childLogger adds only the bindings its parent lacks, and writes a child\
     { level: 30, replica: 'r1', sid: 'abc', backend: 'full', msg: 'session line' }
   ])
 })
+
+t.test('a lazy child writes its first lines through its parent and makes a pino child only when it keeps logging', async t => {
+  const chunks: string[] = []
+  let children = 0
+  const { pino } = await import('pino')
+  const parent = pino({ base: { replica: 'r1' }, timestamp: false, onChild: () => { children++ } }, new Writable({ write (chunk, _e, done) { chunks.push(String(chunk)); done() } }))
+  const lazy = lazyChild(parent, { sid: 's1' })
+  lazy.info('one')
+  lazy.info({ n: 2 }, 'two')
+  lazy.info({ sid: 'given' }, 'three: a key the line gives itself appears once, with its own value')
+  t.equal(children, 0, 'three lines, no child made')
+  lazy.warn(new Error('an Error alone needs the real child (pino serialises it as err)'))
+  t.equal(children, 1, 'made for the Error')
+  lazy.info('after')
+  await new Promise(resolve => setImmediate(resolve))
+  const lines = chunks.map(c => JSON.parse(c) as Record<string, unknown>)
+  t.match(lines, [
+    { replica: 'r1', sid: 's1', msg: 'one' },
+    { replica: 'r1', sid: 's1', n: 2, msg: 'two' },
+    { replica: 'r1', sid: 'given' },
+    { replica: 'r1', sid: 's1', err: { message: /an Error alone/ } },
+    { replica: 'r1', sid: 's1', msg: 'after' }
+  ])
+  t.equal(chunks[2]?.match(/"sid"/g)?.length, 1, 'sid once in the third line')
+  const quiet = lazyChild(parent, { sid: 's2' })
+  for (let i = 0; i < 10; i++) quiet.debug('below the level')
+  t.equal(children, 1, 'lines below the level make nothing')
+  const chatty = lazyChild(parent, { sid: 's3' })
+  for (let i = 0; i < 6; i++) chatty.info(`line ${i}`)
+  t.equal(children, 2, 'a logger that keeps logging gets its child after a few lines')
+})
