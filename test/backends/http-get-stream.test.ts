@@ -6,6 +6,8 @@
 // before it connects still settles, and readSse settles once with its listeners gone.
 import type { ServerResponse } from 'node:http'
 import t, { type Test } from 'tap'
+import { httpConfig } from '../helpers/http-config.js'
+import { eventually } from '../helpers/wait.js'
 import { pino } from 'pino'
 import { request } from 'undici'
 import { closeHttpDispatchers, openHttpBackend, type HttpBackendConnection, type HttpBackendOpenOptions } from '../../src/backends/http.js'
@@ -19,29 +21,9 @@ t.teardown(closeHttpDispatchers)
 
 const silent = pino({ level: process.env.TEST_LOG ?? 'silent' })
 
-function httpConfig (url: string, reconnect: HttpServerConfig['reconnect']): HttpServerConfig {
-  return {
-    transport: 'streamable-http',
-    url,
-    protocol: 'legacy',
-    headers: {},
-    forwardHeaders: [],
-    maxSessions: 100,
-    connectTimeoutMs: 2000,
-    requestTimeoutMs: 10_000,
-    connections: 4,
-    reconnect
-  }
-}
-
+/** Waits for `find` to return something, polling often: some states here last only moments. */
 async function until<T> (find: () => T | undefined, what: string, ms = 10_000): Promise<T> {
-  const deadline = Date.now() + ms
-  for (;;) {
-    const found = find()
-    if (found !== undefined) return found
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`)
-    await new Promise(resolve => setTimeout(resolve, 5))
-  }
+  return await eventually(what, find, ms, 5)
 }
 
 /**
@@ -121,7 +103,7 @@ t.test('issue 10: a GET stream dropped again and again delivers every event once
     res.write(`${JSON.stringify({ jsonrpc: '2.0', method: 'notifications/message', params: { n: 2 * n + 1 } })}\n\n`)
     if (n < drops) setTimeout(() => res.socket?.destroy(), 10)
   })
-  const { conn, messages, ids, exits } = await openReady(t, httpConfig(up.url, { maxAttempts: 2, baseDelayMs: 60_000, maxDelayMs: 60_000 }))
+  const { conn, messages, ids, exits } = await openReady(t, httpConfig(up.url, { reconnect: { maxAttempts: 2, baseDelayMs: 60_000, maxDelayMs: 60_000 } }))
   const last = 2 * drops + 1
   await until(() => numbers(messages).includes(last) ? true : undefined, 'the events of the last stream')
   t.same(numbers(messages), Array.from({ length: last + 1 }, (_, i) => i), 'every event once, in order')
@@ -142,7 +124,7 @@ t.test('issue 10: stopListening/startListening cycles leave one GET running, and
     res.writeHead(200, { 'content-type': 'text/event-stream' })
     res.write(': open\n\n')
   })
-  const { conn, exits } = await openReady(t, httpConfig(up.url, { maxAttempts: 2, baseDelayMs: 10, maxDelayMs: 20 }))
+  const { conn, exits } = await openReady(t, httpConfig(up.url, { reconnect: { maxAttempts: 2, baseDelayMs: 10, maxDelayMs: 20 } }))
   await until(() => up.open() === 1 ? true : undefined, 'the first GET stream')
   const cycles = 40
   for (let i = 0; i < cycles; i++) {
@@ -165,7 +147,7 @@ t.test('close() during a GET stream ends it upstream and its run with it', async
     res.writeHead(200, { 'content-type': 'text/event-stream' })
     res.write(': open\n\n')
   })
-  const { conn } = await openReady(t, httpConfig(up.url, { maxAttempts: 2, baseDelayMs: 10, maxDelayMs: 20 }))
+  const { conn } = await openReady(t, httpConfig(up.url, { reconnect: { maxAttempts: 2, baseDelayMs: 10, maxDelayMs: 20 } }))
   await until(() => up.open() === 1 ? true : undefined, 'the GET stream')
   await conn.close()
   await until(() => up.open() === 0 ? true : undefined, 'the stream released upstream')
@@ -180,7 +162,7 @@ t.test('a GET stopped before its connection is up is aborted once it is, and lis
     res.write(`id: s1\n${note(1)}`)
   })
   // A fresh origin: the first GET must connect first, so stopping at once stops it before undici starts it.
-  const { conn, messages, exits } = await openReady(t, httpConfig(up.url, { maxAttempts: 2, baseDelayMs: 10, maxDelayMs: 20 }), { listen: false })
+  const { conn, messages, exits } = await openReady(t, httpConfig(up.url, { reconnect: { maxAttempts: 2, baseDelayMs: 10, maxDelayMs: 20 } }), { listen: false })
   conn.startListening()
   conn.stopListening()
   await until(() => streamsRunning(up.url) === 0 ? true : undefined, 'the stopped GET aborted')
@@ -204,7 +186,7 @@ t.test('a GET answer that is not a stream and does not end is dropped after 64 K
     res.writeHead(503, { 'content-type': 'text/html' })
     res.write('x'.repeat(100 * 1024))
   })
-  const { messages, exits } = await openReady(t, httpConfig(up.url, { maxAttempts: 2, baseDelayMs: 10, maxDelayMs: 20 }))
+  const { messages, exits } = await openReady(t, httpConfig(up.url, { reconnect: { maxAttempts: 2, baseDelayMs: 10, maxDelayMs: 20 } }))
   await until(() => numbers(messages).includes(2) ? true : undefined, 'the event of the second GET')
   t.equal(gets(up.seen).length, 2, 'the 503 was retried')
   await until(() => up.open() === 1 ? true : undefined, 'the endless answer released upstream')
@@ -216,7 +198,7 @@ t.test('a GET that fails inside its dispatch (pool destroyed) is retried, then g
     res.writeHead(200, { 'content-type': 'text/event-stream' })
     res.write(note(n))
   })
-  const { conn, messages, exits } = await openReady(t, httpConfig(up.url, { maxAttempts: 2, baseDelayMs: 10, maxDelayMs: 20 }))
+  const { conn, messages, exits } = await openReady(t, httpConfig(up.url, { reconnect: { maxAttempts: 2, baseDelayMs: 10, maxDelayMs: 20 } }))
   await until(() => numbers(messages).includes(0) ? true : undefined, 'the first stream')
   // The backend keeps its pools: every GET from here fails from inside dispatch(), synchronously.
   await closeHttpDispatchers()
@@ -239,7 +221,7 @@ t.test('a message above MAX_BODY_BYTES on the GET stream ends that stream; the n
     const mib = 'x'.repeat(1024 * 1024)
     for (let i = 0; i <= MAX_BODY_BYTES / mib.length + 1; i++) res.write(mib)
   })
-  const { messages, exits } = await openReady(t, httpConfig(up.url, { maxAttempts: 2, baseDelayMs: 60_000, maxDelayMs: 60_000 }))
+  const { messages, exits } = await openReady(t, httpConfig(up.url, { reconnect: { maxAttempts: 2, baseDelayMs: 60_000, maxDelayMs: 60_000 } }))
   await until(() => numbers(messages).includes(2) ? true : undefined, 'the event of the second stream', 30_000)
   t.same(numbers(messages), [1, 2])
   t.equal(gets(up.seen)[1]?.headers['last-event-id'], 'g1', 'the oversized message never moved the cursor')

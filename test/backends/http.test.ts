@@ -6,6 +6,7 @@
 import { spawn } from 'node:child_process'
 import { once } from 'node:events'
 import { createRequire } from 'node:module'
+import { httpConfig } from '../helpers/http-config.js'
 import t, { type Test } from 'tap'
 import { pino } from 'pino'
 import type { BackendExit, BackendHandlers } from '../../src/backends/backend.js'
@@ -20,22 +21,6 @@ t.teardown(closeHttpDispatchers)
 
 const silent = pino({ level: process.env.TEST_LOG ?? 'silent' })
 
-function httpConfig (url: string, overrides: Partial<HttpServerConfig> = {}): HttpServerConfig {
-  return {
-    transport: 'streamable-http',
-    url,
-    // These tests are about the 2025 transports: no era probe before the session.
-    protocol: 'legacy',
-    headers: {},
-    forwardHeaders: [],
-    maxSessions: 100,
-    connectTimeoutMs: 2000,
-    requestTimeoutMs: 10_000,
-    connections: 4,
-    reconnect: { maxAttempts: 2, baseDelayMs: 20, maxDelayMs: 200 },
-    ...overrides
-  }
-}
 
 /** Collects what the connection hands to its handlers and waits for it (guarding against hangs, not timing). */
 class Inbox {

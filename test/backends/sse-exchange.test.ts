@@ -7,6 +7,7 @@
 // fed the same chunks through one TextDecoder reads (readSse, and this reader before issue 10).
 import type { IncomingHttpHeaders } from 'node:http'
 import t, { type Test } from 'tap'
+import { eventually } from '../helpers/wait.js'
 import { Pool, request, type Dispatcher } from 'undici'
 import { createParser, type EventSourceMessage } from 'eventsource-parser'
 import { describe, endsEvent, SseExchange, type SseHandler } from '../../src/backends/http-io.js'
@@ -48,14 +49,9 @@ class Watched extends SseExchange {
   }
 }
 
+/** Waits for `find` to return something, polling often: some states here last only moments. */
 async function until<T> (find: () => T | undefined, what: string, ms = 5000): Promise<T> {
-  const deadline = Date.now() + ms
-  for (;;) {
-    const found = find()
-    if (found !== undefined) return found
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`)
-    await new Promise(resolve => setTimeout(resolve, 5))
-  }
+  return await eventually(what, find, ms, 5)
 }
 
 const settle = async (): Promise<void> => { await new Promise(resolve => setTimeout(resolve, 30)) }

@@ -3,14 +3,14 @@ import { once } from 'node:events'
 import { createServer } from 'node:net'
 import { setTimeout as sleep } from 'node:timers/promises'
 
-/** Polls `probe` until it returns something other than undefined, or throws after `ms`. */
-export async function eventually<T> (what: string, probe: () => T | undefined | Promise<T | undefined>, ms = 10_000): Promise<T> {
+/** Polls `probe` every `everyMs` until it returns something other than undefined, or throws after `ms`. */
+export async function eventually<T> (what: string, probe: () => T | undefined | Promise<T | undefined>, ms = 10_000, everyMs = 50): Promise<T> {
   const deadline = Date.now() + ms
   for (;;) {
     const value = await probe()
     if (value !== undefined) return value
     if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`)
-    await sleep(50)
+    await sleep(everyMs)
   }
 }
 
