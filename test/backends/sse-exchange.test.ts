@@ -106,7 +106,8 @@ t.test('lets go of the answer\'s raw header Buffers while the stream stays open'
   exchange.abort()
 })
 
-t.test('abort() ends the exchange without a report and releases its connection', async t => {
+/** An upstream that sends one event and keeps the stream open, and an exchange started on it. */
+async function oneEventStarted (t: Test): Promise<{ up: Awaited<ReturnType<typeof upstream>>, rec: Recorder, exchange: SseExchange }> {
   const up = await upstream(t, (_req, res) => {
     res.writeHead(200, { 'content-type': 'text/event-stream' })
     res.write('data: one\n\n')
@@ -114,6 +115,11 @@ t.test('abort() ends the exchange without a report and releases its connection',
   const rec = new Recorder()
   const exchange = new SseExchange(rec)
   exchange.start(up.pool, get())
+  return { up, rec, exchange }
+}
+
+t.test('abort() ends the exchange without a report and releases its connection', async t => {
+  const { up, rec, exchange } = await oneEventStarted(t)
   await until(() => rec.events[0], 'the first event')
   exchange.abort()
   exchange.abort()
@@ -124,13 +130,7 @@ t.test('abort() ends the exchange without a report and releases its connection',
 })
 
 t.test('abort() before the request started aborts it when undici starts it', async t => {
-  const up = await upstream(t, (_req, res) => {
-    res.writeHead(200, { 'content-type': 'text/event-stream' })
-    res.write('data: one\n\n')
-  })
-  const rec = new Recorder()
-  const exchange = new SseExchange(rec)
-  exchange.start(up.pool, get())
+  const { up, rec, exchange } = await oneEventStarted(t)
   exchange.abort() // the pool is still connecting
   await until(() => up.pool.stats.running === 0 && up.pool.stats.pending === 0 ? true : undefined, 'the request gone')
   await settle()
