@@ -199,7 +199,6 @@ export class StreamWriter {
     const sent: unknown = (res as unknown as { _header?: unknown })._header
     if (typeof sent === 'string') sent.charCodeAt(0)
     this.#keepAlive = startKeepAlive(this.#o.keepAliveMs, this)
-
   }
 
   /** Called by the keep-alive timer (http/keep-alive.ts) about every keepAliveMs while open. */
