@@ -225,7 +225,7 @@ export class SseExchange implements Dispatcher.DispatchHandler {
     this.#handler = handler
   }
 
-  /** The answer's status; 0 until it arrives (and for an exchange that failed before it). */
+  /** The answer's status; 0 until onSseResponse took it (and for an exchange that failed before, or there). */
   get status (): number {
     return this.#status
   }
@@ -257,13 +257,20 @@ export class SseExchange implements Dispatcher.DispatchHandler {
   onResponseStart (controller: Dispatcher.DispatchController, status: number, headers: IncomingHttpHeaders): void {
     // 1xx answers are informational; the real one follows.
     if (this.#over || status < 200) return
-    this.#status = status
-    controller.rawHeaders = null
+    try {
+      controller.rawHeaders = null
+    } catch {
+      // A controller whose rawHeaders is getter-only (a later undici) keeps them itself: nothing to let go of.
+    }
     try {
       this.#streaming = this.#handler.onSseResponse(this, status, headers)
     } catch (err) {
+      // Status 0: the owner sees a failure with the handler's error, not an answer it refused.
       this.#fail(err)
+      return
     }
+    // Only now: onSseEnd reads status and streaming together as the handler's verdict on this answer.
+    this.#status = status
   }
 
   onResponseData (_controller: Dispatcher.DispatchController, chunk: Buffer): void {

@@ -102,6 +102,7 @@ t.test('lets go of the answer\'s raw header Buffers while the stream stays open'
   exchange.start(up.pool, get())
   await until(() => rec.events[0], 'the first event')
   t.equal(rec.answered?.headers['x-padding'], 'p'.repeat(200), 'the handler saw the headers')
+  t.ok(exchange.controller, 'undici handed the exchange its controller')
   t.notOk(exchange.controller?.rawHeaders, 'the controller no longer holds them')
   exchange.abort()
 })
@@ -219,12 +220,46 @@ t.test('an answer it is told not to read is drained to its end, then reported wi
   t.equal(up.pool.stats.connected, 1, 'read to its end: the connection stays for the next request')
 })
 
-// ---- the parser made per event: same reading as one parser for the whole stream ---------------
-
 /** A controller for driving an exchange by hand, as undici would. */
 function fakeController (): Dispatcher.DispatchController {
   return { aborted: false, paused: false, reason: null, rawHeaders: [], abort () {}, pause () {}, resume () {} }
 }
+
+t.test('a controller whose rawHeaders is getter-only: the stream is read as any other', async t => {
+  const controller: Dispatcher.DispatchController = {
+    aborted: false,
+    paused: false,
+    reason: null,
+    get rawHeaders () { return [] },
+    abort () {},
+    pause () {},
+    resume () {}
+  }
+  const rec = new Recorder()
+  const exchange = new SseExchange(rec)
+  exchange.onRequestStart(controller)
+  exchange.onResponseStart(controller, 200, { 'content-type': 'text/event-stream' })
+  exchange.onResponseData(controller, Buffer.from('data: a\n\n'))
+  exchange.onResponseEnd()
+  t.equal(exchange.status, 200)
+  t.ok(exchange.streaming)
+  t.same(rec.events.map(e => e.data), ['a'])
+  t.same(rec.ends, [null], 'ended by its body, not by a failed write')
+})
+
+t.test('a handler that throws on the answer: reported as a failure with status 0, not as a refused answer', async t => {
+  const boom = new Error('onSseResponse failed')
+  const rec = new Recorder(() => { throw boom })
+  const exchange = new SseExchange(rec)
+  const controller = fakeController()
+  exchange.onRequestStart(controller)
+  exchange.onResponseStart(controller, 200, { 'content-type': 'text/event-stream' })
+  t.same(rec.ends, [boom])
+  t.equal(exchange.status, 0, 'the answer was never taken')
+  t.notOk(exchange.streaming)
+})
+
+// ---- the parser made per event: same reading as one parser for the whole stream ---------------
 
 /** Feeds `chunks` to an exchange as one 200 text/event-stream answer; what it reported. */
 function readChunks (chunks: Uint8Array[]): Recorder {
