@@ -118,7 +118,7 @@ export function backoff (attempt: number, baseMs: number, maxMs: number): number
  */
 export function readSse (body: Body, onEvent: (event: EventSourceMessage) => void, onRetry: (ms: number) => void, done: (err: Error | null) => void): void {
   const decoder = new TextDecoder()
-  const parser = createParser({ onEvent, onRetry, maxBufferSize: MAX_BODY_BYTES })
+  const parser = boundedParser(onEvent, onRetry)
   let over = false
   const finish = (err: Error | null): void => {
     if (over) return
@@ -126,8 +126,9 @@ export function readSse (body: Body, onEvent: (event: EventSourceMessage) => voi
     body.off('data', onData).off('end', onEnd).off('error', finish).off('close', onClose)
     done(err)
   }
-  // As for await did: a throw stops the read and releases the body. Past the parser's buffer limit,
-  // feed() throws, so an oversized message ends the stream.
+  // As for await did: a throw stops the read and releases the body. feed() throws on an event
+  // above the limit too (boundedParser), so an oversized message ends the stream in the chunk that
+  // crosses the limit.
   const fail = (err: unknown): void => {
     // The body reports its destruction as an error after our listener is gone: keep it from being uncaught.
     body.on('error', noop).destroy()
@@ -158,6 +159,26 @@ export function readSse (body: Body, onEvent: (event: EventSourceMessage) => voi
     return
   }
   body.on('data', onData).on('end', onEnd).on('error', finish).on('close', onClose)
+}
+
+/**
+ * An eventsource-parser whose feed() throws, in the chunk that crosses it, on an event above
+ * MAX_BODY_BYTES (counted in characters, as the parser counts). eventsource-parser 3.1.1 does not:
+ * past its maxBufferSize it only reports to onError and refuses the next feed(), so onError throws
+ * here; and it checks the limit on what it still holds after dispatching, so an event that the
+ * crossing chunk also completes would be dispatched whole, which onEvent refuses.
+ */
+function boundedParser (onEvent: (event: EventSourceMessage) => void, onRetry: (ms: number) => void): EventSourceParser {
+  return createParser({
+    onEvent: event => {
+      if (event.data.length > MAX_BODY_BYTES) throw new Error(`an SSE event exceeds ${MAX_BODY_BYTES} characters`)
+      onEvent(event)
+    },
+    onRetry,
+    // The other parse errors (an unknown field, a bad retry) are skipped, as the spec says.
+    onError: err => { if (err.type === 'max-buffer-size-exceeded') throw err },
+    maxBufferSize: MAX_BODY_BYTES
+  })
 }
 
 /** readSse as a promise: resolves when the body ends, rejects with what ended it otherwise. */
@@ -286,7 +307,7 @@ export class SseExchange implements Dispatcher.DispatchHandler {
       return
     }
     try {
-      // As in readSse: a throw (the parser's past its buffer limit, or a handler's) ends the read.
+      // As in readSse: a throw (boundedParser's on an oversized event, or a handler's) ends the read.
       const parser = this.#parser ?? this.#newParser()
       parser.feed(this.#decoder!.decode(chunk, { stream: true }))
       // Unless a handler ended the exchange meanwhile, or a new parser replaced this one.
@@ -301,11 +322,7 @@ export class SseExchange implements Dispatcher.DispatchHandler {
     this.#begun = true
     // TextDecoder strips a BOM at the start of what it decodes: right for the stream's start only.
     this.#decoder = first ? new TextDecoder() : new TextDecoder('utf-8', { ignoreBOM: true })
-    const parser = createParser({
-      onEvent: event => { this.#handler.onSseEvent(this, event) },
-      onRetry: ms => { this.#handler.onSseRetry(this, ms) },
-      maxBufferSize: MAX_BODY_BYTES
-    })
+    const parser = boundedParser(event => { this.#handler.onSseEvent(this, event) }, ms => { this.#handler.onSseRetry(this, ms) })
     // eventsource-parser looks for a BOM in its first chunk: one past the stream's start must not.
     if (!first) parser.feed('')
     this.#parser = parser

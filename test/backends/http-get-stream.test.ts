@@ -271,3 +271,33 @@ t.test('readSse settles once and removes its listeners', async t => {
   t.equal(thrown.calls, 1)
   t.equal(listening(thrown.body), 0)
 })
+
+t.test('readSse: a message above MAX_BODY_BYTES ends the read in the chunk that crosses the limit', async t => {
+  // Each answer crosses the limit, then the upstream goes quiet with the stream open.
+  const http = await listen((req, res) => {
+    res.writeHead(200, { 'content-type': 'text/event-stream' })
+    if (req.url === '/endless') {
+      res.write(`data: ${'x'.repeat(MAX_BODY_BYTES)}`)
+      return
+    }
+    // The event ends in the chunk that crosses the limit, which eventsource-parser alone dispatches whole.
+    res.write(`id: big\ndata: ${'x'.repeat(MAX_BODY_BYTES - 1000)}`)
+    setTimeout(() => res.write(`${'x'.repeat(2000)}\n\ndata: after\n\n`), 50)
+  })
+  t.teardown(http.close)
+  const read = async (path: string): Promise<{ body: Body, err: Error | null | 'still reading', events: string[] }> => {
+    const { body } = await request(`${http.url}${path}`)
+    const events: string[] = []
+    const err = await Promise.race([
+      new Promise<Error | null>(resolve => { readSse(body, event => { events.push(event.id ?? event.data) }, () => {}, resolve) }),
+      new Promise<'still reading'>(resolve => setTimeout(() => resolve('still reading'), 5000).unref())
+    ])
+    return { body, err, events }
+  }
+  for (const path of ['/endless', '/completed']) {
+    const { body, err, events } = await read(path)
+    t.match(err, { message: /max buffer size|exceeds/ }, `${path}: the read ended with the limit's error`)
+    t.same(events, [], `${path}: nothing delivered`)
+    t.ok(body.destroyed, `${path}: the body released`)
+  }
+})

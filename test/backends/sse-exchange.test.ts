@@ -10,7 +10,7 @@ import t, { type Test } from 'tap'
 import { eventually } from '../helpers/wait.js'
 import { Pool, request, type Dispatcher } from 'undici'
 import { createParser, type EventSourceMessage } from 'eventsource-parser'
-import { describe, endsEvent, SseExchange, type SseHandler } from '../../src/backends/http-io.js'
+import { describe, endsEvent, MAX_BODY_BYTES, SseExchange, type SseHandler } from '../../src/backends/http-io.js'
 import { closedPort, listen } from '../fixtures/http-upstreams.js'
 
 /** Records what an exchange reports; `read` decides whether an answer is read as SSE. */
@@ -354,6 +354,30 @@ t.test('a BOM is stripped at the stream\'s start only, also when the parser was 
   const latin = readChunks([enc('data: a\n\n'), enc('ï»¿data: b\n\n')])
   t.same(latin.events.map(e => e.data), ['a'], 'nor does a new parser take its first chunk for the stream\'s start')
   t.same(readOnce([enc('data: a\n\n'), enc('ï»¿data: b\n\n')]).events.map(e => e.data), ['a'], '(one parser agrees)')
+})
+
+// ---- events above MAX_BODY_BYTES: the read ends in the chunk that crosses the limit -------------
+
+t.test('an oversized event that the chunk crossing the limit completes is not delivered', async t => {
+  const enc = (s: string): Uint8Array => new TextEncoder().encode(s)
+  // eventsource-parser checks its limit after dispatching: on its own it would hand this event over whole.
+  const rec = readChunks([enc(`id: big\ndata: ${'x'.repeat(MAX_BODY_BYTES - 1000)}`), enc(`${'x'.repeat(2000)}\n\ndata: after\n\n`)])
+  t.same(rec.events.map(e => e.id), [], 'neither it nor what followed it in that chunk')
+  t.equal(rec.ends.length, 1)
+  t.match(rec.ends[0], { message: /exceeds/ })
+})
+
+t.test('an oversized event that does not end ends the read in the chunk that crosses the limit, not the next', async t => {
+  const rec = new Recorder()
+  const exchange = new SseExchange(rec)
+  const controller = fakeController()
+  exchange.onRequestStart(controller)
+  exchange.onResponseStart(controller, 200, { 'content-type': 'text/event-stream' })
+  exchange.onResponseData(controller, Buffer.from('data: x\n\n'))
+  exchange.onResponseData(controller, Buffer.from(`data: ${'x'.repeat(MAX_BODY_BYTES)}`))
+  t.equal(rec.ends.length, 1, 'ended at once: an upstream that goes quiet now cannot leave it waiting')
+  t.match(rec.ends[0], { message: /max buffer size/ })
+  t.same(rec.events.map(e => e.data), ['x'])
 })
 
 t.test('endsEvent: a chunk that ends with an empty line, whatever the line endings', async t => {
