@@ -252,12 +252,13 @@ export class StreamableHttpBackend extends HttpBackend implements SseHandler {
 
   /**
    * What one SSE event does: moves the cursor, then delivers a `message` event's data. A POST's
-   * stream (p) fails its request on garbage; the GET stream (p null) reports its event ids instead.
+   * stream (p) fails its request on garbage; the GET stream (p null) reports its event ids instead
+   * (reportId) while it belongs to the current backend session.
    */
-  #onEvent (cursor: SseCursor, event: EventSourceMessage, p: Pending | null): void {
+  #onEvent (cursor: SseCursor, event: EventSourceMessage, p: Pending | null, reportId = false): void {
     if (event.id !== undefined) {
       cursor.lastId = event.id
-      if (p === null) this.handlers.onGetStreamEventId?.(event.id)
+      if (reportId) this.handlers.onGetStreamEventId?.(event.id)
     }
     if (event.event !== undefined && event.event !== 'message') return
     if (!this.deliverData(event.data) && p !== null) {
@@ -376,7 +377,17 @@ export class StreamableHttpBackend extends HttpBackend implements SseHandler {
   // promise or parked frame (issue 10).
 
   #openGet (): void {
-    if (this.#get !== null || this.closed) return
+    if (this.closed) return
+    const current = this.#get
+    if (current !== null) {
+      // A run on the current backend session, or one waiting for the re-initialise it asked for
+      // (#getSessionGone), whose next GET goes to the new session, goes on. One that still reads,
+      // or waits to reopen, the stream of a session since replaced (a POST's 404 re-initialised it)
+      // would listen to a dead session for as long as the backend keeps that stream: start over.
+      if (current.sid === this.#sessionId || current.awaitingReinit) return
+      this.log.debug('backend session replaced; the GET stream moves to the new one')
+      this.#endGet(current)
+    }
     const loop = new GetLoop(this.#getCursor)
     this.#get = loop
     this.#connectGet(loop)
@@ -422,7 +433,10 @@ export class StreamableHttpBackend extends HttpBackend implements SseHandler {
   /** SseHandler of the GET stream. A throw ends the stream, which then reconnects. */
   onSseEvent (exchange: SseExchange, event: EventSourceMessage): void {
     const loop = this.#runOf(exchange)
-    if (loop !== null) this.#onEvent(loop.cursor, event, null)
+    // Until #openGet moves the run to a re-initialised session, the old session's stream reads on:
+    // its event ids mean nothing to the new session (a replica taking the lease over would resume
+    // it with one), so they are not reported.
+    if (loop !== null) this.#onEvent(loop.cursor, event, null, loop.sid === this.#sessionId)
   }
 
   /** SseHandler of the GET stream. */
@@ -569,6 +583,11 @@ class GetLoop {
 
   constructor (cursor: SseCursor) {
     this.cursor = cursor
+  }
+
+  /** Between GETs with no wait set: #getSessionGone waits for a re-initialise, then opens the next GET. */
+  get awaitingReinit (): boolean {
+    return !this.stopped && this.exchange === null && this.timer === undefined
   }
 
   /** Ends the run; idempotent. */

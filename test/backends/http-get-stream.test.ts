@@ -228,6 +228,51 @@ t.test('a message above MAX_BODY_BYTES on the GET stream ends that stream; the n
   t.equal(exits.length, 0)
 })
 
+t.test('a POST\'s 404 re-initialises the session: the GET stream moves to the new session, and the old one\'s ids go unreported', async t => {
+  // The backend ends session s1 for POSTs (404) but keeps its GET stream open, and sends on it once more.
+  const seen: Recorded[] = []
+  const streams = new Map<string, ServerResponse>()
+  const released = new Set<string>()
+  let sessions = 0
+  const http = await listen((req, res) => {
+    void readBody(req).then(text => {
+      const body = text === '' ? undefined : JSON.parse(text) as { id?: RequestId, method?: string }
+      const sid = req.headers['mcp-session-id']
+      seen.push({ method: req.method ?? '', url: req.url ?? '', headers: req.headers, body })
+      if (req.method === 'GET') {
+        res.writeHead(200, { 'content-type': 'text/event-stream' })
+        res.write(`id: ${sid === 's1' ? 'old-1' : 'new-1'}\n${note(sid === 's1' ? 1 : 3)}`)
+        streams.set(String(sid), res)
+        res.once('close', () => { released.add(String(sid)) })
+        return
+      }
+      if (req.method === 'DELETE') { res.writeHead(200).end(); return }
+      if (body?.method === 'initialize') {
+        const next = `s${++sessions}`
+        // The old session's stream speaks while the new session is being made.
+        if (next === 's2') streams.get('s1')?.write(`id: old-2\n${note(2)}`)
+        res.writeHead(200, { 'content-type': 'application/json', 'mcp-session-id': next })
+        res.end(JSON.stringify({ jsonrpc: '2.0', id: body.id, result: { protocolVersion: '2025-11-25', capabilities: {}, serverInfo: { name: 'raw', version: '1' } } }))
+        return
+      }
+      if (body?.id === undefined) { res.writeHead(202).end(); return }
+      if (sid === 's1') { res.writeHead(404).end(); return }
+      res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ jsonrpc: '2.0', id: body.id, result: {} }))
+    })
+  })
+  t.teardown(http.close)
+  const { conn, messages, ids, exits } = await openReady(t, httpConfig(`${http.url}/mcp`))
+  await until(() => ids.includes('old-1') ? true : undefined, 'the first event of s1\'s stream')
+  await conn.send({ jsonrpc: '2.0', id: 2, method: 'tools/call', params: { name: 'x' } })
+  await until(() => messages.find(m => 'id' in m && m.id === 2 && !('method' in m)), 'the call answered on s2')
+  await until(() => gets(seen).find(r => r.headers['mcp-session-id'] === 's2'), 'a GET on the new session')
+  await until(() => released.has('s1') ? true : undefined, 'the stream of s1 released')
+  await until(() => ids.includes('new-1') ? true : undefined, 'the first event of s2\'s stream')
+  t.notOk(ids.includes('old-2'), 'no id of s1 reported once s1 was replaced')
+  t.equal(gets(seen).length, 2, 'one GET per session')
+  t.equal(exits.length, 0)
+})
+
 t.test('readSse settles once and removes its listeners', async t => {
   const http = await listen((req, res) => {
     res.writeHead(200, { 'content-type': 'text/event-stream' })
