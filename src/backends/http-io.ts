@@ -61,6 +61,12 @@ export function sseDataLines (text: string): string[] {
 
 /** What drain() reads of a body it does not want before it drops the connection instead. */
 const DRAIN_LIMIT = 65_536
+/**
+ * How long an SseExchange drains an answer it does not read before it drops the connection instead.
+ * Its status is all that is used, and a refusal's body comes with its headers: one still open a
+ * second later (bodyTimeout is 0 on a stream) would hold the exchange, and its owner, for ever.
+ */
+export const DRAIN_TIMEOUT_MS = 1000
 
 export async function drain (body: Body): Promise<void> {
   await body.dump({ limit: DRAIN_LIMIT }).catch(() => {})
@@ -200,7 +206,7 @@ function prematureClose (): Error {
 
 /** What an SseExchange reports to its owner; each call names the exchange, so a stale one can be told apart. */
 export interface SseHandler {
-  /** The answer arrived: true reads its body as SSE; false drains it (as drain() does) before onSseEnd. */
+  /** The answer arrived: true reads its body as SSE; false drains it (as drain() does, for DRAIN_TIMEOUT_MS at most) before onSseEnd. */
   onSseResponse (exchange: SseExchange, status: number, headers: IncomingHttpHeaders): boolean
   onSseEvent (exchange: SseExchange, event: EventSourceMessage): void
   onSseRetry (exchange: SseExchange, ms: number): void
@@ -239,8 +245,8 @@ export class SseExchange implements Dispatcher.DispatchHandler {
   #decoder: TextDecoder | null = null
   /** A parser was made before: the stream's start, where a BOM is stripped, is behind us. */
   #begun = false
-  /** Bytes of an answer that is drained, not read. */
-  #drained = 0
+  /** An answer that is drained, not read: its bytes so far and its deadline (DRAIN_TIMEOUT_MS). */
+  #drain: { bytes: number, timer: NodeJS.Timeout } | null = null
 
   constructor (handler: SseHandler) {
     this.#handler = handler
@@ -292,18 +298,24 @@ export class SseExchange implements Dispatcher.DispatchHandler {
     }
     // Only now: onSseEnd reads status and streaming together as the handler's verdict on this answer.
     this.#status = status
+    // Unless the handler ended the exchange meanwhile. Unref'd: a drain alone does not keep the process up.
+    if (!this.#streaming && !this.#over) this.#drain = { bytes: 0, timer: setTimeout(() => { this.#dropDrained() }, DRAIN_TIMEOUT_MS).unref() }
+  }
+
+  /** Stops draining (limit or deadline): the connection is dropped and the answer reported as ended. */
+  #dropDrained (): void {
+    if (this.#over) return
+    this.#over = true
+    this.#controller?.abort(abandoned())
+    this.#ended(null)
   }
 
   onResponseData (_controller: Dispatcher.DispatchController, chunk: Buffer): void {
     if (this.#over) return
     if (!this.#streaming) {
       // As drain(): past the limit the connection is dropped rather than read to its end.
-      this.#drained += chunk.length
-      if (this.#drained > DRAIN_LIMIT) {
-        this.#over = true
-        this.#controller?.abort(abandoned())
-        this.#ended(null)
-      }
+      const drain = this.#drain
+      if (drain !== null && (drain.bytes += chunk.length) > DRAIN_LIMIT) this.#dropDrained()
       return
     }
     try {
@@ -364,6 +376,10 @@ export class SseExchange implements Dispatcher.DispatchHandler {
   #release (): void {
     this.#parser = null
     this.#decoder = null
+    if (this.#drain !== null) {
+      clearTimeout(this.#drain.timer)
+      this.#drain = null
+    }
   }
 }
 

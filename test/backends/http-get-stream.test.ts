@@ -11,7 +11,7 @@ import { eventually } from '../helpers/wait.js'
 import { pino } from 'pino'
 import { request } from 'undici'
 import { closeHttpDispatchers, openHttpBackend, type HttpBackendConnection, type HttpBackendOpenOptions } from '../../src/backends/http.js'
-import { dispatcherFor, MAX_BODY_BYTES, readSse, type Body } from '../../src/backends/http-io.js'
+import { dispatcherFor, DRAIN_TIMEOUT_MS, MAX_BODY_BYTES, readSse, type Body } from '../../src/backends/http-io.js'
 import type { BackendExit } from '../../src/backends/backend.js'
 import type { HttpServerConfig } from '../../src/config/schema.js'
 import type { JsonRpcMessage, RequestId } from '../../src/core/jsonrpc.js'
@@ -190,6 +190,25 @@ t.test('a GET answer that is not a stream and does not end is dropped after 64 K
   await until(() => numbers(messages).includes(2) ? true : undefined, 'the event of the second GET')
   t.equal(gets(up.seen).length, 2, 'the 503 was retried')
   await until(() => up.open() === 1 ? true : undefined, 'the endless answer released upstream')
+  t.equal(exits.length, 0)
+})
+
+t.test('a GET answered 503 whose short body never ends is retried after DRAIN_TIMEOUT_MS', async t => {
+  const up = await scriptedUpstream(t, (n, res) => {
+    if (n > 0) {
+      res.writeHead(200, { 'content-type': 'text/event-stream' })
+      res.write(note(2))
+      return
+    }
+    // Under the drain limit and open: with bodyTimeout 0 only the deadline ends it.
+    res.writeHead(503, { 'content-type': 'text/html' })
+    res.write('<html>busy')
+  })
+  const { conn, messages, exits } = await openReady(t, httpConfig(up.url, { reconnect: { maxAttempts: 2, baseDelayMs: 10, maxDelayMs: 20 } }))
+  await until(() => numbers(messages).includes(2) ? true : undefined, 'the event of the second GET', DRAIN_TIMEOUT_MS + 4000)
+  t.equal(gets(up.seen).length, 2, 'the 503 was retried')
+  await until(() => up.open() === 1 ? true : undefined, 'the endless answer released upstream')
+  t.ok(conn.listening)
   t.equal(exits.length, 0)
 })
 

@@ -10,7 +10,7 @@ import t, { type Test } from 'tap'
 import { eventually } from '../helpers/wait.js'
 import { Pool, request, type Dispatcher } from 'undici'
 import { createParser, type EventSourceMessage } from 'eventsource-parser'
-import { describe, endsEvent, MAX_BODY_BYTES, SseExchange, type SseHandler } from '../../src/backends/http-io.js'
+import { describe, DRAIN_TIMEOUT_MS, endsEvent, MAX_BODY_BYTES, SseExchange, type SseHandler } from '../../src/backends/http-io.js'
 import { closedPort, listen } from '../fixtures/http-upstreams.js'
 
 /** Records what an exchange reports; `read` decides whether an answer is read as SSE. */
@@ -218,6 +218,25 @@ t.test('an answer it is told not to read is drained to its end, then reported wi
   t.same(rec.events, [], 'the body was not parsed')
   await settle()
   t.equal(up.pool.stats.connected, 1, 'read to its end: the connection stays for the next request')
+})
+
+t.test('an answer it is told not to read whose body never ends is reported with its status after DRAIN_TIMEOUT_MS', async t => {
+  const up = await upstream(t, (_req, res) => {
+    res.writeHead(409, { 'content-type': 'application/json' })
+    res.write('{"error":') // and stays open, well under the drain limit
+  })
+  const rec = new Recorder()
+  const exchange = new SseExchange(rec)
+  const started = Date.now()
+  exchange.start(up.pool, get())
+  await until(() => rec.ends[0] !== undefined ? true : undefined, 'the end', DRAIN_TIMEOUT_MS + 4000)
+  t.ok(Date.now() - started >= DRAIN_TIMEOUT_MS - 50, 'not before the deadline')
+  t.same(rec.ends, [null], 'reported as ended: the status decides')
+  t.equal(exchange.status, 409)
+  await until(() => up.open() === 0 ? true : undefined, 'the connection dropped upstream')
+  await settle()
+  t.same(rec.ends, [null], 'once')
+  t.equal(up.pool.stats.running, 0)
 })
 
 /** A controller for driving an exchange by hand, as undici would. */
