@@ -245,6 +245,8 @@ export class SseExchange implements Dispatcher.DispatchHandler {
   #decoder: TextDecoder | null = null
   /** A parser was made before: the stream's start, where a BOM is stripped, is behind us. */
   #begun = false
+  /** Inside start(): a failure reported now is passed on after start() returned. */
+  #starting = false
   /** An answer that is drained, not read: its bytes so far and its deadline (DRAIN_TIMEOUT_MS). */
   #drain: { bytes: number, timer: NodeJS.Timeout } | null = null
 
@@ -262,9 +264,21 @@ export class SseExchange implements Dispatcher.DispatchHandler {
     return this.#streaming
   }
 
-  /** Sends the request. A failure to dispatch it is reported through onSseEnd too. */
+  /**
+   * Sends the request. A failure to dispatch it is reported through onSseEnd too, never from
+   * inside start(): undici reports some (a bad header value, a destroyed pool) at once, and a
+   * caller that gives up on the first failure would otherwise see its owner ended before start()
+   * returned (a constructor, say).
+   */
   start (dispatcher: Dispatcher, options: Dispatcher.DispatchOptions): void {
-    dispatcher.dispatch(options, this)
+    this.#starting = true
+    try {
+      dispatcher.dispatch(options, this)
+    } catch (err) {
+      this.#lost(asError(err))
+    } finally {
+      this.#starting = false
+    }
   }
 
   /** Ends the exchange from our side, releasing its connection; onSseEnd is not called. Idempotent. */
@@ -355,9 +369,14 @@ export class SseExchange implements Dispatcher.DispatchHandler {
   }
 
   onResponseError (_controller: Dispatcher.DispatchController, err: Error): void {
+    this.#lost(err)
+  }
+
+  #lost (err: Error): void {
     if (this.#over) return
     this.#over = true
-    this.#ended(err)
+    if (this.#starting) queueMicrotask(() => { this.#ended(err) })
+    else this.#ended(err)
   }
 
   #fail (err: unknown): void {

@@ -402,7 +402,7 @@ export class StreamableHttpBackend extends HttpBackend implements SseHandler {
     // A re-initialise meanwhile starts a new cursor for the next GET; this one reads into its own.
     loop.sid = this.#sessionId
     loop.cursor = this.#getCursor
-    // Made current before it starts: undici reports a failure to dispatch at once, from inside start().
+    // Made current before it starts: what the exchange reports is matched to the run by it (#runOf).
     const exchange = new SseExchange(this)
     loop.exchange = exchange
     exchange.start(this.streams, {

@@ -11,11 +11,12 @@ import { eventually } from '../helpers/wait.js'
 import { pino } from 'pino'
 import { request } from 'undici'
 import { closeHttpDispatchers, openHttpBackend, type HttpBackendConnection, type HttpBackendOpenOptions } from '../../src/backends/http.js'
+import { StreamableHttpBackend } from '../../src/backends/streamable-http.js'
 import { dispatcherFor, DRAIN_TIMEOUT_MS, MAX_BODY_BYTES, readSse, type Body } from '../../src/backends/http-io.js'
-import type { BackendExit } from '../../src/backends/backend.js'
+import type { BackendExit, BackendHandlers } from '../../src/backends/backend.js'
 import type { HttpServerConfig } from '../../src/config/schema.js'
 import type { JsonRpcMessage, RequestId } from '../../src/core/jsonrpc.js'
-import { listen, readBody, type Recorded } from '../fixtures/http-upstreams.js'
+import { closedPort, listen, readBody, type Recorded } from '../fixtures/http-upstreams.js'
 
 t.teardown(closeHttpDispatchers)
 
@@ -226,6 +227,40 @@ t.test('a GET that fails inside its dispatch (pool destroyed) is retried, then g
   t.equal(exits.length, 1)
   t.equal(gets(up.seen).length, 1, 'the failed GETs never reached the upstream')
   await conn.close()
+})
+
+t.test('with reconnect.maxAttempts 0, a GET that fails inside its dispatch reports onExit after its caller returned', async t => {
+  const url = `http://127.0.0.1:${await closedPort()}/mcp`
+  const noRetry = { maxAttempts: 0, baseDelayMs: 10, maxDelayMs: 20 }
+  const exitsOf = (): { exits: BackendExit[], handlers: BackendHandlers } => {
+    const exits: BackendExit[] = []
+    return { exits, handlers: { onMessage: () => {}, onExit: e => { exits.push(e) } } }
+  }
+
+  t.test('the constructor (failover, listening at once)', async t => {
+    // A header value with a line break (an env var's trailing newline, say) fails every dispatch at once.
+    const config = httpConfig(url, { headers: { 'X-Upstream-Key': 'secret\n' }, reconnect: noRetry })
+    const { exits, handlers } = exitsOf()
+    const conn = new StreamableHttpBackend({ server: 'up', sid: 'client-session', config, log: silent, handlers, backendSessionId: 's1' }, config)
+    t.teardown(async () => await conn.close())
+    t.equal(exits.length, 0, 'not inside the constructor')
+    const exit = await until(() => exits[0], 'onExit')
+    t.match(exit.reason, /the GET stream failed: .*header.*; reconnect attempts exhausted/)
+  })
+
+  t.test('startListening()', async t => {
+    const config = httpConfig(url, { reconnect: noRetry })
+    const { exits, handlers } = exitsOf()
+    const conn = await openHttpBackend({ server: 'up', sid: 'client-session', config, log: silent, handlers, backendSessionId: 's1', listen: false })
+    t.teardown(async () => await conn.close())
+    // The connection keeps its pools: its next GET fails from inside dispatch().
+    await closeHttpDispatchers()
+    conn.startListening()
+    t.equal(exits.length, 0, 'not inside startListening()')
+    const exit = await until(() => exits[0], 'onExit')
+    t.match(exit.reason, /the GET stream failed: .*destroyed.*; reconnect attempts exhausted/)
+    t.equal(exits.length, 1)
+  })
 })
 
 t.test('a message above MAX_BODY_BYTES on the GET stream ends that stream; the next one resumes', async t => {

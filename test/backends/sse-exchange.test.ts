@@ -193,13 +193,29 @@ t.test('failures before an answer are undici\'s own errors, as request() rejects
     t.match(err, { code: 'UND_ERR_HEADERS_TIMEOUT' })
   })
 
-  t.test('a destroyed pool: reported at once, from inside start()', async t => {
+  t.test('a destroyed pool: undici reports it from inside dispatch(); onSseEnd follows once start() returned', async t => {
     const pool = new Pool('http://127.0.0.1:9', { connections: null })
     await pool.destroy()
     const rec = new Recorder()
     new SseExchange(rec).start(pool, get())
-    t.equal(rec.ends.length, 1, 'onSseEnd ran before start() returned')
+    t.equal(rec.ends.length, 0, 'not from inside start()')
+    await Promise.resolve()
+    t.equal(rec.ends.length, 1, 'on the next microtask')
     t.match(rec.ends[0], { code: 'UND_ERR_DESTROYED' })
+  })
+
+  t.test('a dispatcher that throws: one onSseEnd with its error, after start() returned', async t => {
+    const throwing = new Pool('http://127.0.0.1:9', { connections: null })
+    t.teardown(async () => await throwing.destroy())
+    throwing.dispatch = () => { throw new TypeError('bad options') }
+    const rec = new Recorder()
+    const exchange = new SseExchange(rec)
+    exchange.start(throwing, get())
+    t.equal(rec.ends.length, 0, 'not from inside start()')
+    await settle()
+    t.equal(rec.ends.length, 1)
+    t.match(rec.ends[0], { name: 'TypeError', message: 'bad options' })
+    t.equal(exchange.status, 0)
   })
 })
 
