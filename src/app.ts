@@ -208,7 +208,7 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
   // Looked up per use, so a replaced tenant table (config reload) applies at once.
   const upstream = (tenant: string | null | undefined, server: string): TenantUpstream => tenants.upstream(tenant, server)
   const toolPolicy = toolPolicies(tenants)
-  const quotaGate = new QuotaGate(tenant => tenants.limits(tenant), services.quotas, async sid => await services.store.get(sid) !== null)
+  const quotaGate = new QuotaGate(tenant => tenants.limits(tenant), services.quotas, async sid => await services.store.exists(sid))
   const router = new Router({
     replicaId,
     config,

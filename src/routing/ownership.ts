@@ -285,7 +285,7 @@ export class Ownership {
     for (const relay of [...this.#relays.values()]) {
       await breathe(i++)
       const [alive, leased] = await Promise.all([
-        store.get(relay.sid).then(r => r !== null),
+        store.exists(relay.sid),
         relay.isOwner ? store.renewOwner(relay.sid, replicaId, this.#leaseMs) : Promise.resolve(false)
       ])
       if (!alive) {

@@ -87,6 +87,10 @@ export class MemorySessionStore implements SessionStore {
     return live(entry, Date.now()) ? { ...entry.value } : null
   }
 
+  async exists (sid: string): Promise<boolean> {
+    return live(this.#records.get(sid), Date.now())
+  }
+
   async update (sid: string, patch: Partial<Omit<SessionRecord, 'id'>>): Promise<boolean> {
     const entry = this.#records.get(sid)
     // Never resurrect: an expired record stays gone, as the Redis twin's script guarantees.

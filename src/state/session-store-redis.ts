@@ -68,12 +68,15 @@ export class RedisSessionStore implements SessionStore {
     return decode(await storeCall(this.#redis.hgetall(this.#keys(sid).meta)))
   }
 
+  async exists (sid: string): Promise<boolean> {
+    return await storeCall(this.#redis.exists(this.#keys(sid).meta)) === 1
+  }
+
   async update (sid: string, patch: Partial<Omit<SessionRecord, 'id'>>): Promise<boolean> {
     const { id: _id, ...rest } = patch as Partial<SessionRecord>
     const fields = encode(rest)
-    const meta = this.#keys(sid).meta
-    if (fields.length === 0) return await storeCall(this.#redis.exists(meta)) === 1
-    return await storeCall(this.#redis.updateSession(meta, ...fields)) === 1
+    if (fields.length === 0) return await this.exists(sid)
+    return await storeCall(this.#redis.updateSession(this.#keys(sid).meta, ...fields)) === 1
   }
 
   async touch (sid: string, ttlMs: number): Promise<boolean> {

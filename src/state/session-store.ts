@@ -52,6 +52,8 @@ export interface SessionStore {
   /** Creates the record with a TTL; ids are random, so an existing id is an error. */
   create (record: SessionRecord, ttlMs: number): Promise<void>
   get (sid: string): Promise<SessionRecord | null>
+  /** Whether the record is live, without reading it (upkeep of many sessions at once). */
+  exists (sid: string): Promise<boolean>
   /** Changes fields of a live record; false (and no write) when it has expired or was deleted. */
   update (sid: string, patch: Partial<Omit<SessionRecord, 'id'>>): Promise<boolean>
   /** Refreshes the TTL of the record; false when it no longer exists. */

@@ -43,6 +43,20 @@ export function sessionStoreContract (t: Test, make: MakeSessionStore): void {
     t.equal(await store.get(randomUUID()), null)
   })
 
+  t.test('exists tells a live record from an unknown, expired or deleted one', async t => {
+    const store = await make(t)
+    const record = sampleRecord()
+    const short = sampleRecord()
+    await store.create(record, LONG_TTL)
+    await store.create(short, SHORT_TTL)
+    t.equal(await store.exists(record.id), true)
+    t.equal(await store.exists(randomUUID()), false, 'unknown')
+    await sleep(PAST_SHORT_TTL)
+    t.equal(await store.exists(short.id), false, 'expired')
+    await store.delete(record.id)
+    t.equal(await store.exists(record.id), false, 'deleted')
+  })
+
   t.test('create rejects an id that is already live', async t => {
     const store = await make(t)
     const record = sampleRecord()
