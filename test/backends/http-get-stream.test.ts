@@ -9,7 +9,7 @@ import t, { type Test } from 'tap'
 import { httpConfig } from '../helpers/http-config.js'
 import { eventually } from '../helpers/wait.js'
 import { pino } from 'pino'
-import { request } from 'undici'
+import { request, type Pool } from 'undici'
 import { closeHttpDispatchers, openHttpBackend, type HttpBackendConnection, type HttpBackendOpenOptions } from '../../src/backends/http.js'
 import { StreamableHttpBackend } from '../../src/backends/streamable-http.js'
 import { dispatcherFor, DRAIN_TIMEOUT_MS, MAX_BODY_BYTES, readSse, type Body } from '../../src/backends/http-io.js'
@@ -93,7 +93,8 @@ const gets = (seen: Recorded[]): Recorded[] => seen.filter(r => r.method === 'GE
  * GETs the shared streams pool of this upstream still runs (the backends' pool, http-io.ts): what a
  * stream left behind when it was stopped or lost would show here.
  */
-const streamsRunning = (url: string): number => dispatcherFor(new URL(url).origin, null, 2000).stats.running
+const streamsOf = (url: string): Pool => dispatcherFor(new URL(url).origin, null, httpConfig(url).connectTimeoutMs)
+const streamsRunning = (url: string): number => streamsOf(url).stats.running
 
 t.test('issue 10: a GET stream dropped again and again delivers every event once, in order, resuming after the last id', async t => {
   const drops = 6
@@ -166,7 +167,8 @@ t.test('a GET stopped before its connection is up is aborted once it is, and lis
   const { conn, messages, exits } = await openReady(t, httpConfig(up.url, { reconnect: { maxAttempts: 2, baseDelayMs: 10, maxDelayMs: 20 } }), { listen: false })
   conn.startListening()
   conn.stopListening()
-  await until(() => streamsRunning(up.url) === 0 ? true : undefined, 'the stopped GET aborted')
+  // Queued or connecting counts too: until undici starts it, the GET is pending, not running.
+  await until(() => streamsOf(up.url).stats.size === 0 ? true : undefined, 'the stopped GET aborted')
   await new Promise(resolve => setTimeout(resolve, 50))
   t.equal(up.open(), 0, 'no stream held upstream')
   t.same(numbers(messages), [], 'nothing read from the stopped GET')

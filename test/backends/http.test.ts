@@ -354,6 +354,20 @@ t.test('the GET stream finds the session gone (404) -> re-initialised and listen
   t.notOk(inbox.messages.some(m => 'id' in m && String(m.id).startsWith('gw-init-')))
 })
 
+t.test('a GET that finds a just re-initialised session gone again counts as a failure: one re-initialise, then backoff and an exit', async t => {
+  const up = await scriptedGetUpstream(t, (_n, res) => { res.writeHead(404).end() })
+  const { conn, inbox } = await open(t, { config: httpConfig(up.url, { reconnect: { maxAttempts: 2, baseDelayMs: 1, maxDelayMs: 5 } }) })
+  await handshake(conn, inbox)
+  const exit = await inbox.until(() => inbox.exits[0], 'the exit')
+  t.match(exit.reason, /re-initialised; reconnect attempts exhausted/)
+  t.equal(posts(up.seen, 'initialize').length, 2, 'the handshake and one re-initialise, not one per 404')
+  // The first GET (404: re-initialise), the immediate GET on the new session, then the two attempts.
+  t.equal(up.seen.filter(r => r.method === 'GET').length, 4)
+  await new Promise(resolve => setTimeout(resolve, 50))
+  t.equal(posts(up.seen, 'initialize').length, 2, 'nothing more after the exit')
+  t.equal(inbox.exits.length, 1)
+})
+
 t.test('404 on a notification re-initialises; 404 without initialize params ends the connection', async t => {
   const up = await startStreamableUpstream()
   t.teardown(up.close)
