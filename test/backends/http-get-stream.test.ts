@@ -180,7 +180,7 @@ t.test('a GET stopped before its connection is up is aborted once it is, and lis
 
 // An error page that never ends is drained as drain() does, then the 503 counts as a failed attempt.
 for (const [what, page, waitMs] of [
-  ['a GET answer that is not a stream and does not end is dropped after 64 KiB, then decided by its status', 'x'.repeat(100 * 1024), 5000],
+  ['a GET answer that is not a stream and does not end is dropped after 64 KiB, then decided by its status', 'x'.repeat(100 * 1024), 10_000],
   // Under the drain limit and open: with bodyTimeout 0 only the deadline ends it.
   ['a GET answered 503 whose short body never ends is retried after DRAIN_TIMEOUT_MS', '<html>busy', DRAIN_TIMEOUT_MS + 4000]
 ] as const) {
