@@ -28,9 +28,9 @@ class Ring {
     this.#onEmpty = onEmpty
   }
 
-  /** Adds a stream to the slot visited last: its first keep-alive comes one whole interval later. */
   get size (): number { return this.#size }
 
+  /** Adds a stream to the slot visited last: its first keep-alive comes one whole interval later. */
   add (target: KeepAliveTarget): KeepAliveSlot {
     const slot = this.#slots[(this.#next + SLOTS - 1) % SLOTS] as Set<KeepAliveTarget>
     slot.add(target)
