@@ -522,7 +522,7 @@ export class StreamableHttpBackend extends HttpBackend implements SseHandler {
       } catch (err) {
         this.#getLoopFailed(loop, err)
       }
-    }, this.retryDelay(loop.attempt++, this.#getCursor.retryMs)).unref()
+    }, this.retryDelay(loop.attempt++, loop.cursor.retryMs)).unref()
   }
 
   /** A bug in the loop itself, not a network failure: say so and stop listening. */

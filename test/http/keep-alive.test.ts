@@ -24,7 +24,7 @@ t.test('every stream is called about once per interval, not all in the same tick
     t.ok(seen.length >= 2 && seen.length <= 4, `stream ${i} was kept alive ${seen.length} times in about three intervals`)
     for (let k = 1; k < seen.length; k++) {
       const gap = (seen[k] ?? 0) - (seen[k - 1] ?? 0)
-      t.ok(gap > intervalMs * 0.7 && gap < intervalMs * 1.6, `stream ${i}: ${gap} ms between keep-alives (interval ${intervalMs})`)
+      t.ok(gap > intervalMs * 0.7 && gap < intervalMs * 1.9, `stream ${i}: ${gap} ms between keep-alives (interval ${intervalMs})`)
     }
   }
   const ticks = new Set(calls.flat().map(ms => Math.round(ms / (intervalMs / SLOTS))))
