@@ -43,6 +43,7 @@
 //   BENCH_PHASES [seq,throughput,idle,streams]
 //   BENCH_COMPARE_MAIN             absolute path of another build's dist/src/main.js
 //   BENCH_LOG_LEVEL                gateway log level (default: the shipped default, info)
+//   BENCH_GATEWAY_NODE_ARGS        extra node flags for every gateway (`--cpu-prof --cpu-prof-dir=DIR` profiles them)
 //   BENCH_OUT                      results file (default bench/results/<date>.json)
 // The table goes to stdout, progress to stderr. Everything started (redis-server on a free port,
 // gateway processes, upstreams, the proxy, stdio children) is stopped at the end, on error and

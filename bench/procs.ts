@@ -165,7 +165,9 @@ export async function startGatewayProcess (cleanup: Cleanup, dir: string, name: 
     const loopFile = join(dir, `gateway-${safe}.loop.jsonl`)
     await writeFile(configFile, JSON.stringify({ ...config, listen: { host: '127.0.0.1', port } }))
     const fd = openSync(logFile, 'a')
-    const nodeArgs: string[] = []
+    // BENCH_GATEWAY_NODE_ARGS: extra node flags for every gateway, e.g. `--cpu-prof --cpu-prof-dir=/tmp/prof`
+    // (node refuses --cpu-prof in NODE_OPTIONS).
+    const nodeArgs: string[] = (process.env.BENCH_GATEWAY_NODE_ARGS ?? '').split(' ').filter(arg => arg !== '')
     const env: NodeJS.ProcessEnv = { ...process.env }
     if (options.gcProbe === true) {
       nodeArgs.push('--expose-gc', '--import', pathToFileURL(GC_PROBE).href)
