@@ -175,6 +175,18 @@ export class MemoryEventLog implements EventLog {
     if (streams?.size === 0) this.#streams.delete(sid)
   }
 
+  async discard (sid: string, streamId: string, holder: string, answered: RequestId[]): Promise<void> {
+    await this.expire(sid, streamId, 0)
+    await this.#store.releaseHolder(sid, streamId, holder)
+    const pending = this.#pending.get(sid)
+    if (pending === undefined) return
+    for (const id of answered) {
+      const field = pendingField(streamId, id)
+      if (pending.get(field) !== 'done') pending.delete(field)
+    }
+    if (pending.size === 0) this.#pending.delete(sid)
+  }
+
   async deleteSession (sid: string): Promise<void> {
     this.#streams.delete(sid)
     this.#pending.delete(sid)

@@ -90,6 +90,12 @@ export class RedisEventLog implements EventLog {
     await storeCall(this.#redis.pexpire(sessionKeys(this.#prefix, sid).events(streamId), ttlMs))
   }
 
+  async discard (sid: string, streamId: string, holder: string, answered: RequestId[]): Promise<void> {
+    const keys = sessionKeys(this.#prefix, sid)
+    const fields = answered.map(id => pendingField(streamId, id))
+    await storeCall(this.#redis.discardStream(keys.events(streamId), keys.holder(streamId), keys.streams, keys.seq, keys.pending, streamId, holder, ...fields))
+  }
+
   async deleteSession (sid: string): Promise<void> {
     const keys = sessionKeys(this.#prefix, sid)
     for (let attempt = 0; attempt < 10; attempt++) {

@@ -285,6 +285,28 @@ export function eventLogContract (t: Test, make: MakeEventLog): void {
     t.equal(await store.getHolder(record.id, 'r1_n'), null, 'without a lease: no holder')
   })
 
+  t.test('discard drops a completed stream now: log, own holder lease, the markers of requests answered directly; tombstones stay', async t => {
+    const { log, store } = await make(t)
+    const answer = (id: number): JsonRpcMessage => ({ jsonrpc: '2.0', id, result: {} })
+    const record = sampleRecord()
+    await store.create(record, LONG_TTL)
+    const sid = record.id
+    await log.markPending(sid, 'r2_x', [1, 2], LONG_TTL, true, 'rA', { replicaId: 'rA', leaseMs: LONG_TTL })
+    t.equal(await log.claim(sid, 'r2_x', 2, LONG_TTL), true, 'request 2 settled elsewhere (a tombstone)')
+    await log.markPending(sid, 'r1_y', [3], LONG_TTL, false, 'rA')
+    await log.discard(sid, 'r2_x', 'rA', [1, 2])
+    t.equal(await log.hasStream(sid, 'r2_x'), false, 'the log is gone')
+    t.equal(await store.getHolder(sid, 'r2_x'), null, 'and the caller\'s holder lease')
+    t.same(await log.claimOrphans(sid, 'rA'), [{ streamId: 'r1_y', id: 3 }], 'request 1\'s marker went; another stream\'s stayed')
+    t.equal((await log.append(sid, 'r2_x', answer(2), LONG_TTL, 2)).entryId, '', 'the tombstone still refuses a late answer')
+    await log.markPending(sid, 'r1_z', [4], LONG_TTL, true, 'rA', { replicaId: 'rB', leaseMs: LONG_TTL })
+    await log.discard(sid, 'r1_z', 'rA', [])
+    t.equal(await store.getHolder(sid, 'r1_z'), 'rB', 'another replica\'s lease is not the caller\'s to release')
+    t.same(await log.claimOrphans(sid, 'rA'), [{ streamId: 'r1_z', id: 4 }], 'and only the named markers are taken')
+    await log.discard(sid, 'gone', 'rA', [9])
+    t.equal(await log.hasStream(sid, 'gone'), false, 'a stream that is not there: nothing happens')
+  })
+
   t.test('a cursor that is not an entry id is refused', async t => {
     const { log } = await make(t)
     const sid = randomUUID()

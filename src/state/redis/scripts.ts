@@ -320,6 +320,34 @@ return 0`
   },
 
   /*
+   * discardStream: a completed POST stream no client can resume (answered as one JSON body, so no
+   * event id of it was ever sent) goes at once, in one step: its log, its ordinal, its holder
+   * lease while the caller holds it, its place in the stream set (when no lease of another
+   * replica is left on it), and the pending markers of requests its writer answered directly
+   * (tombstones stay: a request settled elsewhere keeps refusing late answers).
+   *   KEYS[1] events   KEYS[2] holder   KEYS[3] stream set   KEYS[4] seq hash   KEYS[5] pending
+   *   ARGV[1] stream id   ARGV[2] the caller's replica id   ARGV[3..] pending fields to take
+   *   returns the number of markers taken
+   */
+  discardStream: {
+    numberOfKeys: 5,
+    lua: `
+redis.call('DEL', KEYS[1])
+redis.call('HDEL', KEYS[4], ARGV[1])
+if redis.call('GET', KEYS[2]) == ARGV[2] then redis.call('DEL', KEYS[2]) end
+if redis.call('EXISTS', KEYS[2]) == 0 then redis.call('SREM', KEYS[3], ARGV[1]) end
+local taken = 0
+for i = 3, #ARGV do
+  local marker = redis.call('HGET', KEYS[5], ARGV[i])
+  if marker and marker ~= 'done' then
+    redis.call('HDEL', KEYS[5], ARGV[i])
+    taken = taken + 1
+  end
+end
+return taken`
+  },
+
+  /*
    * sendEnvelope: puts an envelope in a replica's inbox and refreshes the inbox TTL, so the
    * inbox of a replica that died expires.
    *   KEYS[1] inbox
@@ -352,6 +380,7 @@ declare module 'ioredis' {
     setCursor (cursor: RedisKey, streams: RedisKey, entryId: string, ttlMs: number, streamId: string): Result<1, Context>
     appendEvent (events: RedisKey, holder: RedisKey, streams: RedisKey, pending: RedisKey, meta: RedisKey, seq: RedisKey, maxLen: number, ttlMs: number, json: string, streamId: string, answers: string, idKind: string, id: string): Result<[string, string | null, number | undefined], Context>
     settlePending (pending: RedisKey, field: string, ttlMs: number): Result<0 | 1, Context>
+    discardStream (events: RedisKey, holder: RedisKey, streams: RedisKey, seq: RedisKey, pending: RedisKey, streamId: string, replicaId: string, ...fields: string[]): Result<number, Context>
     sendEnvelope (inbox: RedisKey, maxLen: number, ttlMs: number, json: string): Result<string, Context>
   }
 }
