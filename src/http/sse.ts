@@ -1,6 +1,7 @@
-// Client stream writers. Nothing writes to a client socket from a backend callback: writers pull
-// from the stream's event log after their cursor (STYLE.md habit 6), so a lost or duplicate wake,
-// a slow client and a resume with Last-Event-ID are one case. Frames follow the SSE format;
+// Client stream writers. Writers pull from the stream's event log after their cursor (STYLE.md
+// habit 6), so a lost or duplicate wake, a slow client and a resume with Last-Event-ID are one
+// case. One exception: a stream's last answer, handed over on the replica that got it when nothing
+// else is on its way (answerDirectly; docs/design-notes.md, the request path). Frames follow the SSE format;
 // event ids are `<streamId>.<entryId>` (event-log.ts).
 import { once } from 'node:events'
 import type { ServerResponse } from 'node:http'
@@ -97,6 +98,13 @@ export class StreamWriter {
   /** The frame of the stream's last answer, written together with the end of the response. */
   #tail: string | undefined
   #preamble: string | undefined
+  /** Requests answered by answerDirectly as one JSON body, never in the log: their markers go with the log (EventLog.discard). */
+  #direct: RequestId[] | undefined
+  /**
+   * Appends to this stream started on this replica and not yet done (ClientStreams.append): while
+   * one is in flight, an answer must not overtake it (answerDirectly).
+   */
+  appending = 0
 
   constructor (options: StreamWriterOptions) {
     this.#o = options
@@ -270,6 +278,54 @@ export class StreamWriter {
     this.#complete()
     return true
   }
+
+  /**
+   * The answer that completes this POST stream, handed over by this replica's relay before it
+   * reaches the log (issue 10). Taken only when nothing else is on its way to the stream (no
+   * append in flight here, no read of the log) and it is the last answer the stream waits for:
+   * - 'json': the stream is still held (lazy SSE) or is a JSON response, so the answers go out as
+   *   one JSON body now. The client never had an event id, so the answer never needs the log: the
+   *   caller does not append it, and the log goes with the request's marker when the writer ends
+   *   (EventLog.discard).
+   * - 'sse': the SSE stream is open; the answer is its last frame now, with the ANSWERED_DIRECTLY
+   *   id (a client resuming from it gets nothing twice). The caller still appends it, so a client
+   *   whose connection dropped before this frame finds it in the log when it resumes.
+   * undefined, with nothing done, otherwise: the caller appends as usual.
+   */
+  answerDirectly (message: JsonRpcResponse): 'json' | 'sse' | undefined {
+    const id = message.id
+    if (!this.#started || this.#ended || this.#pumping || this.#again || this.appending > 0 || this.#remaining !== 1) return undefined
+    const { mode } = this.#o
+    const open = this.#keepAlive !== undefined && mode === 'sse'
+    if (!this.#holding && !open && mode !== 'json') return undefined
+    if (id === null || id === undefined || this.#answered?.has(id) === true || this.#o.requestIds?.includes(id) !== true) return undefined
+    const answered = this.#answered ??= new Set()
+    answered.add(id)
+    if (tracing !== null) tracing.responded(this.sid, this.streamId, message)
+    this.#remaining = 0
+    if (open) {
+      // Written with the end of the response, as #emit writes a last answer. The stream wrote an
+      // entry (its append gives the log's copy the completed stream's TTL, see #onWriterEnd).
+      this.#tail = `id: ${formatEventId(this.streamId, ANSWERED_DIRECTLY)}\ndata: ${JSON.stringify(message)}\n\n`
+      this.#advanced = true
+      this.#finish('complete')
+      return 'sse'
+    }
+    const direct = this.#direct ??= []
+    direct.push(id)
+    if (mode === 'json') {
+      const collected = this.#collected ??= []
+      collected.push(message)
+    } else {
+      const held = this.#held ??= []
+      held.push({ entryId: ANSWERED_DIRECTLY, message, json: JSON.stringify(message), seq: 0 })
+    }
+    this.#complete()
+    return 'json'
+  }
+
+  /** Requests answered as one JSON body by answerDirectly, whose markers the log still has. */
+  get answeredDirectly (): RequestId[] { return this.#direct ?? [] }
 
   /** Ends the stream from the gateway's side; SSE clients get a `retry` hint to reconnect. */
   end (reason: WriterEndReason, retryMs?: number): void {

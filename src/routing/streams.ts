@@ -1,14 +1,15 @@
 // Client streams on this replica: the holder side of ARCHITECTURE.md flows 1, 2 and 4. Delivery
-// to a client is always "append to the stream's log, then wake the holder"; the holder's
-// StreamWriter pulls after its cursor, so a lost wake, a slow client and a resume are one case.
-// Local first: when this replica holds the stream, the wake is a method call, not a bus envelope.
+// to a client is "append to the stream's log, then wake the holder"; the holder's StreamWriter
+// pulls after its cursor, so a lost wake, a slow client and a resume are one case.
+// Local first: when this replica holds the stream, the wake is a method call, not a bus envelope,
+// and a stream's last answer is written before its append (docs/design-notes.md, the request path).
 import { randomBytes } from 'node:crypto'
 import type { ServerResponse } from 'node:http'
 import type { FastifyBaseLogger } from 'fastify'
 import { GW_ERR_BACKEND_TIMEOUT, GW_ERR_CONFLICT, GW_ERR_SESSION_NOT_FOUND, toJsonRpcError, type GatewayError } from '../core/errors.js'
 import { isResponse, type JsonRpcMessage, type JsonRpcResponse, type RequestId } from '../core/jsonrpc.js'
 import { StreamWriter, type WriterEndReason, type WriterMode } from '../http/sse.js'
-import { GET_STREAM, LEGACY_STREAM, type PendingRequest } from '../state/event-log.js'
+import { ANSWERED_DIRECTLY, GET_STREAM, LEGACY_STREAM, type AppendResult, type PendingRequest } from '../state/event-log.js'
 import { shortHash } from '../telemetry/logger.js'
 import { tracing } from '../telemetry/tracing.js'
 import { streamKindOf, type StreamKind } from '../telemetry/metrics.js'
@@ -140,7 +141,23 @@ export class ClientStreams {
     // The one answer of a one-request stream completes it: the log is kept only briefly from now
     // on (see #onWriterEnd), set in the same step rather than by a command of its own.
     const ttlMs = response && expectedResponsesOf(streamId) === 1 ? Math.min(this.#idleMs, COMPLETED_STREAM_TTL_MS) : this.#idleMs
-    const { entryId, holder, entry } = await this.#o.eventLog.append(sid, streamId, message, ttlMs, answers)
+    const local = this.#get(sid, streamId)
+    // Local fast path: the answer that completes a stream written here goes to its client before
+    // the log's round trip (StreamWriter.answerDirectly). As one JSON body it never needs the log
+    // (#onWriterEnd drops log and marker); as an SSE stream's last frame it is appended after.
+    const direct = answers !== undefined && local !== undefined ? local.answerDirectly(message as JsonRpcResponse) : undefined
+    if (direct === 'json') return ANSWERED_DIRECTLY
+    let appended: AppendResult
+    if (local === undefined || direct === 'sse') appended = await this.#o.eventLog.append(sid, streamId, message, ttlMs, answers)
+    else {
+      local.appending++
+      try {
+        appended = await this.#o.eventLog.append(sid, streamId, message, ttlMs, answers)
+      } finally {
+        local.appending--
+      }
+    }
+    const { entryId, holder, entry } = appended
     if (entryId === '') return entryId
     if (holder === this.#o.replicaId) {
       // Local first: the writer here takes the entry as appended, without reading it back.

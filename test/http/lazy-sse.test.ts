@@ -7,35 +7,7 @@ import { randomPrefix, startRedis, testRedis } from '../helpers/redis-server.js'
 import { sessionKeys } from '../../src/state/redis/keys.js'
 import { eventually } from '../helpers/wait.js'
 import { SseReader } from '../helpers/sse-client.js'
-
-const ACCEPT = 'application/json, text/event-stream'
-
-interface Session { sid: string, version: string }
-
-async function post (gw: RunningGateway, body: unknown, session?: Session): Promise<Response> {
-  return await fetch(`${gw.url}/mcp/full`, {
-    method: 'POST',
-    headers: {
-      'content-type': 'application/json',
-      accept: ACCEPT,
-      ...(session === undefined ? {} : { 'mcp-session-id': session.sid, 'mcp-protocol-version': session.version })
-    },
-    body: JSON.stringify(body)
-  })
-}
-
-async function open (gw: RunningGateway, version: string): Promise<Session> {
-  const res = await post(gw, { jsonrpc: '2.0', id: 0, method: 'initialize', params: { protocolVersion: version, capabilities: {}, clientInfo: { name: 'raw', version: '1' } } })
-  const sid = res.headers.get('mcp-session-id') ?? ''
-  await new SseReader(res).finished
-  const session = { sid, version }
-  const ack = await post(gw, { jsonrpc: '2.0', method: 'notifications/initialized' }, session)
-  if (ack.status !== 202) throw new Error(`initialized got ${ack.status}`)
-  return session
-}
-
-const call = (id: number, name: string, args: Record<string, unknown> = {}, meta?: Record<string, unknown>): Record<string, unknown> =>
-  ({ jsonrpc: '2.0', id, method: 'tools/call', params: { name, arguments: args, ...(meta === undefined ? {} : { _meta: meta }) } })
+import { call, open, post } from '../helpers/raw-session.js'
 
 async function gateway (t: Test, extra: Record<string, unknown> = {}): Promise<RunningGateway> {
   return await startGateway(t, { servers: { full: stdioFixture('full-server') }, ...extra })
