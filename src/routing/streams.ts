@@ -452,7 +452,7 @@ export class ClientStreams {
       // one JSON body (lazy SSE, json mode), the client never had an event id to resume from:
       // the log and the holder lease go at once.
       if (!writer.resumable) {
-        this.#o.eventLog.discard(sid, streamId, this.#o.replicaId, []).catch(() => {})
+        this.#o.eventLog.discard(sid, streamId, this.#o.replicaId, writer.answeredDirectly).catch(() => {})
       } else if (!writer.advanced || expectedResponsesOf(streamId) !== 1) this.#o.eventLog.expire(sid, streamId, COMPLETED_STREAM_TTL_MS).catch(() => {})
     } else {
       store.releaseHolder(sid, streamId, this.#o.replicaId).catch(() => {})

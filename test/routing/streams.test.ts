@@ -9,7 +9,7 @@ import type { AddressInfo } from 'node:net'
 import { GW_ERR_BACKEND_UNAVAILABLE } from '../../src/core/errors.js'
 import t, { type Test } from 'tap'
 import { parseConfig } from '../../src/config/load.js'
-import { ClientStreams, expectedResponsesOf, isRequestStreamId, newRequestStreamId, type OpenStreamOptions } from '../../src/routing/streams.js'
+import { ClientStreams, expectedResponsesOf, isRequestStreamId, newRequestStreamId, type OpenPostOptions, type OpenStreamOptions } from '../../src/routing/streams.js'
 import type { StreamWriter } from '../../src/http/sse.js'
 import { UPKEEP_SLICE } from '../../src/routing/upkeep.js'
 import { MemoryBus } from '../../src/state/bus-memory.js'
@@ -54,7 +54,9 @@ t.test('renew walks every held stream and yields to the event loop between slice
 interface Frame { id: number, result?: unknown, error?: { code: number } }
 
 /** ClientStreams over the memory twins, with one session and a real HTTP server for its streams. */
-async function harness (t: Test, http: Record<string, unknown> = {}): Promise<{ streams: ClientStreams, eventLog: MemoryEventLog, sid: string, serve: (open: Omit<OpenStreamOptions, 'res' | 'sid' | 'headers' | 'log' | 'mode'>) => Promise<{ writer: StreamWriter, body: Promise<string> }> }> {
+interface Served { writer: StreamWriter, body: Promise<string> }
+
+async function harness (t: Test, http: Record<string, unknown> = {}): Promise<{ streams: ClientStreams, eventLog: MemoryEventLog, sid: string, serve: (open: Omit<OpenStreamOptions, 'res' | 'sid' | 'headers' | 'log' | 'mode'>) => Promise<Served>, servePost: (open: Omit<OpenPostOptions, 'res' | 'sid' | 'headers' | 'log'>) => Promise<Served> }> {
   const { store, log, streams, eventLog } = memoryStreams(t, http)
   const sid = 'session-000000000001'
   await store.create({ id: sid, server: 's', principal: 'anonymous', transport: 'streamable', protocolVersion: '2025-11-25', initializeParams: null, backendSessionId: null, createdAt: 0 }, 60_000)
@@ -63,17 +65,18 @@ async function harness (t: Test, http: Record<string, unknown> = {}): Promise<{ 
   await new Promise<void>(resolve => server.listen(0, '127.0.0.1', resolve))
   t.teardown(() => { server.closeAllConnections(); server.close() })
   const { port } = server.address() as AddressInfo
-  const serve = async (open: Omit<OpenStreamOptions, 'res' | 'sid' | 'headers' | 'log' | 'mode'>): Promise<{ writer: StreamWriter, body: Promise<string> }> => {
+  const served = async (opening: (res: ServerResponse) => Promise<StreamWriter>): Promise<Served> => {
     const started = new Promise<StreamWriter>((resolve, reject) => {
-      next = res => {
-        streams.open({ ...open, res, sid, mode: 'sse', headers: {}, log })
-          .then(async writer => { await writer.start(); resolve(writer) }, reject)
-      }
+      next = res => { opening(res).then(async writer => { await writer.start(); resolve(writer) }, reject) }
     })
     const body = fetch(`http://127.0.0.1:${port}/`).then(async res => await res.text())
     return { writer: await started, body }
   }
-  return { streams, eventLog, sid, serve }
+  const serve = async (open: Omit<OpenStreamOptions, 'res' | 'sid' | 'headers' | 'log' | 'mode'>): Promise<Served> =>
+    await served(async res => await streams.open({ ...open, res, sid, mode: 'sse', headers: {}, log }))
+  const servePost = async (open: Omit<OpenPostOptions, 'res' | 'sid' | 'headers' | 'log'>): Promise<Served> =>
+    await served(async res => await streams.openPost({ ...open, res, sid, headers: {}, log }))
+  return { streams, eventLog, sid, serve, servePost }
 }
 
 function framesOf (body: string): Array<{ eventId: string | undefined, message: Frame }> {
@@ -121,6 +124,27 @@ t.test('an answer written outside the log (store away) is never given twice to a
   const late = await serve({ streamId, cursor: ANSWERED_DIRECTLY, requestIds: [7] })
   t.same(framesOf(await within(late.body)), [], 'resumed after an orphan answer reached the log: no second answer')
   t.ok(late.writer.ended, 'and it is over')
+})
+
+t.test('the last answer of a stream held here is written at once; one sent as a JSON body leaves no marker, log or lease (memory twins)', async t => {
+  const { streams, eventLog, sid, servePost } = await harness(t)
+  const post = async (id: number, lazyMs: number): Promise<Served & { streamId: string }> => {
+    const streamId = newRequestStreamId('sse', 1)
+    const served = await servePost({ streamId, mode: 'sse', requestIds: [id], priming: true, preamble: primingId => `id: ${formatEventId(streamId, primingId)}\ndata: \n\n`, lazyMs })
+    return { ...served, streamId }
+  }
+  const held = await post(1, 60_000)
+  t.equal(await streams.append(sid, held.streamId, { jsonrpc: '2.0', id: 1, result: { n: 1 } }), ANSWERED_DIRECTLY, 'answered without the log')
+  t.same(JSON.parse(await held.body), { jsonrpc: '2.0', id: 1, result: { n: 1 } }, 'as one JSON body')
+  await new Promise(resolve => setImmediate(resolve))
+  t.same(await eventLog.pendingReplicas(sid), [], 'its marker is gone')
+  t.equal(await eventLog.hasStream(sid, held.streamId), false, 'and its log')
+  const open = await post(2, 0)
+  const entryId = await streams.append(sid, open.streamId, { jsonrpc: '2.0', id: 2, result: { n: 2 } })
+  const frames = framesOf(await open.body)
+  t.same(frames.map(f => [f.eventId, f.message.id]), [[formatEventId(open.streamId, ANSWERED_DIRECTLY), 2]], 'an open SSE stream: the answer is its last frame, with the direct id')
+  t.not(entryId, ANSWERED_DIRECTLY, 'and it is appended to the log too')
+  t.same((await eventLog.readAfter(sid, open.streamId, null, 10)).map(e => e.message === null ? 'priming' : (e.message as Frame).id), ['priming', 2], 'where a client that lost the frame finds it')
 })
 
 t.test('an answer whose wake was lost still reaches its POST stream, at the next keep-alive', async t => {
