@@ -126,7 +126,7 @@ t.test('an answer written outside the log (store away) is never given twice to a
   t.ok(late.writer.ended, 'and it is over')
 })
 
-t.test('the last answer of a stream held here is written at once; one sent as a JSON body leaves no marker, log or lease (memory twins)', async t => {
+t.test('the last answer of a stream held here is written at once; one sent as a JSON body leaves no marker or log (memory twins)', async t => {
   const { streams, eventLog, sid, servePost } = await harness(t)
   const post = async (id: number, lazyMs: number): Promise<Served & { streamId: string }> => {
     const streamId = newRequestStreamId('sse', 1)
