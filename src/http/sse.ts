@@ -280,8 +280,8 @@ export class StreamWriter {
   }
 
   /**
-   * The answer that completes this POST stream, handed over by this replica's relay before it
-   * reaches the log (issue 10). Taken only when nothing else is on its way to the stream (no
+   * The answer that completes this POST stream (and its JSON), handed over by this replica's relay
+   * before it reaches the log (issue 10). Taken only when nothing else is on its way to the stream (no
    * append in flight here, no read of the log) and it is the last answer the stream waits for:
    * - 'json': the stream is still held (lazy SSE) or is a JSON response, so the answers go out as
    *   one JSON body now. The client never had an event id, so the answer never needs the log: the
@@ -292,7 +292,7 @@ export class StreamWriter {
    *   whose connection dropped before this frame finds it in the log when it resumes.
    * undefined, with nothing done, otherwise: the caller appends as usual.
    */
-  answerDirectly (message: JsonRpcResponse): 'json' | 'sse' | undefined {
+  answerDirectly (message: JsonRpcResponse, json: string): 'json' | 'sse' | undefined {
     const id = message.id
     if (!this.#started || this.#ended || this.#pumping || this.#again || this.appending > 0 || this.#remaining !== 1) return undefined
     const { mode } = this.#o
@@ -306,7 +306,7 @@ export class StreamWriter {
     if (open) {
       // Written with the end of the response, as #emit writes a last answer. The stream wrote an
       // entry (its append gives the log's copy the completed stream's TTL, see #onWriterEnd).
-      this.#tail = `id: ${formatEventId(this.streamId, ANSWERED_DIRECTLY)}\ndata: ${JSON.stringify(message)}\n\n`
+      this.#tail = `id: ${formatEventId(this.streamId, ANSWERED_DIRECTLY)}\ndata: ${json}\n\n`
       this.#advanced = true
       this.#finish('complete')
       return 'sse'
@@ -318,7 +318,7 @@ export class StreamWriter {
       collected.push(message)
     } else {
       const held = this.#held ??= []
-      held.push({ entryId: ANSWERED_DIRECTLY, message, json: JSON.stringify(message), seq: 0 })
+      held.push({ entryId: ANSWERED_DIRECTLY, message, json, seq: 0 })
     }
     this.#complete()
     return 'json'

@@ -145,14 +145,16 @@ export class ClientStreams {
     // Local fast path: the answer that completes a stream written here goes to its client before
     // the log's round trip (StreamWriter.answerDirectly). As one JSON body it never needs the log
     // (#onWriterEnd drops log and marker); as an SSE stream's last frame it is appended after.
-    const direct = answers !== undefined && local !== undefined ? local.answerDirectly(message as JsonRpcResponse) : undefined
+    // Serialised once, for the direct write and the log alike.
+    const json = answers !== undefined && local !== undefined ? JSON.stringify(message) : undefined
+    const direct = json !== undefined && local !== undefined ? local.answerDirectly(message as JsonRpcResponse, json) : undefined
     if (direct === 'json') return ANSWERED_DIRECTLY
     let appended: AppendResult
-    if (local === undefined || direct === 'sse') appended = await this.#o.eventLog.append(sid, streamId, message, ttlMs, answers)
+    if (local === undefined || direct === 'sse') appended = await this.#o.eventLog.append(sid, streamId, message, ttlMs, answers, json)
     else {
       local.appending++
       try {
-        appended = await this.#o.eventLog.append(sid, streamId, message, ttlMs, answers)
+        appended = await this.#o.eventLog.append(sid, streamId, message, ttlMs, answers, json)
       } finally {
         local.appending--
       }

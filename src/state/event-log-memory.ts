@@ -36,9 +36,9 @@ export class MemoryEventLog implements EventLog {
     })
   }
 
-  async append (sid: string, streamId: string, message: JsonRpcMessage | null, ttlMs: number, answers?: RequestId): Promise<AppendResult> {
+  async append (sid: string, streamId: string, message: JsonRpcMessage | null, ttlMs: number, answers?: RequestId, text?: string): Promise<AppendResult> {
     if (answers !== undefined && !this.#mayAnswer(sid, streamId, answers)) return { entryId: '', holder: null }
-    return this.#append(sid, streamId, message, ttlMs)
+    return this.#append(sid, streamId, message, ttlMs, text)
   }
 
   /** The Redis twin's appendEvent rule (event-log.ts append): exactly one answer per request. */
@@ -104,7 +104,7 @@ export class MemoryEventLog implements EventLog {
     return marker !== undefined && marker !== 'done'
   }
 
-  #append (sid: string, streamId: string, message: JsonRpcMessage | null, ttlMs: number): AppendResult {
+  #append (sid: string, streamId: string, message: JsonRpcMessage | null, ttlMs: number, text?: string): AppendResult {
     const now = Date.now()
     let streams = this.#streams.get(sid)
     if (streams === undefined) {
@@ -118,7 +118,7 @@ export class MemoryEventLog implements EventLog {
       stream = { first, base: first, entries: [], expiresAt: 0 }
       streams.set(streamId, stream)
     }
-    const json = message === null ? '' : JSON.stringify(message)
+    const json = text ?? (message === null ? '' : JSON.stringify(message))
     stream.entries.push(json)
     if (stream.entries.length > this.#maxLen) {
       stream.entries.shift()

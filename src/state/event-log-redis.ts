@@ -31,9 +31,9 @@ export class RedisEventLog implements EventLog {
     defineScripts(redis)
   }
 
-  async append (sid: string, streamId: string, message: JsonRpcMessage | null, ttlMs: number, answers?: RequestId): Promise<AppendResult> {
+  async append (sid: string, streamId: string, message: JsonRpcMessage | null, ttlMs: number, answers?: RequestId, text?: string): Promise<AppendResult> {
     const keys = sessionKeys(this.#prefix, sid)
-    const json = message === null ? '' : JSON.stringify(message)
+    const json = text ?? (message === null ? '' : JSON.stringify(message))
     const field = answers === undefined ? '' : pendingField(streamId, answers)
     const kind = typeof answers === 'number' ? 'n' : 's'
     const [entryId, holder, seq] = await storeCall(this.#redis.appendEvent(keys.events(streamId), keys.holder(streamId), keys.streams, keys.pending, keys.meta, keys.seq, this.#maxLen, ttlMs, json, streamId, field, kind, String(answers ?? '')))

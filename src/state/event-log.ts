@@ -46,8 +46,9 @@ export interface EventLog {
    * its pending marker is there (taken in the same step); not when the request was settled
    * otherwise (a tombstone) or the session is gone; with no marker at all (answered already, or
    * the marker was lost with a Redis primary that failed over) only if the log holds no answer to it.
+   * `json`: the message as JSON, when the caller has it already (so it is not serialised twice).
    */
-  append (sid: string, streamId: string, message: JsonRpcMessage | null, ttlMs: number, answers?: RequestId): Promise<AppendResult>
+  append (sid: string, streamId: string, message: JsonRpcMessage | null, ttlMs: number, answers?: RequestId, json?: string): Promise<AppendResult>
   /**
    * Records the requests of a client POST as pending, with the time of recording and the replica
    * that serves them (`servedBy`: the one whose relay sends them to the backend, so that when it

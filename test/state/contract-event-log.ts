@@ -307,6 +307,18 @@ export function eventLogContract (t: Test, make: MakeEventLog): void {
     t.equal(await log.hasStream(sid, 'gone'), false, 'a stream that is not there: nothing happens')
   })
 
+  t.test('append stores the JSON its caller already made, as given', async t => {
+    const { log } = await make(t)
+    const sid = randomUUID()
+    const message: JsonRpcMessage = { jsonrpc: '2.0', id: 1, result: { b: 2, a: 1 } }
+    const text = '{ "jsonrpc": "2.0", "id": 1, "result": { "b": 2, "a": 1 } }' // not JSON.stringify's spelling: not made again
+    const { entry } = await log.append(sid, 'r1_j', message, LONG_TTL, undefined, text)
+    t.equal(entry?.json, text, 'the appended entry carries it')
+    const [read] = await log.readAfter(sid, 'r1_j', null, 10)
+    t.equal(read?.json, text, 'and a reader gets it back')
+    t.same(read?.message, message)
+  })
+
   t.test('a cursor that is not an entry id is refused', async t => {
     const { log } = await make(t)
     const sid = randomUUID()
