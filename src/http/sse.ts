@@ -1,8 +1,8 @@
 // Client stream writers. Writers pull from the stream's event log after their cursor (STYLE.md
 // habit 6), so a lost or duplicate wake, a slow client and a resume with Last-Event-ID are one
 // case. One exception: a stream's last answer, handed over on the replica that got it when nothing
-// else is on its way (answerDirectly; docs/design-notes.md, the request path). Frames follow the SSE format;
-// event ids are `<streamId>.<entryId>` (event-log.ts).
+// else is on its way (answerDirectly; docs/design-notes.md, the request path). Frames follow the
+// SSE format; event ids are `<streamId>.<entryId>` (event-log.ts).
 import { once } from 'node:events'
 import type { ServerResponse } from 'node:http'
 import type { FastifyBaseLogger } from 'fastify'
@@ -98,7 +98,7 @@ export class StreamWriter {
   /** The frame of the stream's last answer, written together with the end of the response. */
   #tail: string | undefined
   #preamble: string | undefined
-  /** Requests answered by answerDirectly as one JSON body, never in the log: their markers go with the log (EventLog.discard). */
+  /** Requests answered as one JSON body by answerDirectly, never in the log: their markers go with it (EventLog.discard). */
   #direct: RequestId[] | undefined
   /**
    * Appends to this stream started on this replica and not yet done (ClientStreams.append): while
@@ -281,8 +281,8 @@ export class StreamWriter {
 
   /**
    * The answer that completes this POST stream (and its JSON), handed over by this replica's relay
-   * before it reaches the log (issue 10). Taken only when nothing else is on its way to the stream (no
-   * append in flight here, no read of the log) and it is the last answer the stream waits for:
+   * before it reaches the log (issue 10). Taken only when nothing else is on its way to the stream
+   * (no append in flight here, no read of the log) and it is the last answer the stream waits for:
    * - 'json': the stream is still held (lazy SSE) or is a JSON response, so the answers go out as
    *   one JSON body now. The client never had an event id, so the answer never needs the log: the
    *   caller does not append it, and the log goes with the request's marker when the writer ends

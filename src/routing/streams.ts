@@ -142,22 +142,22 @@ export class ClientStreams {
     // on (see #onWriterEnd), set in the same step rather than by a command of its own.
     const ttlMs = response && expectedResponsesOf(streamId) === 1 ? Math.min(this.#idleMs, COMPLETED_STREAM_TTL_MS) : this.#idleMs
     const local = this.#get(sid, streamId)
-    // Local fast path: the answer that completes a stream written here goes to its client before
-    // the log's round trip (StreamWriter.answerDirectly). As one JSON body it never needs the log
-    // (#onWriterEnd drops log and marker); as an SSE stream's last frame it is appended after.
-    // Serialised once, for the direct write and the log alike.
-    const json = answers !== undefined && local !== undefined ? JSON.stringify(message) : undefined
-    const direct = json !== undefined && local !== undefined ? local.answerDirectly(message as JsonRpcResponse, json) : undefined
-    if (direct === 'json') return ANSWERED_DIRECTLY
+    let json: string | undefined
+    if (answers !== undefined && local !== undefined) {
+      // Local fast path: the answer that completes a stream written here goes to its client before
+      // the log's round trip (StreamWriter.answerDirectly). As one JSON body it never needs the log
+      // (#onWriterEnd drops log and marker); as an SSE stream's last frame it is appended after.
+      // Serialised once, for the direct write and the log alike.
+      json = JSON.stringify(message)
+      if (local.answerDirectly(message as JsonRpcResponse, json) === 'json') return ANSWERED_DIRECTLY
+    }
+    // While this append is in flight, no later answer may overtake it (StreamWriter.appending).
+    if (local !== undefined) local.appending++
     let appended: AppendResult
-    if (local === undefined || direct === 'sse') appended = await this.#o.eventLog.append(sid, streamId, message, ttlMs, answers, json)
-    else {
-      local.appending++
-      try {
-        appended = await this.#o.eventLog.append(sid, streamId, message, ttlMs, answers, json)
-      } finally {
-        local.appending--
-      }
+    try {
+      appended = await this.#o.eventLog.append(sid, streamId, message, ttlMs, answers, json)
+    } finally {
+      if (local !== undefined) local.appending--
     }
     const { entryId, holder, entry } = appended
     if (entryId === '') return entryId

@@ -83,7 +83,8 @@ export interface EventLog {
    * A completed POST stream that no client can resume (it was answered as one JSON body, so no
    * event id of it was sent) goes now, in one step: its log (as expire 0), `holder`'s lease on it
    * (SessionStore.releaseHolder), and the pending markers of `answered`: requests its writer
-   * answered as one JSON body, never in the log (StreamWriter.answerDirectly). A settled marker (tombstone) stays.
+   * answered as one JSON body, never in the log (StreamWriter.answerDirectly). A settled marker
+   * (tombstone) stays.
    */
   discard (sid: string, streamId: string, holder: string, answered: RequestId[]): Promise<void>
   /** Drops every stream of a session. */
