@@ -376,6 +376,7 @@ t.test('round trips: a POST to the owner reads no record (marking checks it exis
   const large = new SseReader(await fetch(`${b.url}/mcp/full`, { method: 'POST', headers: { ...HEADERS, 'mcp-session-id': sid }, body: JSON.stringify({ jsonrpc: '2.0', id: 6, method: 'tools/call', params: { name: 'echo', arguments: { text: big } } }) }))
   await large.finished
   t.match(large.messages().find(m => m.id === 6), { result: { content: [{ text: big }] } }, 'a large answer arrives whole')
+  await eventually('MONITOR to report the log read', () => logReads.length >= 1 ? true : undefined, 2_000).catch(() => undefined)
   t.ok(logReads.length >= 1, 'read from the log: the bus does not carry it twice')
   // Deleted as by another replica whose end-session envelope has not reached the owner yet.
   await inspect.del(sessionKeys(prefix, sid).meta)
