@@ -33,6 +33,16 @@ export const POST_DEADLINE_GRACE_MS = 5_000
  */
 export const WAKE_ENTRY_MAX_CHARS = 8_192
 
+/**
+ * Every PRUNE_EVERY streams that end leaving their keys to expire, the session of the last one
+ * has PRUNE_SAMPLE of its listed streams checked for lapsed ones (EventLog.prune). Sampling twice
+ * as many as were added keeps a session's list near twice the streams it has alive (those of the
+ * last COMPLETED_STREAM_TTL_MS), however long it runs; a busy session ends more streams, so it is
+ * pruned more often. Off the request path: one read and one script per PRUNE_EVERY streams.
+ */
+export const PRUNE_EVERY = 32
+export const PRUNE_SAMPLE = 2 * PRUNE_EVERY
+
 /** A per-process random prefix: stream ids are unique across replicas and restarts without a syscall each. */
 const STREAM_PREFIX = randomBytes(9).toString('base64url')
 let streamSeq = 0
@@ -121,6 +131,8 @@ export class ClientStreams {
   readonly #onEnd = (writer: StreamWriter, reason: WriterEndReason): void => { this.#onWriterEnd(writer, reason) }
   /** POST streams' catch-all deadlines (openPost), cleared when their writer completes. */
   readonly #deadlines = new Map<StreamWriter, NodeJS.Timeout>()
+  /** Streams ended here that left keys to expire (PRUNE_EVERY). */
+  #lapsing = 0
 
   constructor (options: ClientStreamsOptions) {
     this.#o = options
@@ -458,6 +470,10 @@ export class ClientStreams {
       } else if (!writer.advanced || expectedResponsesOf(streamId) !== 1) this.#o.eventLog.expire(sid, streamId, COMPLETED_STREAM_TTL_MS).catch(() => {})
     } else {
       store.releaseHolder(sid, streamId, this.#o.replicaId).catch(() => {})
+    }
+    // Discarded (no keys left) or shut down (the process goes): nothing to prune for.
+    if (reason !== 'shutdown' && (reason !== 'complete' || writer.resumable) && ++this.#lapsing % PRUNE_EVERY === 0) {
+      this.#o.eventLog.prune(sid, PRUNE_SAMPLE).catch(err => this.#o.log.debug({ err }, 'stream prune failed'))
     }
     if (streamId === LEGACY_STREAM && reason !== 'shutdown') {
       // A legacy HTTP+SSE session lives as long as its stream (2024-11-05 has no resumption).

@@ -187,6 +187,22 @@ export class MemoryEventLog implements EventLog {
     if (pending.size === 0) this.#pending.delete(sid)
   }
 
+  async prune (sid: string, sample: number): Promise<number> {
+    const streams = this.#streams.get(sid)
+    if (streams === undefined) return 0
+    // Holders and cursors live in the store, apart from the logs: a lapsed log is all there is here.
+    const now = Date.now()
+    let forgotten = 0
+    for (const [streamId, stream] of streams) {
+      if (forgotten >= sample) break
+      if (stream.expiresAt > now) continue
+      streams.delete(streamId)
+      forgotten++
+    }
+    if (streams.size === 0) this.#streams.delete(sid)
+    return forgotten
+  }
+
   async deleteSession (sid: string): Promise<void> {
     this.#streams.delete(sid)
     this.#pending.delete(sid)

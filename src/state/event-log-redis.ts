@@ -96,6 +96,16 @@ export class RedisEventLog implements EventLog {
     await storeCall(this.#redis.discardStream(keys.events(streamId), keys.holder(streamId), keys.streams, keys.seq, keys.pending, streamId, holder, ...fields))
   }
 
+  async prune (sid: string, sample: number): Promise<number> {
+    const keys = sessionKeys(this.#prefix, sid)
+    // A read, then a script naming every key it checks (Redis Cluster): an id listed meanwhile
+    // was not sampled, one whose keys came back meanwhile is checked again in the script.
+    const ids = sample < 1 ? [] : await storeCall(this.#redis.srandmember(keys.streams, sample))
+    if (ids.length === 0) return 0
+    const checked = ids.flatMap(id => [keys.events(id), keys.holder(id), keys.cursor(id)])
+    return await storeCall(this.#redis.forgetStreams(2 + checked.length, keys.streams, keys.seq, ...checked, ...ids))
+  }
+
   async deleteSession (sid: string): Promise<void> {
     const keys = sessionKeys(this.#prefix, sid)
     for (let attempt = 0; attempt < 10; attempt++) {

@@ -307,6 +307,24 @@ export function eventLogContract (t: Test, make: MakeEventLog): void {
     t.equal(await log.hasStream(sid, 'gone'), false, 'a stream that is not there: nothing happens')
   })
 
+  t.test('prune forgets lapsed streams only, and a stream used again after it lapsed counts its entries afresh', async t => {
+    const { log } = await make(t)
+    const sid = randomUUID()
+    await log.append(sid, 'r1_a', note(0), SHORT_TTL)
+    await log.append(sid, 'r1_a', note(1), SHORT_TTL)
+    await log.append(sid, 'r1_b', note(0), SHORT_TTL)
+    await log.append(sid, 'kept', note(0), LONG_TTL)
+    await log.append(sid, 'kept', note(1), LONG_TTL)
+    await sleep(PAST_SHORT_TTL)
+    const forgotten = await log.prune(sid, 10)
+    t.ok(forgotten >= 0 && forgotten <= 2, `at most the two lapsed streams were forgotten (${forgotten}; the memory twin's sweep may have come first)`)
+    t.same((await log.readAfter(sid, 'kept', null, 10)).map(e => e.seq), [1, 2], 'a live stream keeps its entries and ordinals')
+    t.equal((await log.append(sid, 'kept', note(2), LONG_TTL)).entry?.seq, 3, 'and goes on counting')
+    t.equal((await log.append(sid, 'r1_a', note(2), LONG_TTL)).entry?.seq, 1, 'a lapsed one used again starts from 1')
+    t.equal(await log.prune(sid, 10), 0, 'nothing lapsed is left')
+    t.equal(await log.prune(randomUUID(), 10), 0, 'an unknown session: nothing to forget')
+  })
+
   t.test('append stores the JSON its caller already made, as given', async t => {
     const { log } = await make(t)
     const sid = randomUUID()

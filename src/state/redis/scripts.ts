@@ -348,6 +348,31 @@ return taken`
   },
 
   /*
+   * forgetStreams: drops the stream-set entries and ordinals of streams whose keys have all
+   * lapsed (their logs, holder leases and cursors expired one by one, which the set cannot see).
+   * Each sampled id is checked here, atomically, so an entry made again meanwhile stays: the set
+   * lists every stream that still has a key (deleteSession relies on it), and nothing else.
+   *   KEYS[1] stream set   KEYS[2] seq hash
+   *   KEYS[3..] events, holder, cursor of ARGV[1], then of ARGV[2] …
+   *   ARGV[1..] the sampled stream ids
+   *   returns the number of entries dropped
+   */
+  forgetStreams: {
+    numberOfKeys: 2,
+    variadicKeys: true,
+    lua: `
+local dropped = 0
+for i, s in ipairs(ARGV) do
+  local k = 3 + (i - 1) * 3
+  if redis.call('EXISTS', KEYS[k], KEYS[k + 1], KEYS[k + 2]) == 0 then
+    dropped = dropped + redis.call('SREM', KEYS[1], s)
+    redis.call('HDEL', KEYS[2], s)
+  end
+end
+return dropped`
+  },
+
+  /*
    * sendEnvelope: puts an envelope in a replica's inbox and refreshes the inbox TTL, so the
    * inbox of a replica that died expires.
    *   KEYS[1] inbox
@@ -381,6 +406,7 @@ declare module 'ioredis' {
     appendEvent (events: RedisKey, holder: RedisKey, streams: RedisKey, pending: RedisKey, meta: RedisKey, seq: RedisKey, maxLen: number, ttlMs: number, json: string, streamId: string, answers: string, idKind: string, id: string): Result<[string, string | null, number | undefined], Context>
     settlePending (pending: RedisKey, field: string, ttlMs: number): Result<0 | 1, Context>
     discardStream (events: RedisKey, holder: RedisKey, streams: RedisKey, seq: RedisKey, pending: RedisKey, streamId: string, replicaId: string, ...fields: string[]): Result<number, Context>
+    forgetStreams (numberOfKeys: number, ...keysThenStreamIds: string[]): Result<number, Context>
     sendEnvelope (inbox: RedisKey, maxLen: number, ttlMs: number, json: string): Result<string, Context>
   }
 }
