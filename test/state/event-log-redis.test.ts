@@ -1,5 +1,5 @@
 import { randomUUID } from 'node:crypto'
-import t from 'tap'
+import t, { type Test } from 'tap'
 import { RedisEventLog } from '../../src/state/event-log-redis.js'
 import { RedisSessionStore } from '../../src/state/session-store-redis.js'
 import { CONTRACT_MAX_LEN, eventLogContract } from './contract-event-log.js'
@@ -8,17 +8,20 @@ import { randomPrefix, startRedis, testRedis } from '../helpers/redis-server.js'
 
 const server = await startRedis(t)
 
-eventLogContract(t, async t => {
+/** A log and its store under a fresh key prefix, and a connection to look at the keys. */
+async function fresh (t: Test, maxLen = 5): Promise<{ redis: Awaited<ReturnType<typeof testRedis>>, prefix: string, store: RedisSessionStore, log: RedisEventLog }> {
   const redis = await testRedis(t, server.url)
   const prefix = randomPrefix()
-  const store = new RedisSessionStore(redis, prefix)
-  return { log: new RedisEventLog(redis, prefix, CONTRACT_MAX_LEN), store, maxLen: CONTRACT_MAX_LEN }
+  return { redis, prefix, store: new RedisSessionStore(redis, prefix), log: new RedisEventLog(redis, prefix, maxLen) }
+}
+
+eventLogContract(t, async t => {
+  const { log, store } = await fresh(t, CONTRACT_MAX_LEN)
+  return { log, store, maxLen: CONTRACT_MAX_LEN }
 })
 
 t.test('entries are Redis stream entries under the session hash tag, trimmed approximately', async t => {
-  const redis = await testRedis(t, server.url)
-  const prefix = randomPrefix()
-  const log = new RedisEventLog(redis, prefix, 5)
+  const { redis, prefix, log } = await fresh(t)
   const sid = randomUUID()
   const first = await log.append(sid, 'get', null, 60_000)
   t.match(first.entryId, /^\d+-\d+$/)
@@ -36,10 +39,7 @@ t.test('entries are Redis stream entries under the session hash tag, trimmed app
 })
 
 t.test('markPending checks in the same step that the session still exists (a POST may skip reading its record)', async t => {
-  const redis = await testRedis(t, server.url)
-  const prefix = randomPrefix()
-  const store = new RedisSessionStore(redis, prefix)
-  const log = new RedisEventLog(redis, prefix, 5)
+  const { redis, prefix, store, log } = await fresh(t)
   const record = sampleRecord()
   await store.create(record, 60_000)
   t.type(await log.markPending(record.id, 'r1_a', [1], 60_000, true, 'r', { replicaId: 'r', leaseMs: 60_000 }), 'string', 'an existing session: marked and primed')
@@ -49,10 +49,7 @@ t.test('markPending checks in the same step that the session still exists (a POS
 })
 
 t.test('prune drops a stream\'s list entry and ordinal only once every key of it lapsed, and only those it sampled', async t => {
-  const redis = await testRedis(t, server.url)
-  const prefix = randomPrefix()
-  const store = new RedisSessionStore(redis, prefix)
-  const log = new RedisEventLog(redis, prefix, 5)
+  const { redis, prefix, store, log } = await fresh(t)
   const sid = randomUUID()
   const listed = async (): Promise<string[]> => (await redis.smembers(`${prefix}:{${sid}}:streams`)).sort()
   const ordinals = async (): Promise<string[]> => (await redis.hkeys(`${prefix}:{${sid}}:seq`)).sort()
