@@ -190,11 +190,14 @@ export class MemoryEventLog implements EventLog {
   async prune (sid: string, sample: number): Promise<number> {
     const streams = this.#streams.get(sid)
     if (streams === undefined) return 0
-    // Holders and cursors live in the store, apart from the logs: a lapsed log is all there is here.
+    // Holders and cursors live in the store, apart from the logs: a lapsed log is all there is
+    // here. The oldest `sample` streams (a Map keeps insertion order), not all: a busy session has
+    // thousands alive, and the store's sweep gets the rest.
     const now = Date.now()
     let forgotten = 0
+    let looked = 0
     for (const [streamId, stream] of streams) {
-      if (forgotten >= sample) break
+      if (looked++ >= sample) break
       if (stream.expiresAt > now) continue
       streams.delete(streamId)
       forgotten++

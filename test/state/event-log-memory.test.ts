@@ -50,3 +50,15 @@ t.test('the store sweep drops expired logs', async t => {
   store.sweep(Date.now() + 120_000)
   t.equal(await log.hasStream('s', 'live'), false)
 })
+
+t.test('prune looks at the oldest streams only, as many as sampled: a busy session\'s thousands of live ones are not walked each time', async t => {
+  const store = new MemorySessionStore()
+  t.teardown(() => store.close())
+  const log = new MemoryEventLog(store, 3)
+  await log.append('s', 'r1_old', null, 60_000)
+  await log.append('s', 'r1_lapsed', null, 20)
+  await new Promise(resolve => setTimeout(resolve, 60))
+  t.equal(await log.prune('s', 1), 0, 'the oldest is alive, and it was the only one looked at')
+  t.equal(await log.prune('s', 2), 1, 'with two looked at, the lapsed one goes')
+  t.equal(await log.hasStream('s', 'r1_old'), true)
+})
