@@ -89,7 +89,8 @@ export interface EventLog {
   discard (sid: string, streamId: string, holder: string, answered: RequestId[]): Promise<void>
   /**
    * Forgets streams of a session that have lapsed (log, holder lease and cursor all expired),
-   * looking at up to `sample` of them chosen at random, and returns how many it forgot. Expiry
+   * looking at up to `sample` of them (the Redis twin picks them at random, the memory twin takes
+   * the oldest), and returns how many it forgot. Expiry
    * drops each key by itself, but the Redis twin's list of a session's streams (kept so deleting
    * the session finds every key) and their ordinals would otherwise stay until the session ends:
    * one entry per SSE-answered call. A stream used again later starts its ordinals afresh, as in
