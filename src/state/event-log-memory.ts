@@ -193,17 +193,21 @@ export class MemoryEventLog implements EventLog {
     // Holders and cursors live in the store, apart from the logs: a lapsed log is all there is
     // here. The oldest `sample` streams (a Map keeps insertion order), not all: a busy session has
     // thousands alive, and the store's sweep gets the rest.
-    const now = Date.now()
-    let forgotten = 0
+    return this.#dropLapsed(sid, streams, Date.now(), sample)
+  }
+
+  /** Drops the lapsed logs among a session's first `limit` streams (and the session's map once empty). */
+  #dropLapsed (sid: string, streams: Map<string, Stream>, now: number, limit = Infinity): number {
+    let dropped = 0
     let looked = 0
     for (const [streamId, stream] of streams) {
-      if (looked++ >= sample) break
+      if (looked++ >= limit) break
       if (stream.expiresAt > now) continue
       streams.delete(streamId)
-      forgotten++
+      dropped++
     }
     if (streams.size === 0) this.#streams.delete(sid)
-    return forgotten
+    return dropped
   }
 
   async deleteSession (sid: string): Promise<void> {
@@ -217,10 +221,7 @@ export class MemoryEventLog implements EventLog {
   }
 
   #sweep (now: number): void {
-    for (const [sid, streams] of this.#streams) {
-      for (const [streamId, stream] of streams) if (stream.expiresAt <= now) streams.delete(streamId)
-      if (streams.size === 0) this.#streams.delete(sid)
-    }
+    for (const [sid, streams] of this.#streams) this.#dropLapsed(sid, streams, now)
     // Markers of a session that no longer exists (it expired in the store) go with it.
     for (const sid of this.#pending.keys()) if (!this.#streams.has(sid)) this.#pending.delete(sid)
   }

@@ -90,11 +90,10 @@ export interface EventLog {
   /**
    * Forgets streams of a session that have lapsed (log, holder lease and cursor all expired),
    * looking at up to `sample` of them (the Redis twin picks them at random, the memory twin takes
-   * the oldest), and returns how many it forgot. Expiry
-   * drops each key by itself, but the Redis twin's list of a session's streams (kept so deleting
-   * the session finds every key) and their ordinals would otherwise stay until the session ends:
-   * one entry per SSE-answered call. A stream used again later starts its ordinals afresh, as in
-   * the memory twin.
+   * the oldest), and returns how many it forgot. Expiry drops each key by itself, but the Redis
+   * twin's list of a session's streams (kept so deleting the session finds every key) and their
+   * ordinals would otherwise stay until the session ends: one entry per SSE-answered call. A
+   * stream used again later starts its ordinals afresh, as in the memory twin.
    */
   prune (sid: string, sample: number): Promise<number>
   /** Drops every stream of a session. */

@@ -62,3 +62,17 @@ t.test('prune looks at the oldest streams only, as many as sampled: a busy sessi
   t.equal(await log.prune('s', 2), 1, 'with two looked at, the lapsed one goes')
   t.equal(await log.hasStream('s', 'r1_old'), true)
 })
+
+t.test('the store\'s sweep drops every lapsed log of every session, and only those', async t => {
+  const store = new MemorySessionStore()
+  t.teardown(() => store.close())
+  const log = new MemoryEventLog(store, 3)
+  for (const sid of ['s1', 's2']) {
+    await log.append(sid, 'r1_lapsed', null, 20)
+    await log.append(sid, 'r1_live', null, 60_000)
+  }
+  await new Promise(resolve => setTimeout(resolve, 60))
+  store.sweep()
+  t.equal(await log.prune('s1', 10) + await log.prune('s2', 10), 0, 'nothing lapsed was left for prune')
+  t.ok(await log.hasStream('s1', 'r1_live') && await log.hasStream('s2', 'r1_live'), 'the live logs stay')
+})
