@@ -8,6 +8,7 @@ import type { ServerResponse } from 'node:http'
 import type { FastifyBaseLogger } from 'fastify'
 import { ANSWERED_DIRECTLY, compareEntryIds, formatEventId, type EventLog, type LogEntry } from '../state/event-log.js'
 import { isResponse, type JsonRpcMessage, type JsonRpcResponse, type RequestId } from '../core/jsonrpc.js'
+import { toJsonRpcError, type GatewayError } from '../core/errors.js'
 import { tracing } from '../telemetry/tracing.js'
 import { streamKindOf, type GatewayMetrics } from '../telemetry/metrics.js'
 import { startKeepAlive, stopKeepAlive, type KeepAliveSlot } from './keep-alive.js'
@@ -105,6 +106,16 @@ export class StreamWriter {
    * one is in flight, an answer must not overtake it (answerDirectly).
    */
   appending = 0
+  /**
+   * A POST stream whose requests went to the backend while they were being marked pending
+   * (ClientStreams.openPost, `markAfterSend`): settled once the mark's verdict was applied (primed,
+   * or refused). Appends to the stream wait for it; the stream opens only after it.
+   */
+  marking: Promise<void> | undefined
+  /** The SSE stream was due to open (start, the lazy delay) while marking: it opens once primed. */
+  #openWhenPrimed = false
+  /** Whether the client was sent an event id of this stream (it can resume it elsewhere). */
+  #idSent = false
 
   constructor (options: StreamWriterOptions) {
     this.#o = options
@@ -118,13 +129,18 @@ export class StreamWriter {
 
   /**
    * A new POST stream's start, known once its requests are marked pending (ClientStreams.openPost):
-   * the priming entry's id and the preamble that writes it. Only before start().
+   * the priming entry's id and the preamble that writes it. Before start(), or while `marking`
+   * (started, but nothing written yet: the stream opens now if it was due to).
    */
   primed (cursor: string | null, preamble: string | undefined): void {
-    if (this.#started) throw new Error('a stream writer is primed before it starts')
+    if (this.#started && (this.marking === undefined || this.#keepAlive !== undefined || this.#advanced)) throw new Error('a stream writer is primed before it writes')
     this.#cursor = cursor
     this.#lastSeq = cursor === null ? 0 : 1
     this.#preamble = preamble
+    if (this.#openWhenPrimed) {
+      this.#openWhenPrimed = false
+      this.#openSse()
+    }
   }
 
   get cursor (): string | null { return this.#cursor }
@@ -133,6 +149,13 @@ export class StreamWriter {
   get ended (): boolean { return this.#ended }
   /** Whether the client was sent an event id (the SSE stream opened): only then can it resume this stream. */
   get resumable (): boolean { return this.#keepAlive !== undefined }
+  /**
+   * Whether the client holds an event id of this stream, or will when a held stream opens (its
+   * priming event): if not, a client whose stream ends now cannot resume it for its answers.
+   */
+  get clientCanResume (): boolean {
+    return this.#idSent || (this.#keepAlive === undefined && this.#preamble?.startsWith('id:') === true)
+  }
 
   /** Sends headers (SSE), starts keep-alives, and writes what the log already holds. */
   async start (): Promise<void> {
@@ -141,10 +164,14 @@ export class StreamWriter {
     const { res } = this.#o
     res.on('close', () => { if (!res.writableFinished) this.#finish('client-closed') })
     const lazyMs = this.#o.lazyMs ?? 0
-    if (this.#o.mode === 'sse' && lazyMs > 0 && Number.isFinite(this.#remaining)) {
+    if (this.#o.mode === 'sse' && Number.isFinite(this.#remaining) && (lazyMs > 0 || this.marking !== undefined)) {
       this.#holding = true
-      this.#lazyTimer = setTimeout(() => { this.#openSse() }, lazyMs)
-      this.#lazyTimer.unref()
+      if (lazyMs > 0) {
+        this.#lazyTimer = setTimeout(() => { this.#openOnceMarked() }, lazyMs)
+        this.#lazyTimer.unref()
+      } else {
+        this.#openWhenPrimed = true
+      }
     } else if (this.#o.mode !== 'json') {
       this.#openSse()
     }
@@ -178,9 +205,16 @@ export class StreamWriter {
     await this.wake()
   }
 
+  /** The lazy delay ran out: open now, or once the stream's mark is in (its priming id). */
+  #openOnceMarked (): void {
+    if (this.marking !== undefined) this.#openWhenPrimed = true
+    else this.#openSse()
+  }
+
   /**
    * Sends the SSE headers and the preamble, writes any answers held meanwhile, and starts
-   * keep-alives. Lazy streams open here on their first non-answer, their delay, or their end.
+   * keep-alives. Lazy streams open here on their first non-answer, their delay, or their end
+   * (an end while still marking opens without the priming event: its id is not known yet).
    */
   #openSse (): void {
     if (this.#ended || this.#keepAlive !== undefined) return
@@ -197,6 +231,7 @@ export class StreamWriter {
     const held = this.#held
     this.#held = undefined
     const first = (this.#preamble ?? '') + (held === undefined ? '' : held.map(entry => this.#frame(entry)).join(''))
+    if (this.#preamble?.startsWith('id:') === true) this.#idSent = true
     if (first !== '') res.write(first)
     else res.flushHeaders()
     // What only the opening needed goes now: an idle stream lives for hours (heap per idle
@@ -345,6 +380,28 @@ export class StreamWriter {
     this.#finish(reason)
   }
 
+  /**
+   * The stream's requests are refused after all (ClientStreams.openPost: marking them failed):
+   * while nothing was sent, the response is the HTTP error the request would have got before its
+   * stream started (status and JSON-RPC error, as the error handler writes them). Ends the writer
+   * ('session-ended' for a 404, else 'error'); false when it had sent something already (then the
+   * caller answers otherwise).
+   */
+  refuse (err: GatewayError): boolean {
+    const { res } = this.#o
+    if (this.#ended || res.headersSent) return false
+    const status = err.statusCode ?? 500
+    this.#o.metrics?.httpRefusal(status, err.code)
+    this.#holding = false
+    clearTimeout(this.#lazyTimer)
+    const requestIds = this.#o.requestIds ?? []
+    const id = this.#o.batch === true || requestIds.length !== 1 ? null : requestIds[0] ?? null
+    res.writeHead(status, { 'content-type': 'application/json', ...(err.retryAfter !== undefined ? { 'retry-after': String(err.retryAfter) } : {}), ...this.#o.headers })
+    res.end(JSON.stringify(toJsonRpcError(err, id)))
+    this.#finish(status === 404 ? 'session-ended' : 'error')
+    return true
+  }
+
   #countLost (seq: number): void {
     const metrics = this.#o.metrics
     const last = this.#lastSeq
@@ -412,6 +469,7 @@ export class StreamWriter {
   }
 
   #frame (entry: LogEntry): string {
+    this.#idSent = true
     const id = `id: ${formatEventId(this.streamId, entry.entryId)}\n`
     if (entry.message === null) {
       // Priming event: an id and empty data, with the reconnect hint (H-POST-7).

@@ -39,7 +39,9 @@ export class Sessions {
    * Redis mode: the records of routed Streamable HTTP sessions whose backend runs here, as last
    * read. What a POST needs of them (server, principal, transport, version, tenant) never changes
    * once created, and whether the session still exists is checked when its requests are marked
-   * pending (EventLog.markPending), so such a POST skips one round trip (issue 10).
+   * pending (EventLog.markPending; a session found gone then is refused with 404, also when the
+   * verdict comes after the requests left, ClientStreams.openPost), so such a POST skips one round
+   * trip (issue 10).
    */
   readonly #owned = new Map<string, SessionRecord>()
 

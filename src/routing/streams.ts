@@ -6,7 +6,7 @@
 import { randomBytes } from 'node:crypto'
 import type { ServerResponse } from 'node:http'
 import type { FastifyBaseLogger } from 'fastify'
-import { GW_ERR_BACKEND_TIMEOUT, GW_ERR_CONFLICT, GW_ERR_SESSION_NOT_FOUND, toJsonRpcError, type GatewayError } from '../core/errors.js'
+import { GW_ERR_BACKEND_TIMEOUT, GW_ERR_CONFLICT, GW_ERR_SESSION_NOT_FOUND, GW_ERR_SHUTTING_DOWN, GW_ERR_STORE_UNAVAILABLE, isGatewayError, toJsonRpcError, type GatewayError } from '../core/errors.js'
 import { isResponse, type JsonRpcMessage, type JsonRpcResponse, type RequestId } from '../core/jsonrpc.js'
 import { StreamWriter, type WriterEndReason, type WriterMode } from '../http/sse.js'
 import { ANSWERED_DIRECTLY, GET_STREAM, LEGACY_STREAM, type AppendResult, type PendingRequest } from '../state/event-log.js'
@@ -110,6 +110,8 @@ export interface OpenPostOptions extends Omit<OpenStreamOptions, 'cursor' | 'fre
   servedBy?: string
   /** The backend's deadline: past it (and POST_DEADLINE_GRACE_MS), unanswered requests get -32006 here. */
   deadline?: { server: string, timeoutMs: number }
+  /** The requests go to a backend connection on this replica: send them before the mark is in (see openPost). */
+  markAfterSend?: boolean
 }
 
 export interface ClientStreamsOptions extends ReplicaContext {
@@ -153,7 +155,12 @@ export class ClientStreams {
     // The one answer of a one-request stream completes it: the log is kept only briefly from now
     // on (see #onWriterEnd), set in the same step rather than by a command of its own.
     const ttlMs = response && expectedResponsesOf(streamId) === 1 ? Math.min(this.#idleMs, COMPLETED_STREAM_TTL_MS) : this.#idleMs
-    const local = this.#get(sid, streamId)
+    let local = this.#get(sid, streamId)
+    if (local?.marking !== undefined) {
+      // The stream's mark is still on its way (openPost, markAfterSend): nothing overtakes it.
+      await local.marking
+      local = this.#get(sid, streamId)
+    }
     let json: string | undefined
     if (answers !== undefined && local !== undefined) {
       // Local fast path: the answer that completes a stream written here goes to its client before
@@ -223,18 +230,36 @@ export class ClientStreams {
    * lease and appends the priming entry (`preamble` gets its id), all in one step of the log
    * (EventLog.markPending): a new stream has no previous holder to hand it back from. The writer
    * is registered first, so a wake for an answer that comes at once is never lost.
+   *
+   * `markAfterSend` (the requests' backend connection is on this replica): the writer is returned
+   * at once, so the requests reach the backend while the mark is on its way (issue 10: the mark
+   * was a Redis round trip before every call on the local path). Whatever could overtake it waits
+   * for its verdict (`StreamWriter.marking`): every append to the stream (answers included, so a
+   * session found gone answers 404, not the backend's result) and the opening of the SSE stream
+   * (its priming id). Only here: an answer that comes through another replica needs the marker in
+   * place before the request leaves.
    */
   async openPost (options: OpenPostOptions): Promise<StreamWriter> {
     const { preamble, priming, servedBy, deadline, sid, streamId, requestIds } = options
     const writer = this.#register(options, null, true)
-    let primingId: string | null
-    try {
-      primingId = await this.#o.eventLog.markPending(sid, streamId, requestIds, this.#idleMs, priming, servedBy ?? this.#o.replicaId, { replicaId: this.#o.replicaId, leaseMs: this.#leaseMs })
-    } catch (err) {
-      this.#delete(writer)
-      throw err
+    const marked = this.#o.eventLog.markPending(sid, streamId, requestIds, this.#idleMs, priming, servedBy ?? this.#o.replicaId, { replicaId: this.#o.replicaId, leaseMs: this.#leaseMs })
+    // Only while Redis answers: with the store known away, the mark fails before anything is sent.
+    if (options.markAfterSend === true && this.#o.store.isReady()) {
+      writer.marking = marked.then(primingId => {
+        if (!writer.ended) writer.primed(primingId, primingId === null ? undefined : preamble(primingId))
+      }, (err: unknown) => {
+        this.#markFailed(writer, err)
+      }).finally(() => { writer.marking = undefined })
+    } else {
+      let primingId: string | null
+      try {
+        primingId = await marked
+      } catch (err) {
+        this.#delete(writer)
+        throw err
+      }
+      writer.primed(primingId, primingId === null ? undefined : preamble(primingId))
     }
-    writer.primed(primingId, primingId === null ? undefined : preamble(primingId))
     if (deadline !== undefined) {
       // Every accepted request gets an answer even if it never reached a relay: past the backend's
       // deadline, whatever is still unanswered is answered here. An answer given already wins
@@ -249,6 +274,23 @@ export class ClientStreams {
       }, deadline.timeoutMs + POST_DEADLINE_GRACE_MS).unref())
     }
     return writer
+  }
+
+  /**
+   * A mark sent alongside its requests failed (openPost, `markAfterSend`): the POST is refused as
+   * it would have been before its stream started, with the error's status: 404 when the session
+   * is gone (deleted or expired meanwhile), 503 when Redis cannot be reached. The request may be
+   * running already; its answer finds no writer and no marker. Refusing is what the gateway does
+   * for any request while the store is away (and what it does for requests in flight then), and
+   * without its marker and priming entry the stream could not carry anything but a direct answer.
+   */
+  #markFailed (writer: StreamWriter, err: unknown): void {
+    if (writer.ended) return
+    clearTimeout(this.#deadlines.get(writer))
+    this.#deadlines.delete(writer)
+    const refusal = isGatewayError(err) ? err : new GW_ERR_STORE_UNAVAILABLE('the requests could not be recorded')
+    if (refusal.code !== 'GW_ERR_SESSION_NOT_FOUND') this.#o.log.warn({ err, sid: shortHash(writer.sid) }, 'requests not marked pending; refused')
+    if (!writer.refuse(refusal)) this.#endWithSession(writer, refusal)
   }
 
   /**
@@ -372,9 +414,20 @@ export class ClientStreams {
     writer.end('session-ended')
   }
 
-  /** Shutdown: every stream ends with a retry hint so its client reconnects elsewhere. */
+  /**
+   * Shutdown: every stream ends with a retry hint so its client reconnects elsewhere. A POST stream
+   * whose client holds no event id of it (a held stream without priming, an SSE stream that wrote
+   * nothing yet) could not be resumed for its answers: they are an error now.
+   */
   endAll (retryMs: number): void {
-    for (const writer of this.#all()) writer.end('shutdown', retryMs)
+    let err: GatewayError | undefined
+    for (const writer of this.#all()) {
+      if (writer.awaitsAnswers && !writer.clientCanResume) {
+        const shuttingDown = err ??= new GW_ERR_SHUTTING_DOWN()
+        writer.failUnanswered(id => toJsonRpcError(shuttingDown, id))
+      }
+      writer.end('shutdown', retryMs)
+    }
   }
 
   /**

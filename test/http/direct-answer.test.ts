@@ -59,8 +59,8 @@ t.test('with Redis: an answer that completes a held stream goes straight to its 
 })
 
 t.test('with Redis: an SSE stream\'s last answer is written before its append, with an id that resumes to nothing; the log still gets it', async t => {
-  const { gw, prefix, inspect, url } = await redisGateway(t)
-  const session = await open(gw, '2025-11-25') // SSE at once in Redis mode (priming)
+  const { gw, prefix, inspect, url } = await redisGateway(t, { http: { lazySseMs: 0 } })
+  const session = await open(gw, '2025-11-25') // SSE at once (lazySseMs 0), with priming
   const keys = sessionKeys(prefix, session.sid)
   const appended = await watchAppends(t, url, keys.events(''))
   const res = await post(gw, call(30, 'echo', { text: 'sse-direct' }), session)

@@ -15,9 +15,9 @@ import { call, open, post } from '../helpers/raw-session.js'
 t.test('with Redis: streams whose keys lapsed are dropped from the session\'s list as calls go on; live ones stay listed', async t => {
   const redis = await startRedis(t)
   const prefix = randomPrefix()
-  const gw = await startGateway(t, { servers: { full: stdioFixture('full-server') }, redis: { url: redis.url, keyPrefix: prefix } })
+  const gw = await startGateway(t, { servers: { full: stdioFixture('full-server') }, redis: { url: redis.url, keyPrefix: prefix }, http: { lazySseMs: 0 } })
   const inspect = await testRedis(t, redis.url)
-  const session = await open(gw, '2025-11-25') // SSE in Redis mode: each call's stream is resumable, so listed
+  const session = await open(gw, '2025-11-25') // SSE at once (lazySseMs 0): each call's stream is resumable, so listed
   const keys = sessionKeys(prefix, session.sid)
   let lastPriming = ''
   const calls = async (from: number, count: number): Promise<void> => {

@@ -9,8 +9,8 @@ import { eventually } from '../helpers/wait.js'
 import { SseReader } from '../helpers/sse-client.js'
 import { call, open, post } from '../helpers/raw-session.js'
 
-async function gateway (t: Test, extra: Record<string, unknown> = {}): Promise<RunningGateway> {
-  return await startGateway(t, { servers: { full: stdioFixture('full-server') }, ...extra })
+async function gateway (t: Test, extra: Record<string, unknown> = {}, replicaId?: string): Promise<RunningGateway> {
+  return await startGateway(t, { servers: { full: stdioFixture('full-server') }, ...extra }, replicaId === undefined ? {} : { replicaId })
 }
 
 t.test('an answer that comes first is one JSON body, with the session header', async t => {
@@ -98,27 +98,76 @@ t.test('a held stream that the gateway ends opens as SSE and says when to come b
   t.ok(reader.retries.includes(700), 'and the retry hint')
 })
 
-t.test('with Redis: 2025-11-25 streams open at once (a replica death must not strand a call); older ones are lazy', async t => {
+t.test('a stream whose client holds no event id (no priming before 2025-11-25) is answered with an error when the gateway stops', async t => {
+  const gw = await gateway(t, { http: { lazySseMs: 20, retryMs: 700 } })
+  const session = await open(gw, '2025-06-18')
+  const res = await post(gw, call(14, 'slow', { ms: 3000 }), session)
+  t.match(res.headers.get('content-type'), /^text\/event-stream/, 'the stream opened after the lazy delay')
+  const reader = new SseReader(res)
+  await new Promise(resolve => setTimeout(resolve, 100))
+  t.same(reader.events, [], 'nothing yet: no priming event on 2025-06-18, so no id to resume from')
+  const closing = gw.close()
+  await reader.finished
+  await closing
+  t.match(reader.messages(), [{ jsonrpc: '2.0', id: 14, error: { code: -32000, message: 'The gateway is shutting down' } }], 'the request gets its one answer, an error, before the stream ends')
+})
+
+t.test('with Redis: a 2025-11-25 call served on this replica is lazy; one served by another replica opens its stream at once', async t => {
+  const redis = await startRedis(t)
+  const prefix = randomPrefix()
+  const a = await gateway(t, { redis: { url: redis.url, keyPrefix: prefix } }, 'lazy-a')
+  const b = await gateway(t, { redis: { url: redis.url, keyPrefix: prefix } }, 'lazy-b')
+  const inspect = await testRedis(t, redis.url)
+  const logsOf = async (sid: string): Promise<string[]> => await inspect.keys(`${sessionKeys(prefix, sid).events('')}r*`)
+  const session = await open(a, '2025-11-25') // its backend runs on a
+  const before = await logsOf(session.sid)
+  const local = await post(a, call(9, 'echo', { text: 'redis-local' }), session)
+  t.match(local.headers.get('content-type'), /^application\/json/, 'JSON where the backend runs: this replica\'s death would take the backend connection, and the answer, with it')
+  t.match(await local.json(), { id: 9, result: { content: [{ text: 'redis-local' }] } })
+  await eventually('the JSON answer\'s log dropped', async () => (await logsOf(session.sid)).length === before.length ? true : undefined)
+  t.same(await logsOf(session.sid), before, 'the log of a stream answered as one JSON body goes at once: no event id of it ever reached the client')
+  const routed = await post(b, call(10, 'echo', { text: 'redis-routed' }), session)
+  t.match(routed.headers.get('content-type'), /^text\/event-stream/, 'SSE on the replica that routes to the owner: the answer comes through the log')
+  const reader = new SseReader(routed)
+  await reader.finished
+  t.equal(reader.events[0]?.data, '', 'priming first, so a client whose replica dies mid-call resumes elsewhere')
+  t.match(reader.messages().at(-1), { id: 10, result: { content: [{ text: 'redis-routed' }] } })
+  const kept = (await logsOf(session.sid)).filter(key => !before.includes(key))
+  t.equal(kept.length, 1, 'the SSE stream\'s log is kept')
+  t.ok(await inspect.pttl(kept[0] ?? '') > 30_000, 'a while, for a client that resumes')
+})
+
+t.test('with Redis: a slow call served here opens its stream after the lazy delay with a priming event a client can resume from', async t => {
+  const redis = await startRedis(t)
+  const gw = await gateway(t, { redis: { url: redis.url, keyPrefix: randomPrefix() }, http: { lazySseMs: 30 } })
+  const session = await open(gw, '2025-11-25')
+  const res = await post(gw, call(11, 'slow', { ms: 600 }), session)
+  t.match(res.headers.get('content-type'), /^text\/event-stream/)
+  const reader = new SseReader(res)
+  const [priming] = await reader.until(events => events.length >= 1)
+  t.equal(priming?.data, '', 'the priming event')
+  // The client's connection drops before the answer; it resumes from the priming event's id.
+  await res.body?.cancel().catch(() => {})
+  const resumed = await fetch(`${gw.url}/mcp/full`, { headers: { accept: 'text/event-stream', 'mcp-session-id': session.sid, 'mcp-protocol-version': session.version, 'last-event-id': priming?.id ?? '' } })
+  t.equal(resumed.status, 200, 'the priming id names a stream the log has')
+  const rest = new SseReader(resumed)
+  await rest.finished
+  t.match(rest.messages(), [{ id: 11, result: { content: [{ text: 'slept 600 ms' }] } }], 'the answer, once, on the resumed stream')
+})
+
+t.test('with Redis: a call whose session is found gone when its mark lands is refused with 404, not answered', async t => {
   const redis = await startRedis(t)
   const prefix = randomPrefix()
   const gw = await gateway(t, { redis: { url: redis.url, keyPrefix: prefix } })
   const inspect = await testRedis(t, redis.url)
-  const logsOf = async (sid: string): Promise<string[]> => await inspect.keys(`${sessionKeys(prefix, sid).events('')}r*`)
-  const current = await open(gw, '2025-11-25')
-  const eager = await post(gw, call(9, 'echo', { text: 'redis' }), current)
-  t.match(eager.headers.get('content-type'), /^text\/event-stream/, 'SSE with a priming event on 2025-11-25')
-  const reader = new SseReader(eager)
-  await reader.finished
-  t.equal(reader.events[0]?.data, '', 'priming first')
-  const older = await open(gw, '2025-06-18')
-  const before = await logsOf(older.sid) // initialize's, kept if its stream opened (a child starts slower than lazySseMs)
-  const lazy = await post(gw, call(10, 'echo', { text: 'redis-old' }), older)
-  t.match(lazy.headers.get('content-type'), /^application\/json/, 'JSON on 2025-06-18, which has no priming to lose')
-  t.match(await lazy.json(), { id: 10, result: { content: [{ text: 'redis-old' }] } })
-  const [kept] = await logsOf(current.sid)
-  t.ok(kept !== undefined && await inspect.pttl(kept) > 30_000, 'the SSE stream\'s log is kept a while, for a client that resumes')
-  await eventually('the JSON answer\'s log dropped', async () => (await logsOf(older.sid)).length === before.length ? true : undefined)
-  t.same(await logsOf(older.sid), before, 'the log of a stream answered as one JSON body goes at once: no event id of it ever reached the client')
+  const session = await open(gw, '2025-11-25')
+  t.match(await (await post(gw, call(12, 'echo', { text: 'before' }), session)).json(), { id: 12, result: {} }, 'a first call: the replica running the backend keeps the record')
+  // Gone behind this replica's back (no end-session envelope): only the mark can find out.
+  await inspect.del(sessionKeys(prefix, session.sid).meta)
+  const res = await post(gw, call(13, 'echo', { text: 'after' }), session)
+  t.equal(res.status, 404, 'the HTTP status of an unknown session')
+  t.match(res.headers.get('content-type'), /^application\/json/)
+  t.match(await res.json(), { jsonrpc: '2.0', id: 13, error: { code: -32001 } }, 'the JSON-RPC error, for the request, and no result')
 })
 
 t.test('an initialize waits for its answer as one JSON body, though the backend takes longer than lazySseMs to start', async t => {
