@@ -107,11 +107,14 @@ export class StreamWriter {
    */
   appending = 0
   /**
-   * A POST stream whose requests went to the backend while they were being marked pending
-   * (ClientStreams.openPost, `markAfterSend`): settled once the mark's verdict was applied (primed,
-   * or refused). Appends to the stream wait for it; the stream opens only after it.
+   * A POST stream whose requests went to the backend before the store had its say
+   * (ClientStreams.openPost, `markAfterSend`): settles once the verdict on the session, or the
+   * stream's mark, was applied (primed, or refused). Appends to the stream wait for it; the SSE
+   * stream opens only after its mark.
    */
   marking: Promise<void> | undefined
+  /** Such a stream not marked yet: marks it (once; `marking` then covers it). Cleared when called. */
+  markLater: (() => void) | undefined
   /** The SSE stream was due to open (start, the lazy delay) while marking: it opens once primed. */
   #openWhenPrimed = false
   /** Whether the client was sent an event id of this stream (it can resume it elsewhere). */
@@ -129,11 +132,11 @@ export class StreamWriter {
 
   /**
    * A new POST stream's start, known once its requests are marked pending (ClientStreams.openPost):
-   * the priming entry's id and the preamble that writes it. Before start(), or while `marking`
-   * (started, but nothing written yet: the stream opens now if it was due to).
+   * the priming entry's id and the preamble that writes it. Before start(), or after it while
+   * nothing was written (a stream started before its mark: it opens now if it was due to).
    */
   primed (cursor: string | null, preamble: string | undefined): void {
-    if (this.#started && (this.marking === undefined || this.#keepAlive !== undefined || this.#advanced)) throw new Error('a stream writer is primed before it writes')
+    if (this.#started && (this.#keepAlive !== undefined || this.#advanced)) throw new Error('a stream writer is primed before it writes')
     this.#cursor = cursor
     this.#lastSeq = cursor === null ? 0 : 1
     this.#preamble = preamble
@@ -164,13 +167,13 @@ export class StreamWriter {
     const { res } = this.#o
     res.on('close', () => { if (!res.writableFinished) this.#finish('client-closed') })
     const lazyMs = this.#o.lazyMs ?? 0
-    if (this.#o.mode === 'sse' && Number.isFinite(this.#remaining) && (lazyMs > 0 || this.marking !== undefined)) {
+    if (this.#o.mode === 'sse' && Number.isFinite(this.#remaining) && (lazyMs > 0 || this.marking !== undefined || this.markLater !== undefined)) {
       this.#holding = true
       if (lazyMs > 0) {
         this.#lazyTimer = setTimeout(() => { this.#openOnceMarked() }, lazyMs)
         this.#lazyTimer.unref()
       } else {
-        this.#openWhenPrimed = true
+        this.#openOnceMarked()
       }
     } else if (this.#o.mode !== 'json') {
       this.#openSse()
@@ -205,10 +208,14 @@ export class StreamWriter {
     await this.wake()
   }
 
-  /** The lazy delay ran out: open now, or once the stream's mark is in (its priming id). */
+  /** The SSE stream is due (the lazy delay ran out): open now, or once the stream's mark is in (its priming id). */
   #openOnceMarked (): void {
-    if (this.marking !== undefined) this.#openWhenPrimed = true
-    else this.#openSse()
+    if (this.markLater === undefined && this.marking === undefined) {
+      this.#openSse()
+      return
+    }
+    this.#openWhenPrimed = true
+    this.markLater?.()
   }
 
   /**

@@ -81,14 +81,15 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
     // the stream starts, so nobody is woken to read it back: its frame is written directly with
     // the id the log gave it (H-POST-7).
     const route = await router.admit(record, ownerRead)
-    // The backend connection is here (direct session, or routed to a relay here): the requests
-    // leave while their mark is on its way (ClientStreams.openPost, issue 10).
-    const local = typeof route !== 'string'
+    // A routed session whose relay is here: the requests go to the backend from this replica, so
+    // they need not wait for their mark (ClientStreams.openPost, issue 10). A direct session's
+    // request may still go to the replica holding its lease (Router.fromClient): it waits.
+    const servedHere = route !== undefined && typeof route !== 'string'
     const writer = await router.openPost({
       // A routed session's requests are served by its owner: a marker names it, so when it is
       // gone with requests in flight, whoever watches the session can answer them (router.ts).
-      servedBy: local ? undefined : route,
-      markAfterSend: local,
+      servedBy: typeof route === 'string' ? route : undefined,
+      markAfterSend: servedHere,
       deadline: deadlineOf(record.server),
       res: reply.raw,
       sid: record.id,
@@ -99,10 +100,10 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
       requestIds: requests.map(r => r.id),
       headers: replyHeaders(reply, { 'mcp-session-id': record.id }),
       preamble: primingId => `id: ${formatEventId(streamId, primingId)}\nretry: ${config.http.retryMs}\ndata: \n\n`,
-      // Lazy, except a 2025-11-25 stream whose answers come from another replica: its priming
+      // Lazy, except a 2025-11-25 stream whose answers may come from another replica: its priming
       // event goes at once, so if this replica dies mid-call the client resumes elsewhere and gets
       // the answer from the log. Served here, the backend connection would die with this replica.
-      ...(mode === 'sse' && (config.redis === undefined || !priming || local) ? { lazyMs: lazyMsOf(requests) } : {}),
+      ...(mode === 'sse' && (config.redis === undefined || !priming || servedHere) ? { lazyMs: lazyMsOf(requests) } : {}),
       log: req.log
     })
     reply.hijack()

@@ -38,10 +38,9 @@ export class Sessions {
   /**
    * Redis mode: the records of routed Streamable HTTP sessions whose backend runs here, as last
    * read. What a POST needs of them (server, principal, transport, version, tenant) never changes
-   * once created, and whether the session still exists is checked when its requests are marked
-   * pending (EventLog.markPending; a session found gone then is refused with 404, also when the
-   * verdict comes after the requests left, ClientStreams.openPost), so such a POST skips one round
-   * trip (issue 10).
+   * once created, and whether the session still exists is asked alongside its requests (an
+   * EXISTS that travels with them, or the marking script: ClientStreams.openPost; a session found
+   * gone is refused with 404), so such a POST waits for no read first (issue 10).
    */
   readonly #owned = new Map<string, SessionRecord>()
 
@@ -80,8 +79,8 @@ export class Sessions {
 
   /**
    * The session if it exists and belongs to this principal; another principal sees none (G-5).
-   * `checkedLater`: the caller marks requests pending next, which checks that the session still
-   * exists, so a session owned here may be answered from the record read before (#owned).
+   * `checkedLater`: the caller checks next that the session still exists (when it opens the POST's
+   * stream), so a session owned here may be answered from the record read before (#owned).
    */
   async get (sid: string, principal: string, checkedLater = false): Promise<SessionRecord | null> {
     if (!isValidSessionId(sid)) return null

@@ -155,25 +155,30 @@ export class ClientStreams {
     // The one answer of a one-request stream completes it: the log is kept only briefly from now
     // on (see #onWriterEnd), set in the same step rather than by a command of its own.
     const ttlMs = response && expectedResponsesOf(streamId) === 1 ? Math.min(this.#idleMs, COMPLETED_STREAM_TTL_MS) : this.#idleMs
-    let local = this.#get(sid, streamId)
-    if (local?.marking !== undefined) {
-      // The stream's mark is still on its way (openPost, markAfterSend): nothing overtakes it.
-      await local.marking
-      local = this.#get(sid, streamId)
-    }
-    let json: string | undefined
-    if (answers !== undefined && local !== undefined) {
-      // Local fast path: the answer that completes a stream written here goes to its client before
-      // the log's round trip (StreamWriter.answerDirectly). As one JSON body it never needs the log
-      // (#onWriterEnd drops log and marker); as an SSE stream's last frame it is appended after.
-      // Serialised once, for the direct write and the log alike.
-      json = JSON.stringify(message)
-      if (local.answerDirectly(message as JsonRpcResponse, json) === 'json') return ANSWERED_DIRECTLY
-    }
-    // While this append is in flight, no later answer may overtake it (StreamWriter.appending).
+    // The writer of this stream here, if any. From now until this append is done, no later answer
+    // overtakes it (StreamWriter.appending), also while it waits for the stream's mark.
+    const local = this.#get(sid, streamId)
     if (local !== undefined) local.appending++
+    let json: string | undefined
     let appended: AppendResult
     try {
+      // A stream opened before its mark (openPost, markAfterSend): the verdict on the session first.
+      if (local?.marking !== undefined) await local.marking
+      if (answers !== undefined && local !== undefined) {
+        // Local fast path: the answer that completes a stream written here goes to its client before
+        // the log's round trip (StreamWriter.answerDirectly). As one JSON body it never needs the log
+        // (#onWriterEnd drops log and marker, if it was marked); as an SSE stream's last frame it is
+        // appended after. Serialised once, for the direct write and the log alike. This append's
+        // own count is left out of the writer's check, which is about appends ahead of it.
+        json = JSON.stringify(message)
+        local.appending--
+        const direct = local.answerDirectly(message as JsonRpcResponse, json)
+        local.appending++
+        if (direct === 'json') return ANSWERED_DIRECTLY
+      }
+      // Into the log: a stream not marked yet is marked first (its priming entry comes first).
+      if (local !== undefined && !local.ended && local.markLater !== undefined) local.markLater()
+      if (local?.marking !== undefined) await local.marking
       appended = await this.#o.eventLog.append(sid, streamId, message, ttlMs, answers, json)
     } finally {
       if (local !== undefined) local.appending--
@@ -242,18 +247,26 @@ export class ClientStreams {
   async openPost (options: OpenPostOptions): Promise<StreamWriter> {
     const { preamble, priming, servedBy, deadline, sid, streamId, requestIds } = options
     const writer = this.#register(options, null, true)
-    const marked = this.#o.eventLog.markPending(sid, streamId, requestIds, this.#idleMs, priming, servedBy ?? this.#o.replicaId, { replicaId: this.#o.replicaId, leaseMs: this.#leaseMs })
+    const mark = async (): Promise<string | null> => await this.#o.eventLog.markPending(sid, streamId, requestIds, this.#idleMs, priming, servedBy ?? this.#o.replicaId, { replicaId: this.#o.replicaId, leaseMs: this.#leaseMs })
     // Only while Redis answers: with the store known away, the mark fails before anything is sent.
     if (options.markAfterSend === true && this.#o.store.isReady()) {
-      writer.marking = marked.then(primingId => {
-        if (!writer.ended) writer.primed(primingId, primingId === null ? undefined : preamble(primingId))
-      }, (err: unknown) => {
-        this.#markFailed(writer, err)
-      }).finally(() => { writer.marking = undefined })
+      // The verdict on the session goes alongside the requests; the mark itself waits until the
+      // stream needs it (an append to its log, or the SSE stream opening), which a quick answer
+      // given as one JSON body never does.
+      writer.markLater = () => {
+        writer.markLater = undefined
+        const verdict = writer.marking ?? Promise.resolve()
+        this.#gate(writer, verdict.then(async () => {
+          if (writer.ended) return
+          const primingId = await mark()
+          if (!writer.ended) writer.primed(primingId, primingId === null ? undefined : preamble(primingId))
+        }))
+      }
+      this.#gate(writer, this.#o.store.exists(sid).then(found => { if (!found) throw new GW_ERR_SESSION_NOT_FOUND() }))
     } else {
       let primingId: string | null
       try {
-        primingId = await marked
+        primingId = await mark()
       } catch (err) {
         this.#delete(writer)
         throw err
@@ -277,12 +290,23 @@ export class ClientStreams {
   }
 
   /**
-   * A mark sent alongside its requests failed (openPost, `markAfterSend`): the POST is refused as
-   * it would have been before its stream started, with the error's status: 404 when the session
-   * is gone (deleted or expired meanwhile), 503 when Redis cannot be reached. The request may be
-   * running already; its answer finds no writer and no marker. Refusing is what the gateway does
-   * for any request while the store is away (and what it does for requests in flight then), and
-   * without its marker and priming entry the stream could not carry anything but a direct answer.
+   * Sets `writer.marking` to `work` until it settles: appends to the stream and its opening wait
+   * for it. A failure refuses the POST (#markFailed); the gate itself never rejects.
+   */
+  #gate (writer: StreamWriter, work: Promise<void>): void {
+    const gate: Promise<void> = work.then(() => {}, (err: unknown) => { this.#markFailed(writer, err) }).finally(() => {
+      if (writer.marking === gate) writer.marking = undefined
+    })
+    writer.marking = gate
+  }
+
+  /**
+   * The verdict or the mark of a stream opened before them failed (openPost, `markAfterSend`): the
+   * POST is refused as it would have been before its stream started, with the error's status: 404
+   * when the session is gone (deleted or expired meanwhile), 503 when Redis cannot be reached. The
+   * request may be running already; its answer finds no writer and no marker. Refusing is what
+   * the gateway does for any request while the store is away (and for requests in flight then),
+   * and a stream without its marker and priming entry could carry nothing but a direct answer.
    */
   #markFailed (writer: StreamWriter, err: unknown): void {
     if (writer.ended) return
@@ -443,9 +467,12 @@ export class ClientStreams {
     for (const writer of this.#all()) {
       await breathe(i++)
       if (writer.ended) continue
+      // A stream not marked yet, or whose mark is on its way (openPost, markAfterSend), has no
+      // holder lease to renew: no other replica can hold it (its client has no event id of it).
+      const leased = writer.markLater === undefined && writer.marking === undefined
       const [alive, renewed] = await Promise.all([
         store.touch(writer.sid, this.#idleMs),
-        store.renewHolder(writer.sid, writer.streamId, this.#o.replicaId, this.#leaseMs)
+        leased ? store.renewHolder(writer.sid, writer.streamId, this.#o.replicaId, this.#leaseMs) : true
       ])
       if (!alive) this.#endWithSession(writer, new GW_ERR_SESSION_NOT_FOUND())
       // Another replica holds the stream now (it resumed it, or won a race for it): wakes go there,
@@ -511,7 +538,10 @@ export class ClientStreams {
     if (writer.cursor !== null && writer.advanced && (streamId === GET_STREAM || streamId === LEGACY_STREAM)) {
       store.setCursor(sid, streamId, writer.cursor, this.#idleMs).catch(() => {})
     }
-    if (reason === 'complete') {
+    // Ended before it was ever marked (openPost, markAfterSend; a quick call answered as one JSON
+    // body on the local path): it has no keys, so there is nothing to drop or release.
+    const keyless = writer.markLater !== undefined
+    if (!keyless && reason === 'complete') {
       // A completed request stream gets no more entries: its holder lease just lapses, and its log
       // is kept only briefly for a client whose socket died right after the answer (not the whole
       // idle timeout: a busy session would hold every answer it ever sent). A one-request stream
@@ -521,11 +551,11 @@ export class ClientStreams {
       if (!writer.resumable) {
         this.#o.eventLog.discard(sid, streamId, this.#o.replicaId, writer.answeredDirectly).catch(() => {})
       } else if (!writer.advanced || expectedResponsesOf(streamId) !== 1) this.#o.eventLog.expire(sid, streamId, COMPLETED_STREAM_TTL_MS).catch(() => {})
-    } else {
+    } else if (!keyless) {
       store.releaseHolder(sid, streamId, this.#o.replicaId).catch(() => {})
     }
     // Discarded (no keys left) or shut down (the process goes): nothing to prune for.
-    if (reason !== 'shutdown' && (reason !== 'complete' || writer.resumable) && ++this.#lapsing % PRUNE_EVERY === 0) {
+    if (reason !== 'shutdown' && !keyless && (reason !== 'complete' || writer.resumable) && ++this.#lapsing % PRUNE_EVERY === 0) {
       this.#o.eventLog.prune(sid, PRUNE_SAMPLE).catch(err => this.#o.log.debug({ err }, 'stream prune failed'))
     }
     if (streamId === LEGACY_STREAM && reason !== 'shutdown') {

@@ -103,7 +103,7 @@ export async function runChaos (t: Test, options: ChaosOptions): Promise<ChaosFi
     transport.onmessage = (message: JSONRPCMessage) => {
       if ('id' in message && !('method' in message)) {
         const id = message.id as string | number
-        if (!session.sent.has(id)) figures.misrouted++
+        if (!session.sent.has(id)) { figures.misrouted++; event(`misrouted: session ${session.index} got an answer to id ${String(id)}, which it never sent`) }
         const seen = (session.answered.get(id) ?? 0) + 1
         session.answered.set(id, seen)
         if (seen === 1) session.firstAnswers.set(id, JSON.stringify(message).slice(0, 300))
@@ -132,23 +132,24 @@ export async function runChaos (t: Test, options: ChaosOptions): Promise<ChaosFi
     const timeout = { timeout: callTimeoutMs, onprogress: () => { progress++ } }
     try {
       let ok: boolean
+      let got: string
       if (kind === 'echo') {
-        const result = await s.client.callTool(s.http ? { name: 'echo', arguments: { message: text } } : { name: 'echo', arguments: { text } }, undefined, timeout)
-        ok = textOf(result) === (s.http ? `echo: ${text}` : text)
+        got = textOf(await s.client.callTool(s.http ? { name: 'echo', arguments: { message: text } } : { name: 'echo', arguments: { text } }, undefined, timeout))
+        ok = got === (s.http ? `echo: ${text}` : text)
       } else if (kind === 'progress') {
-        const result = await s.client.callTool(s.http ? { name: 'progress-log', arguments: {} } : { name: 'progress', arguments: { steps: 2, delayMs: 5 } }, undefined, timeout)
-        ok = (s.http ? textOf(result) === 'done' : /^done 2 steps/.test(textOf(result))) && progress >= 1
+        got = textOf(await s.client.callTool(s.http ? { name: 'progress-log', arguments: {} } : { name: 'progress', arguments: { steps: 2, delayMs: 5 } }, undefined, timeout))
+        ok = (s.http ? got === 'done' : /^done 2 steps/.test(got)) && progress >= 1
       } else {
-        const result = await s.client.callTool(s.http ? { name: 'ask-sampling', arguments: {} } : { name: 'sample', arguments: { prompt: text } }, undefined, timeout)
-        ok = textOf(result).includes(`s${s.index}`)
+        got = textOf(await s.client.callTool(s.http ? { name: 'ask-sampling', arguments: {} } : { name: 'sample', arguments: { prompt: text } }, undefined, timeout))
+        ok = got.includes(`s${s.index}`)
       }
       if (ok) figures.correct++
-      else { figures.misrouted++; log(`wrong answer on session ${s.index}, call ${n}`) }
+      else { figures.misrouted++; event(`wrong answer on session ${s.index}${s.http ? ' (http)' : ''}, call ${n} (${kind}): ${got.slice(0, 80)}, ${progress} progress`) }
       return true
     } catch (err) {
       if (err instanceof McpError && err.code === -32001 && /timed out/i.test(err.message)) {
         figures.neverAnswered++
-        log(`never answered: session ${s.index}, call ${n} (${kind})`)
+        event(`never answered: session ${s.index}, call ${n} (${kind})`)
         return true
       }
       figures.errors++

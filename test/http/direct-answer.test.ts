@@ -130,3 +130,33 @@ t.test('with Redis, responseMode json: the answers are one JSON body, never appe
   await eventually('the batch\'s markers taken', async () => (await inspect.hlen(olderKeys.pending)) === 0 ? true : undefined)
   t.same(await inspect.keys(`${olderKeys.events('')}j*`), [], 'and its log dropped')
 })
+
+t.test('with Redis: a quick call served here costs Redis one EXISTS; a call with a notification first is marked before its log, priming first', async t => {
+  const { gw, prefix, url } = await redisGateway(t)
+  const session = await open(gw, '2025-11-25')
+  const keys = sessionKeys(prefix, session.sid)
+  const tag = keys.meta.slice(0, keys.meta.lastIndexOf(':'))
+  const watcher = new Redis(url, { lazyConnect: true })
+  const monitor = await watcher.monitor()
+  t.teardown(() => { monitor.disconnect(); watcher.disconnect() })
+  const seen: string[] = [] // every command that names one of the session's keys
+  monitor.on('monitor', (_time: string, args: string[]) => {
+    if (args.slice(1).some(arg => arg.startsWith(tag))) seen.push(`${args[0]?.toLowerCase() ?? ''} ${args[1] === keys.meta ? 'meta' : 'other'}`)
+  })
+  for (let id = 50; id < 55; id++) {
+    const res = await post(gw, call(id, 'echo', { text: `q${id}` }), session)
+    t.match(res.headers.get('content-type'), /^application\/json/)
+    t.match(await res.json(), { id, result: { content: [{ text: `q${id}` }] } })
+  }
+  // MONITOR reaches its own connection on its own schedule.
+  await eventually('MONITOR to report the five calls', () => seen.length >= 5 ? true : undefined, 2_000).catch(() => undefined)
+  await new Promise(resolve => setTimeout(resolve, 200))
+  t.same(seen, Array.from({ length: 5 }, () => 'exists meta'), 'each call asked whether the session exists, and nothing else: no mark, no log, nothing to drop')
+  const res = await post(gw, call(55, 'progress', { steps: 2, delayMs: 0 }, { progressToken: 'p55' }), session)
+  t.match(res.headers.get('content-type'), /^text\/event-stream/)
+  const reader = new SseReader(res)
+  await reader.finished
+  t.equal(reader.events[0]?.data, '', 'the priming event first: the stream was marked before its first notification')
+  t.same(reader.messages().map(m => m.method ?? m.id), ['notifications/progress', 'notifications/progress', 55], 'then the notifications and the answer, in order, once')
+  t.ok(reader.events.every(e => (e.id ?? '') !== ''), 'every event has an id')
+})

@@ -83,19 +83,29 @@ t.test('lazySseMs 0 opens every stream at once', async t => {
   t.match(reader.messages()[0], { id: 7, result: { content: [{ text: 'eager' }] } })
 })
 
-t.test('a held stream that the gateway ends opens as SSE and says when to come back', async t => {
+t.test('a stream held past the holder-lease renewal (before it is marked) still gets its answer', async t => {
+  // idleTimeoutMs 1000: the renewal tick runs every 250 ms, several times while this call is held.
+  const gw = await gateway(t, { http: { lazySseMs: 3000 }, sessions: { idleTimeoutMs: 1000 } })
+  const session = await open(gw, '2025-11-25')
+  const res = await post(gw, call(15, 'slow', { ms: 1200 }), session)
+  t.match(res.headers.get('content-type'), /^application\/json/, 'still held when the answer came: one JSON body')
+  t.match(await res.json(), { id: 15, result: { content: [{ text: 'slept 1200 ms' }] } }, 'the answer, not an empty stream')
+})
+
+t.test('a held stream that the gateway ends answers its request with an error: never an empty 200', async t => {
   const gw = await gateway(t, { http: { lazySseMs: 5000, retryMs: 700 } })
   const session = await open(gw, '2025-11-25')
   const pending = post(gw, call(8, 'slow', { ms: 3000 }), session)
   await new Promise(resolve => setTimeout(resolve, 200))
   const closing = gw.close()
   const res = await pending
-  t.match(res.headers.get('content-type'), /^text\/event-stream/, 'SSE, not an empty 200')
   const reader = new SseReader(res)
   await reader.finished
   await closing
-  t.equal(reader.events[0]?.data, '', 'the priming event, so the client can resume elsewhere')
-  t.ok(reader.retries.includes(700), 'and the retry hint')
+  // Held, the stream was never marked: no priming event, so no id its client could resume from
+  // (and the backend stops with this gateway): the request gets its one answer now.
+  t.match(reader.messages(), [{ jsonrpc: '2.0', id: 8, error: { code: -32000, message: 'The gateway is shutting down' } }], 'the error, once')
+  t.notOk(reader.messages().some(m => 'result' in m), 'no result')
 })
 
 t.test('a stream whose client holds no event id (no priming before 2025-11-25) is answered with an error when the gateway stops', async t => {
