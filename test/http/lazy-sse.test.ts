@@ -165,14 +165,14 @@ t.test('with Redis: a slow call served here opens its stream after the lazy dela
   t.match(rest.messages(), [{ id: 11, result: { content: [{ text: 'slept 600 ms' }] } }], 'the answer, once, on the resumed stream')
 })
 
-t.test('with Redis: a call whose session is found gone when its mark lands is refused with 404, not answered', async t => {
+t.test('with Redis: a call whose session is found gone by the check that travels with it is refused with 404, not answered', async t => {
   const redis = await startRedis(t)
   const prefix = randomPrefix()
   const gw = await gateway(t, { redis: { url: redis.url, keyPrefix: prefix } })
   const inspect = await testRedis(t, redis.url)
   const session = await open(gw, '2025-11-25')
   t.match(await (await post(gw, call(12, 'echo', { text: 'before' }), session)).json(), { id: 12, result: {} }, 'a first call: the replica running the backend keeps the record')
-  // Gone behind this replica's back (no end-session envelope): only the mark can find out.
+  // Gone behind this replica's back (no end-session envelope): only the EXISTS sent with the call can tell.
   await inspect.del(sessionKeys(prefix, session.sid).meta)
   const res = await post(gw, call(13, 'echo', { text: 'after' }), session)
   t.equal(res.status, 404, 'the HTTP status of an unknown session')
