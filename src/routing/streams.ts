@@ -262,7 +262,9 @@ export class ClientStreams {
           if (!writer.ended) writer.primed(primingId, primingId === null ? undefined : preamble(primingId))
         }))
       }
-      this.#gate(writer, this.#o.store.exists(sid).then(found => { if (!found) throw new GW_ERR_SESSION_NOT_FOUND() }))
+      // With Redis the record may have been read before (Sessions.get, #owned); in one process it
+      // was read for this request, so there is nothing to ask.
+      if (this.#o.config.redis !== undefined) this.#gate(writer, this.#o.store.exists(sid).then(found => { if (!found) throw new GW_ERR_SESSION_NOT_FOUND() }))
     } else {
       let primingId: string | null
       try {
