@@ -160,3 +160,18 @@ t.test('with Redis: a quick call served here costs Redis one EXISTS; a call with
   t.same(reader.messages().map(m => m.method ?? m.id), ['notifications/progress', 'notifications/progress', 55], 'then the notifications and the answer, in order, once')
   t.ok(reader.events.every(e => (e.id ?? '') !== ''), 'every event has an id')
 })
+
+t.test('with Redis: a batch served here is marked for its first answer (which goes through the log), and the second completes one JSON array', async t => {
+  const { gw, prefix, inspect } = await redisGateway(t)
+  const session = await open(gw, '2025-03-26') // batches are allowed before 2025-06-18
+  const keys = sessionKeys(prefix, session.sid)
+  const res = await post(gw, [call(60, 'echo', { text: 'first' }), call(61, 'echo', { text: 'second' })], session)
+  t.match(res.headers.get('content-type'), /^application\/json/, 'both answers came before the lazy delay: one JSON body')
+  const answers = await res.json() as Array<Record<string, unknown>>
+  t.same(answers.map(a => a.id).sort(), [60, 61], 'an array with both answers, each once')
+  t.match(answers.find(a => a.id === 60), { result: { content: [{ text: 'first' }] } })
+  t.match(answers.find(a => a.id === 61), { result: { content: [{ text: 'second' }] } })
+  await eventually('the stream dropped once answered', async () => (await inspect.hlen(keys.pending)) === 0 && (await inspect.keys(`${keys.events('')}r2_*`)).length === 0 ? true : undefined)
+  t.same(await inspect.hkeys(keys.pending), [], 'no pending marker is left')
+  t.same(await inspect.keys(`${keys.holder('')}r2_*`), [], 'no holder lease is left')
+})
