@@ -9,7 +9,7 @@ import type { Config } from './config/schema.js'
 import { LiveConfig } from './config/live.js'
 import {
   GW_ERR_INTERNAL, GW_ERR_PAYLOAD_TOO_LARGE, GW_ERR_PARSE, GW_ERR_UNSUPPORTED_MEDIA_TYPE, GW_ERR_BAD_REQUEST,
-  isGatewayError, toJsonRpcError, type GatewayError
+  errorHeaders, isGatewayError, toJsonRpcError, type GatewayError
 } from './core/errors.js'
 import { MemoryEventLog } from './state/event-log-memory.js'
 import type { EventLog } from './state/event-log.js'
@@ -174,8 +174,7 @@ function errorHandler (config: Readonly<Config>, metrics: GatewayMetrics) {
     if (status >= 500 && status !== 503) req.log.error({ err: error }, 'request failed')
     else if (status === 503) req.log.warn({ code: err.code, status }, 'request refused (unavailable)')
     else req.log.info({ code: err.code, status }, 'request rejected')
-    if (err.retryAfter !== undefined) reply.header('retry-after', String(err.retryAfter))
-    if (err.wwwAuthenticate !== undefined) reply.header('www-authenticate', err.wwwAuthenticate)
+    reply.headers(errorHeaders(err))
     reply.code(status).type('application/json').send(toJsonRpcError(err, req.jsonRpcId ?? null))
   }
 }

@@ -121,6 +121,14 @@ export function isGatewayError (err: unknown): err is GatewayError {
   return err instanceof Error && typeof (err as GatewayError).code === 'string' && (err as GatewayError).code.startsWith('GW_ERR_')
 }
 
+/** The HTTP headers an error answer carries (Retry-After, WWW-Authenticate), for every path that writes one. */
+export function errorHeaders (err: GatewayError): Record<string, string> {
+  const headers: Record<string, string> = {}
+  if (err.retryAfter !== undefined) headers['retry-after'] = String(err.retryAfter)
+  if (err.wwwAuthenticate !== undefined) headers['www-authenticate'] = err.wwwAuthenticate
+  return headers
+}
+
 export function jsonRpcCodeOf (err: GatewayError): number {
   return JSONRPC_CODE[err.code] ?? -32603
 }

@@ -8,7 +8,7 @@ import type { ServerResponse } from 'node:http'
 import type { FastifyBaseLogger } from 'fastify'
 import { ANSWERED_DIRECTLY, compareEntryIds, formatEventId, type EventLog, type LogEntry } from '../state/event-log.js'
 import { isResponse, type JsonRpcMessage, type JsonRpcResponse, type RequestId } from '../core/jsonrpc.js'
-import { toJsonRpcError, type GatewayError } from '../core/errors.js'
+import { errorHeaders, toJsonRpcError, type GatewayError } from '../core/errors.js'
 import { tracing } from '../telemetry/tracing.js'
 import { streamKindOf, type GatewayMetrics } from '../telemetry/metrics.js'
 import { startKeepAlive, stopKeepAlive, type KeepAliveSlot } from './keep-alive.js'
@@ -403,7 +403,7 @@ export class StreamWriter {
     clearTimeout(this.#lazyTimer)
     const requestIds = this.#o.requestIds ?? []
     const id = this.#o.batch === true || requestIds.length !== 1 ? null : requestIds[0] ?? null
-    res.writeHead(status, { 'content-type': 'application/json', ...(err.retryAfter !== undefined ? { 'retry-after': String(err.retryAfter) } : {}), ...this.#o.headers })
+    res.writeHead(status, { 'content-type': 'application/json', ...errorHeaders(err), ...this.#o.headers })
     res.end(JSON.stringify(toJsonRpcError(err, id)))
     this.#finish(status === 404 ? 'session-ended' : 'error')
     return true
