@@ -120,6 +120,8 @@ async function redisServices (config: Readonly<Config>, log: Logger, replicaId: 
   }
   const prefix = settings.keyPrefix
   const bus = new RedisBus(redis, () => createRedis(target, { log, blocking: true, connectionName: `mcpgw:${replicaId}:inbox` }), prefix, {
+    // The event log below writes on this same connection: one server applies both in order.
+    ordered: settings.cluster.length === 0,
     inboxTtlMs: settings.leaseMs * 6,
     log
   })

@@ -107,10 +107,10 @@ export class StreamWriter {
    */
   appending = 0
   /**
-   * A POST stream whose requests went to the backend before the store had its say
-   * (ClientStreams.openPost, `markAfterSend`): settles once the verdict on the session, or the
-   * stream's mark, was applied (primed, or refused). Appends to the stream wait for it; the SSE
-   * stream opens only after its mark.
+   * A POST stream whose requests left before the store had its say (ClientStreams.openPost,
+   * `mark`): settles once the verdict on the session, or the stream's mark, was applied (primed,
+   * or refused). Appends to the stream and wakes of it wait for it; the SSE stream opens only
+   * after its mark.
    */
   marking: Promise<void> | undefined
   /** Such a stream not marked yet: marks it (once; `marking` then covers it). Cleared when called. */

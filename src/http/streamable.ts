@@ -81,15 +81,16 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
     // the stream starts, so nobody is woken to read it back: its frame is written directly with
     // the id the log gave it (H-POST-7).
     const route = await router.admit(record, ownerRead)
-    // A routed session whose relay is here: the requests go to the backend from this replica, so
-    // they need not wait for their mark (ClientStreams.openPost, issue 10). A direct session's
-    // request may still go to the replica holding its lease (Router.fromClient): it waits.
+    // The requests need not wait for their mark (ClientStreams.openPost, issue 10) when a routed
+    // session's relay is here (they go to the backend from this replica), or is on another
+    // replica reached through a bus that delivers only after the mark (Bus.ordered). A direct
+    // session's request may go to the replica holding its lease (Router.fromClient): it waits.
     const servedHere = route !== undefined && typeof route !== 'string'
     const writer = await router.openPost({
       // A routed session's requests are served by its owner: a marker names it, so when it is
       // gone with requests in flight, whoever watches the session can answer them (router.ts).
       servedBy: typeof route === 'string' ? route : undefined,
-      markAfterSend: servedHere,
+      mark: servedHere ? 'when-needed' : typeof route === 'string' && router.busOrdered ? 'alongside' : 'first',
       deadline: deadlineOf(record.server),
       res: reply.raw,
       sid: record.id,

@@ -39,8 +39,9 @@ export interface RelayHost {
   /**
    * Appends a message to one of the session's client streams and wakes its holder. An answer on a
    * POST stream is written only if its request is still pending (exactly one answer per request).
+   * `holder`: the replica expected to hold the stream (ClientStreams.append `expectedHolder`).
    */
-  append (sid: string, streamId: string, message: JsonRpcMessage): Promise<unknown>
+  append (sid: string, streamId: string, message: JsonRpcMessage, holder?: string): Promise<unknown>
   /** Ends the session everywhere (its initialize failed). */
   endSession (sid: string, reason: string): Promise<void>
   /** A fresh opaque id for a server-to-client request: `s.<replica>.<seq>`. */
@@ -101,6 +102,8 @@ interface InFlight {
   span?: ClientSpan
   /** performance.now() when the request reached this relay. */
   startedAt: number
+  /** The replica that sent the request and holds its stream, when another one (Envelope 'deliver'). */
+  holder: string | undefined
 }
 
 interface PendingClientRequest {
@@ -180,11 +183,12 @@ export class Relay {
 
   /**
    * One message from the client; `streamId` is where a request's answer goes, `trace` the
-   * request's SERVER span (tracing on).
+   * request's SERVER span (tracing on), `holder` the replica holding that stream when it sent
+   * the request here (its answer's wake then goes with the append).
    */
-  deliver (message: JsonRpcMessage, streamId: string | null, trace?: TraceCarrier): void {
+  deliver (message: JsonRpcMessage, streamId: string | null, trace?: TraceCarrier, holder?: string): void {
     if (isRequest(message)) {
-      this.#forwardRequest(message, streamId ?? (this.legacy ? LEGACY_STREAM : GET_STREAM), trace)
+      this.#forwardRequest(message, streamId ?? (this.legacy ? LEGACY_STREAM : GET_STREAM), trace, holder)
     } else if (isNotification(message)) {
       this.#forwardNotification(message)
     } else {
@@ -199,7 +203,7 @@ export class Relay {
     this.#reply(streamId, response)
   }
 
-  #forwardRequest (request: JsonRpcRequest, streamId: string, trace: TraceCarrier | undefined): void {
+  #forwardRequest (request: JsonRpcRequest, streamId: string, trace: TraceCarrier | undefined, holder: string | undefined): void {
     const startedAt = performance.now()
     if (request.method === 'ping') {
       // Answered here: a client's liveness check is about the gateway (SPEC.md L-8 REC).
@@ -223,7 +227,8 @@ export class Relay {
       tool: toolOf(request),
       progressToken: progressTokenOf(request),
       timer: setTimeout(() => { this.#onRequestTimeout(key, timeoutMs) }, timeoutMs),
-      startedAt
+      startedAt,
+      holder
     }
     entry.timer.unref()
     ;(this.#inFlight ??= new Map()).set(key, entry)
@@ -294,7 +299,7 @@ export class Relay {
       if (result !== response.result) response = { ...response, result }
     }
     try {
-      await this.#o.host.append(this.sid, entry.streamId, response)
+      await this.#o.host.append(this.sid, entry.streamId, response, entry.holder)
     } finally {
       // Recorded once the answer is on its way: none of this delays it (issue 10).
       this.metrics.operation(entry.method, entry.tool, errorTypeOf(message), entry.startedAt)

@@ -78,7 +78,7 @@ export class Router {
       log,
       metrics,
       host: {
-        append: async (sid, streamId, message) => await this.#streams.append(sid, streamId, message),
+        append: async (sid, streamId, message, holder) => await this.#streams.append(sid, streamId, message, false, holder),
         endSession,
         nextServerRequestId: () => `s.${replicaId}.${++this.#seq}`
       },
@@ -118,6 +118,9 @@ export class Router {
   }
 
   get stopping (): boolean { return this.#stopping }
+
+  /** Whether an envelope sent after a log write reaches its replica only once that write is applied (Bus.ordered). */
+  get busOrdered (): boolean { return this.#o.bus.ordered }
 
   /** The 2026-07-28 face's own envelopes (mrtr-*) go to this handler. */
   onModernEnvelope (handler: (envelope: Envelope) => void): void {
@@ -228,8 +231,12 @@ export class Router {
     if (!ownership.isDirect(record.server)) {
       // Routed (stdio, legacy `sse` upstream): everything goes to the owner, which may be taken over.
       const target = route ?? await this.#routeOf(record)
-      if (typeof target === 'string') await this.#o.bus.send(target, { kind: 'deliver', sid, streamId, message, trace })
-      else this.#deliverLocal(target, message, streamId, trace)
+      if (typeof target !== 'string') this.#deliverLocal(target, message, streamId, trace)
+      else {
+        // A request whose stream is written here (its POST's): the answer's wake can go with its append.
+        const holder = streamId !== null && isRequest(message) && this.#streams.writes(sid, streamId) ? this.replicaId : undefined
+        await this.#o.bus.send(target, { kind: 'deliver', sid, streamId, message, trace, ...(holder !== undefined ? { holder } : {}) })
+      }
       return
     }
     const local = ownership.local(sid)
@@ -337,7 +344,7 @@ export class Router {
     }
   }
 
-  #deliverLocal (relay: Relay, message: JsonRpcMessage, streamId: string | null, trace?: TraceCarrier): void {
+  #deliverLocal (relay: Relay, message: JsonRpcMessage, streamId: string | null, trace?: TraceCarrier, holder?: string): void {
     this.#sessions.touch(relay.sid)
     if (isRequest(message) && message.method === 'initialize' && relay.legacy) {
       // A legacy session negotiates on a POST that may have landed on another replica, which
@@ -345,11 +352,11 @@ export class Router {
       const target = streamId ?? LEGACY_STREAM
       this.#o.store.get(relay.sid).then(record => {
         if (record !== null) relay.setClient(record.protocolVersion, capabilitiesOf(record.initializeParams))
-        relay.deliver(message, target, trace)
+        relay.deliver(message, target, trace, holder)
       }, err => { relay.refuse(message, target, err) })
       return
     }
-    relay.deliver(message, streamId, trace)
+    relay.deliver(message, streamId, trace, holder)
   }
 
   // ---- envelopes and upkeep ----------------------------------------------------------------
@@ -358,11 +365,11 @@ export class Router {
     switch (envelope.kind) {
       case 'deliver': {
         const relay = this.#ownership.local(envelope.sid)
-        if (relay !== undefined) { this.#deliverLocal(relay, envelope.message, envelope.streamId, envelope.trace); return }
+        if (relay !== undefined) { this.#deliverLocal(relay, envelope.message, envelope.streamId, envelope.trace, envelope.holder); return }
         const opening = this.#ownership.opening(envelope.sid)
         if (opening !== undefined) {
           // A takeover in progress here: the message waits for the backend it starts.
-          opening.then(r => { this.#deliverLocal(r, envelope.message, envelope.streamId, envelope.trace) }, () => { this.#onEnvelope(envelope) })
+          opening.then(r => { this.#deliverLocal(r, envelope.message, envelope.streamId, envelope.trace, envelope.holder) }, () => { this.#onEnvelope(envelope) })
           return
         }
         const message = envelope.message

@@ -13,7 +13,7 @@ import { ANSWERED_DIRECTLY, GET_STREAM, LEGACY_STREAM, type AppendResult, type P
 import { shortHash } from '../telemetry/logger.js'
 import { tracing } from '../telemetry/tracing.js'
 import { streamKindOf, type StreamKind } from '../telemetry/metrics.js'
-import type { WokenEntry } from '../state/bus.js'
+import type { PreparedWake, WokenEntry } from '../state/bus.js'
 import type { ReplicaContext } from './context.js'
 import { breathe } from './upkeep.js'
 
@@ -110,8 +110,13 @@ export interface OpenPostOptions extends Omit<OpenStreamOptions, 'cursor' | 'fre
   servedBy?: string
   /** The backend's deadline: past it (and POST_DEADLINE_GRACE_MS), unanswered requests get -32006 here. */
   deadline?: { server: string, timeoutMs: number }
-  /** The requests go to a backend connection on this replica: send them before the mark is in (see openPost). */
-  markAfterSend?: boolean
+  /**
+   * When the requests may leave, against their mark (see openPost). 'first' (the default): once
+   * the mark is in. 'alongside': now; they go through the bus, which delivers them only after the
+   * mark (Bus.ordered). 'when-needed': now, to a backend connection on this replica; the mark waits
+   * until the stream needs its log.
+   */
+  mark?: 'first' | 'alongside' | 'when-needed'
 }
 
 export interface ClientStreamsOptions extends ReplicaContext {
@@ -147,9 +152,11 @@ export class ClientStreams {
    * Appends to a client stream's log and wakes its holder (local call, or a bus wake). An answer
    * on a POST stream is written only while its request is pending (EventLog.append `answers`):
    * exactly one answer per request, whoever gives it. `claimed`: the caller took the request's
-   * marker already (claimOrphans). Returns '' when nothing was written.
+   * marker already (claimOrphans). `expectedHolder`: the replica expected to hold the stream (the
+   * one that sent the request here): a small entry's wake to it goes with the append (Bus.prepareWake).
+   * Returns '' when nothing was written.
    */
-  async append (sid: string, streamId: string, message: JsonRpcMessage | null, claimed = false): Promise<string> {
+  async append (sid: string, streamId: string, message: JsonRpcMessage | null, claimed = false, expectedHolder?: string): Promise<string> {
     const response = message !== null && isResponse(message) && isRequestStreamId(streamId)
     const answers = !claimed && response && message.id != null ? message.id : undefined
     // The one answer of a one-request stream completes it: the log is kept only briefly from now
@@ -162,7 +169,7 @@ export class ClientStreams {
     let json: string | undefined
     let appended: AppendResult
     try {
-      // A stream opened before its mark (openPost, markAfterSend): the verdict on the session first.
+      // A stream opened before its mark (openPost, `mark`): the verdict on the session first.
       if (local?.marking !== undefined) await local.marking
       if (answers !== undefined && local !== undefined) {
         // Local fast path: the answer that completes a stream written here goes to its client before
@@ -179,12 +186,18 @@ export class ClientStreams {
       // Into the log: a stream not marked yet is marked first (its priming entry comes first).
       if (local !== undefined && !local.ended && local.markLater !== undefined) local.markLater()
       if (local?.marking !== undefined) await local.marking
-      appended = await this.#o.eventLog.append(sid, streamId, message, ttlMs, answers, json)
+      let wake: PreparedWake | undefined
+      if (expectedHolder !== undefined && expectedHolder !== this.#o.replicaId && message !== null) {
+        json ??= JSON.stringify(message)
+        if (json.length <= WAKE_ENTRY_MAX_CHARS) wake = this.#o.bus.prepareWake(expectedHolder, sid, streamId, json)
+      }
+      appended = await this.#o.eventLog.append(sid, streamId, message, ttlMs, answers, json, wake)
     } finally {
       if (local !== undefined) local.appending--
     }
     const { entryId, holder, entry } = appended
-    if (entryId === '') return entryId
+    // Written: the holder's wake went with it (the expected holder still held the stream).
+    if (entryId === '' || appended.woken === true) return entryId
     if (holder === this.#o.replicaId) {
       // Local first: the writer here takes the entry as appended, without reading it back.
       const writer = this.#get(sid, streamId)
@@ -236,20 +249,24 @@ export class ClientStreams {
    * (EventLog.markPending): a new stream has no previous holder to hand it back from. The writer
    * is registered first, so a wake for an answer that comes at once is never lost.
    *
-   * `markAfterSend` (the requests' backend connection is on this replica): the writer is returned
-   * at once, so the requests reach the backend while the mark is on its way (issue 10: the mark
-   * was a Redis round trip before every call on the local path). Whatever could overtake it waits
-   * for its verdict (`StreamWriter.marking`): every append to the stream (answers included, so a
-   * session found gone answers 404, not the backend's result) and the opening of the SSE stream
-   * (its priming id). Only here: an answer that comes through another replica needs the marker in
-   * place before the request leaves.
+   * Not waiting for the mark (issue 10: it was a Redis round trip before every call), the writer
+   * is returned at once and whatever could overtake the mark waits for it (`StreamWriter.marking`):
+   * every append to the stream and every wake of it (answers included, so a session found gone
+   * answers 404, not the backend's result) and the opening of the SSE stream (its priming id).
+   * - `mark: 'when-needed'` (the requests' backend connection is on this replica): the requests
+   *   reach the backend while only the verdict on the session (an EXISTS) is on its way; the mark
+   *   is made when the stream first needs its log (markLater).
+   * - `mark: 'alongside'` (another replica's relay serves them, Bus.ordered): the mark is sent now,
+   *   and the bus envelope sent after it on the same connection reaches the owner only once the
+   *   mark is applied, so the answer finds its marker in place.
    */
   async openPost (options: OpenPostOptions): Promise<StreamWriter> {
     const { preamble, priming, servedBy, deadline, sid, streamId, requestIds } = options
     const writer = this.#register(options, null, true)
     const mark = async (): Promise<string | null> => await this.#o.eventLog.markPending(sid, streamId, requestIds, this.#idleMs, priming, servedBy ?? this.#o.replicaId, { replicaId: this.#o.replicaId, leaseMs: this.#leaseMs })
     // Only while Redis answers: with the store known away, the mark fails before anything is sent.
-    if (options.markAfterSend === true && this.#o.store.isReady()) {
+    const order = options.mark === undefined || !this.#o.store.isReady() ? 'first' : options.mark
+    if (order === 'when-needed') {
       // The verdict on the session goes alongside the requests; the mark itself waits until the
       // stream needs it (an append to its log, or the SSE stream opening), which a quick answer
       // given as one JSON body never does.
@@ -265,6 +282,9 @@ export class ClientStreams {
       // With Redis the record may have been read before (Sessions.get, #owned); in one process it
       // was read for this request, so there is nothing to ask.
       if (this.#o.config.redis !== undefined) this.#gate(writer, this.#o.store.exists(sid).then(found => { if (!found) throw new GW_ERR_SESSION_NOT_FOUND() }))
+    } else if (order === 'alongside') {
+      // Issued now, before the caller's envelope: the mark is also the verdict (a session gone is a 404).
+      this.#gate(writer, mark().then(primingId => { if (!writer.ended) writer.primed(primingId, primingId === null ? undefined : preamble(primingId)) }))
     } else {
       let primingId: string | null
       try {
@@ -303,7 +323,7 @@ export class ClientStreams {
   }
 
   /**
-   * The verdict or the mark of a stream opened before them failed (openPost, `markAfterSend`): the
+   * The verdict or the mark of a stream opened before them failed (openPost, `mark`): the
    * POST is refused as it would have been before its stream started, with the error's status: 404
    * when the session is gone (deleted or expired meanwhile), 503 when Redis cannot be reached. The
    * request may be running already; its answer finds no writer and no marker. Refusing is what
@@ -352,6 +372,11 @@ export class ClientStreams {
   wake (sid: string, streamId: string, entry?: WokenEntry): void {
     const writer = this.#get(sid, streamId)
     if (writer === undefined) return
+    if (writer.marking !== undefined) {
+      // Its mark is still on its way (openPost, `mark`): the entry follows the priming entry.
+      void writer.marking.then(() => { this.wake(sid, streamId, entry) })
+      return
+    }
     if (entry === undefined) { void writer.wake(); return }
     let message: JsonRpcMessage
     try {
@@ -469,7 +494,7 @@ export class ClientStreams {
     for (const writer of this.#all()) {
       await breathe(i++)
       if (writer.ended) continue
-      // A stream not marked yet, or whose mark is on its way (openPost, markAfterSend), has no
+      // A stream not marked yet, or whose mark is on its way (openPost, `mark`), has no
       // holder lease to renew: no other replica can hold it (its client has no event id of it).
       const leased = writer.markLater === undefined && writer.marking === undefined
       const [alive, renewed] = await Promise.all([
@@ -540,7 +565,7 @@ export class ClientStreams {
     if (writer.cursor !== null && writer.advanced && (streamId === GET_STREAM || streamId === LEGACY_STREAM)) {
       store.setCursor(sid, streamId, writer.cursor, this.#idleMs).catch(() => {})
     }
-    // Ended before it was ever marked (openPost, markAfterSend; a quick call answered as one JSON
+    // Ended before it was ever marked (openPost, 'when-needed'; a quick call answered as one JSON
     // body on the local path): it has no keys, so there is nothing to drop or release.
     const keyless = writer.markLater !== undefined
     if (!keyless && reason === 'complete') {

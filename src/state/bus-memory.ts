@@ -26,6 +26,9 @@ export interface MemoryBusOptions {
 }
 
 export class MemoryBus implements Bus {
+  readonly ordered = false
+
+  prepareWake (): undefined { return undefined }
   readonly #hub: MemoryBusHub
   readonly #onHandlerError: MemoryBusOptions['onHandlerError']
   #replicaId: string | null = null

@@ -3,13 +3,15 @@
 // (it retries with capped backoff and resumes after the last entry it saw) and close() ends it
 // at once by disconnecting the blocking connection.
 import { setTimeout as sleep } from 'node:timers/promises'
-import type { Bus, Envelope, EnvelopeHandler } from './bus.js'
+import type { Bus, Envelope, EnvelopeHandler, PreparedWake } from './bus.js'
 import type { Logger } from '../telemetry/logger.js'
 import { reconnectDelay, redisReady, storeCall, type Redis } from './redis/client.js'
 import { inboxKey } from './redis/keys.js'
 import { defineScripts } from './redis/scripts.js'
 
 export interface RedisBusOptions {
+  /** Bus.ordered: the command connection is the event log's too, to one server (not a Cluster). Default false. */
+  ordered?: boolean
   /** TTL of an inbox, refreshed by every send: the inbox of a replica that died expires. */
   inboxTtlMs: number
   /** Approximate bound of an inbox (XADD MAXLEN ~). */
@@ -42,6 +44,7 @@ function parseEnvelope (fields: string[]): Envelope | null {
 }
 
 export class RedisBus implements Bus {
+  readonly ordered: boolean
   readonly #redis: Redis
   readonly #newReader: () => Redis
   readonly #prefix: string
@@ -60,6 +63,7 @@ export class RedisBus implements Bus {
     this.#newReader = newReader
     this.#prefix = prefix
     this.#opts = { inboxMaxLen: 10_000, blockMs: 5_000, maxRetryDelayMs: 1_000, readyTimeoutMs: 10_000, ...opts }
+    this.ordered = opts.ordered === true
     defineScripts(redis)
   }
 
@@ -79,6 +83,23 @@ export class RedisBus implements Bus {
 
   async send (replicaId: string, envelope: Envelope): Promise<void> {
     await storeCall(this.#redis.sendEnvelope(inboxKey(this.#prefix, replicaId), this.#opts.inboxMaxLen, this.#opts.inboxTtlMs, JSON.stringify(envelope)))
+  }
+
+  prepareWake (replicaId: string, sid: string, streamId: string, json: string, stamp?: { sentAt: number }): PreparedWake | undefined {
+    if (!this.ordered) return undefined
+    // The envelope's JSON with `entry` last, cut where its ordinal and id go: `…,"entry":{"json":…`
+    // + `,"seq":` n `,"entryId":"` id `"}}`. Entry ids are `<ms>-<seq>`, safe in a JSON string as they are.
+    const whole = JSON.stringify({ kind: 'wake', sid, streamId, ...stamp, entry: { json } })
+    return {
+      replicaId,
+      inbox: inboxKey(this.#prefix, replicaId),
+      maxLen: this.#opts.inboxMaxLen,
+      ttlMs: this.#opts.inboxTtlMs,
+      head: `${whole.slice(0, -2)},"seq":`,
+      mid: ',"entryId":"',
+      tail: '"}}',
+      sent: () => {}
+    }
   }
 
   async close (): Promise<void> {

@@ -4,8 +4,12 @@ import type { JsonRpcMessage, JsonRpcRequest } from '../core/jsonrpc.js'
 import type { TraceCarrier } from '../telemetry/tracing.js'
 
 export type Envelope =
-  /** A client message for the backend, sent to the session's owner (`trace`: its SERVER span, tracing on). */
-  | { kind: 'deliver', sid: string, streamId: string | null, message: JsonRpcMessage, trace?: TraceCarrier | undefined }
+  /**
+   * A client message for the backend, sent to the session's owner (`trace`: its SERVER span,
+   * tracing on). `holder`: the sender, when it holds the request's stream (it took the POST): the
+   * answer's wake can then go with its append (Bus.prepareWake).
+   */
+  | { kind: 'deliver', sid: string, streamId: string | null, message: JsonRpcMessage, trace?: TraceCarrier | undefined, holder?: string }
   /**
    * New entries in a stream's log: the holder pulls after its cursor. `entry`: the one just
    * appended (a small one), which the holder writes without reading the log back when it follows
@@ -31,12 +35,46 @@ export type Envelope =
 /** A log entry as a wake carries it: its JSON text, not the parsed message (LogEntry). */
 export interface WokenEntry { entryId: string, json: string, seq: number }
 
+/**
+ * A wake written by the event log in the same step as the append it announces (EventLog.append
+ * `wake`), if the stream's holder then is `replicaId`: a round trip less between a backend's
+ * answer and the replica that holds its client's stream (issue 10).
+ */
+export interface PreparedWake {
+  replicaId: string
+  /** That replica's inbox, its bound (approximate) and TTL. */
+  inbox: string
+  maxLen: number
+  ttlMs: number
+  /** The envelope's JSON: head + the entry's ordinal + mid + the entry's id + tail (known only in that step). */
+  head: string
+  mid: string
+  tail: string
+  /** Called once the wake was written (metrics count it as sent). */
+  sent: () => void
+}
+
 export type EnvelopeHandler = (envelope: Envelope) => void
 
 export interface Bus {
+  /**
+   * Whether an envelope sent after a write to the event log or session store (a call issued
+   * earlier, even one not answered yet) is read by its receiver only once that write is applied:
+   * true when both go over one connection to one server, in order (Redis standalone or Sentinel).
+   * Redis Cluster (keys on several nodes) and the memory bus (a later turn, not a later write)
+   * promise nothing, so their senders await such a write first.
+   */
+  readonly ordered: boolean
   /** Starts reading this replica's inbox. */
   start (replicaId: string, handler: EnvelopeHandler): Promise<void>
   /** Puts an envelope in another replica's inbox. */
   send (replicaId: string, envelope: Envelope): Promise<void>
+  /**
+   * The wake of an entry about to be appended to a stream, for the event log to write in the
+   * same step (the entry carried, as in a wake envelope); undefined unless the bus and the log
+   * share one server (`ordered`), as one step can touch both only there. `stamp`: fields the
+   * envelope carries besides (metrics: its send time).
+   */
+  prepareWake (replicaId: string, sid: string, streamId: string, json: string, stamp?: { sentAt: number }): PreparedWake | undefined
   close (): Promise<void>
 }

@@ -3,6 +3,7 @@
 import { GW_ERR_BAD_REQUEST, GW_ERR_SESSION_NOT_FOUND } from '../core/errors.js'
 import { isEntryId, parsePendingField, pendingField, type AppendResult, type EventLog, type LogEntry, type PendingRequest, type StreamHolder } from './event-log.js'
 import type { JsonRpcMessage, RequestId } from '../core/jsonrpc.js'
+import type { PreparedWake } from './bus.js'
 import { storeCall, type Redis } from './redis/client.js'
 import { sessionKeys } from './redis/keys.js'
 import { defineScripts } from './redis/scripts.js'
@@ -31,14 +32,17 @@ export class RedisEventLog implements EventLog {
     defineScripts(redis)
   }
 
-  async append (sid: string, streamId: string, message: JsonRpcMessage | null, ttlMs: number, answers?: RequestId, text?: string): Promise<AppendResult> {
+  async append (sid: string, streamId: string, message: JsonRpcMessage | null, ttlMs: number, answers?: RequestId, text?: string, wake?: PreparedWake): Promise<AppendResult> {
     const keys = sessionKeys(this.#prefix, sid)
     const json = text ?? (message === null ? '' : JSON.stringify(message))
     const field = answers === undefined ? '' : pendingField(streamId, answers)
     const kind = typeof answers === 'number' ? 'n' : 's'
-    const [entryId, holder, seq] = await storeCall(this.#redis.appendEvent(keys.events(streamId), keys.holder(streamId), keys.streams, keys.pending, keys.meta, keys.seq, this.#maxLen, ttlMs, json, streamId, field, kind, String(answers ?? '')))
+    const [entryId, holder, seq, woken] = await storeCall(wake === undefined
+      ? this.#redis.appendEvent(keys.events(streamId), keys.holder(streamId), keys.streams, keys.pending, keys.meta, keys.seq, this.#maxLen, ttlMs, json, streamId, field, kind, String(answers ?? ''))
+      : this.#redis.appendEventAndWake(keys.events(streamId), keys.holder(streamId), keys.streams, keys.pending, keys.meta, keys.seq, wake.inbox, this.#maxLen, ttlMs, json, streamId, field, kind, String(answers ?? ''), wake.replicaId, wake.maxLen, wake.ttlMs, wake.head, wake.mid, wake.tail))
     if (entryId === '') return { entryId, holder: null }
-    return { entryId, holder, ...(typeof seq === 'number' ? { entry: { entryId, message, json, seq } } : {}) }
+    if (woken === 1) wake?.sent()
+    return { entryId, holder, ...(woken === 1 ? { woken: true } : {}), ...(typeof seq === 'number' ? { entry: { entryId, message, json, seq } } : {}) }
   }
 
   async markPending (sid: string, streamId: string, ids: RequestId[], ttlMs: number, priming: boolean, servedBy: string, holder?: StreamHolder): Promise<string | null> {

@@ -2,6 +2,7 @@
 // stream's holder pulls after its cursor (ARCHITECTURE.md principle 3). Event ids shown to
 // clients are `<streamId>.<entryId>`; they name their stream and are parsed strictly (SPEC.md H-RES-1/2).
 import type { JsonRpcMessage, RequestId } from '../core/jsonrpc.js'
+import type { PreparedWake } from './bus.js'
 
 /** One entry; a null message is a priming event (an id and empty data, SPEC.md H-POST-7). */
 export interface LogEntry {
@@ -27,6 +28,8 @@ export interface AppendResult {
    * was the one before (LogEntry.seq) takes it without reading the log back.
    */
   entry?: LogEntry
+  /** The prepared wake (append `wake`) was written with the entry: the holder needs no other. */
+  woken?: boolean
 }
 
 /** The replica that holds a client stream, and for how long (EventLog.markPending). */
@@ -47,8 +50,10 @@ export interface EventLog {
    * otherwise (a tombstone) or the session is gone; with no marker at all (answered already, or
    * the marker was lost with a Redis primary that failed over) only if the log holds no answer to it.
    * `json`: the message as JSON, when the caller has it already (so it is not serialised twice).
+   * `wake`: written in the same step when the stream's holder is the replica it was prepared for
+   * (Bus.prepareWake; AppendResult.woken). Only the Redis twin is given one.
    */
-  append (sid: string, streamId: string, message: JsonRpcMessage | null, ttlMs: number, answers?: RequestId, json?: string): Promise<AppendResult>
+  append (sid: string, streamId: string, message: JsonRpcMessage | null, ttlMs: number, answers?: RequestId, json?: string, wake?: PreparedWake): Promise<AppendResult>
   /**
    * Records the requests of a client POST as pending, with the time of recording and the replica
    * that serves them (`servedBy`: the one whose relay sends them to the backend, so that when it

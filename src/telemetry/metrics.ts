@@ -12,7 +12,7 @@ import { performance } from 'node:perf_hooks'
 import type { Command } from 'ioredis'
 import type { Redis } from '../state/redis/client.js'
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client'
-import type { Bus, Envelope, EnvelopeHandler } from '../state/bus.js'
+import type { Bus, Envelope, EnvelopeHandler, PreparedWake } from '../state/bus.js'
 
 /** MCP method names (semconv `mcp.method.name` values, plus the 2025-11-25 tasks methods). */
 export const MCP_METHODS: readonly string[] = [
@@ -370,6 +370,8 @@ class InstrumentedBus implements Bus {
     readonly received: (kind: string, lagMs: number) => void
   ) {}
 
+  get ordered (): boolean { return this.bus.ordered }
+
   async start (replicaId: string, handler: EnvelopeHandler): Promise<void> {
     await this.bus.start(replicaId, envelope => {
       const sentAt = (envelope as Stamped).sentAt
@@ -382,6 +384,12 @@ class InstrumentedBus implements Bus {
     this.sent(envelope.kind)
     const stamped: Stamped = { ...envelope, sentAt: Date.now() }
     await this.bus.send(replicaId, stamped)
+  }
+
+  prepareWake (replicaId: string, sid: string, streamId: string, json: string): PreparedWake | undefined {
+    // Stamped like a sent envelope; counted once the event log wrote it.
+    const prepared = this.bus.prepareWake(replicaId, sid, streamId, json, { sentAt: Date.now() })
+    return prepared === undefined ? undefined : { ...prepared, sent: () => { this.sent('wake') } }
   }
 
   async close (): Promise<void> { await this.bus.close() }

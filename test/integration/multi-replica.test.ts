@@ -355,10 +355,15 @@ t.test('round trips: a POST to the owner reads no record (marking checks it exis
   t.teardown(() => { monitor.disconnect(); watcher.disconnect() })
   const reads: string[] = []
   const logReads: string[] = []
-  monitor.on('monitor', (_time: string, args: string[]) => {
+  // Inbox writes: by a script of their own (sendEnvelope, one key), or inside the answer's append.
+  const inboxSends: string[] = []
+  const inboxWrites: string[] = []
+  monitor.on('monitor', (_time: string, args: string[], source: string) => {
     const command = args[0]?.toLowerCase()
     if (command === 'hgetall' && args[1] === sessionKeys(prefix, sid).meta) reads.push(args[1])
     if (command === 'xrange' && args[1]?.startsWith(sessionKeys(prefix, sid).events('')) === true) logReads.push(args[1])
+    if ((command === 'evalsha' || command === 'eval') && args[2] === '1' && args[3]?.startsWith(`${prefix}:inbox:`) === true) inboxSends.push(args[3])
+    if (source === 'lua' && command === 'xadd' && args[1]?.startsWith(`${prefix}:inbox:`) === true) inboxWrites.push(args[1])
   })
   const call = async (on: ReplicaProcess, id: number): Promise<Response> => await fetch(`${on.url}/mcp/full`, { method: 'POST', headers: { ...HEADERS, 'mcp-session-id': sid }, body: JSON.stringify({ jsonrpc: '2.0', id, method: 'tools/call', params: { name: 'echo', arguments: { text: `r${id}` } } }) })
   for (let id = 1; id <= 3; id++) {
@@ -366,12 +371,19 @@ t.test('round trips: a POST to the owner reads no record (marking checks it exis
     await reader.finished
     t.ok(reader.messages().some(m => m.id === id && 'result' in m), `call ${id} on the owner answered`)
   }
+  await new Promise(resolve => setTimeout(resolve, 100))
+  inboxSends.length = 0
+  inboxWrites.length = 0
   const routed = new SseReader(await call(b, 4))
   await routed.finished
   t.ok(routed.messages().some(m => m.id === 4 && 'result' in m), 'a call on the other replica answered')
   await eventually('the routed call\'s record read', () => reads.length >= 1 ? true : undefined)
   t.equal(reads.length, 1, 'the record was read for the other replica\'s call only')
   t.same(logReads, [], 'and no stream log was read back: the answer came with the wake to the replica holding the POST')
+  await new Promise(resolve => setTimeout(resolve, 100))
+  t.equal(inboxWrites.length, 2, 'two envelopes for the routed call: the request to the owner, the answer\'s wake to the holder')
+  t.equal(inboxSends.length, 1, 'and only the request went by a send of its own: the wake was written by the answer\'s append')
+  t.not(inboxWrites[0], inboxWrites[1], 'one to each replica')
   const big = 'x'.repeat(WAKE_ENTRY_MAX_CHARS)
   const large = new SseReader(await fetch(`${b.url}/mcp/full`, { method: 'POST', headers: { ...HEADERS, 'mcp-session-id': sid }, body: JSON.stringify({ jsonrpc: '2.0', id: 6, method: 'tools/call', params: { name: 'echo', arguments: { text: big } } }) }))
   await large.finished

@@ -204,3 +204,35 @@ t.test('a session\'s streams are found, ended and counted whether it holds one s
   t.notOk(streams.writes(sid, GET_STREAM))
   t.same(streams.countByKind().size, 0, 'nothing left')
 })
+
+t.test('a POST stream whose mark is on its way (mark: alongside) takes a wake only once the mark is in: priming, then the answer, no log read', async t => {
+  const { streams, eventLog, sid, servePost } = await harness(t)
+  // The mark is applied at once (as Redis applies it before the envelope that follows it) but
+  // its reply is held, as when the answer's wake overtakes that reply.
+  let release: () => void = () => {}
+  const replied = new Promise<void>(resolve => { release = resolve })
+  const markPending = eventLog.markPending.bind(eventLog)
+  eventLog.markPending = async (...args: Parameters<MemoryEventLog['markPending']>) => {
+    const primingId = await markPending(...args)
+    await replied
+    return primingId
+  }
+  let reads = 0
+  const readAfter = eventLog.readAfter.bind(eventLog)
+  eventLog.readAfter = async (...args: Parameters<MemoryEventLog['readAfter']>) => { reads++; return await readAfter(...args) }
+  const streamId = newRequestStreamId('sse', 1)
+  const { writer, body } = await servePost({ streamId, mode: 'sse', requestIds: [4], priming: true, preamble: primingId => `id: ${formatEventId(streamId, primingId)}\nretry: 1000\ndata: \n\n`, mark: 'alongside' })
+  t.ok(writer.marking !== undefined, 'openPost returned before the mark\'s reply')
+  // The owner's answer, appended and announced with its entry (as a wake envelope carries it).
+  const { entryId, entry } = await eventLog.append(sid, streamId, { jsonrpc: '2.0', id: 4, result: { ok: true } }, 60_000, 4)
+  t.not(entryId, '', 'the answer found its marker')
+  streams.wake(sid, streamId, { entryId, json: entry?.json ?? '', seq: entry?.seq ?? 0 })
+  await new Promise(resolve => setTimeout(resolve, 50))
+  t.notOk(writer.ended, 'nothing is written while the mark\'s reply is out')
+  release()
+  const text = await body
+  const blocks = text.split('\n\n').filter(b => b !== '')
+  t.match(blocks[0], /^id: r1_\S+\nretry: 1000\ndata: $/, 'the priming event first, with the id the mark gave')
+  t.same(framesOf(text).map(f => [f.eventId, f.message.id]), [[formatEventId(streamId, entryId), 4]], 'then the answer, once, with its log id')
+  t.equal(reads, 0, 'taken from the wake: the log was not read back')
+})

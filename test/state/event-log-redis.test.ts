@@ -1,5 +1,10 @@
 import { randomUUID } from 'node:crypto'
+import { setTimeout as sleep } from 'node:timers/promises'
 import t, { type Test } from 'tap'
+import type { Envelope } from '../../src/state/bus.js'
+import { RedisBus } from '../../src/state/bus-redis.js'
+import { createRedis } from '../../src/state/redis/client.js'
+import { eventually } from '../helpers/wait.js'
 import { RedisEventLog } from '../../src/state/event-log-redis.js'
 import { RedisSessionStore } from '../../src/state/session-store-redis.js'
 import { CONTRACT_MAX_LEN, eventLogContract } from './contract-event-log.js'
@@ -70,4 +75,40 @@ t.test('prune drops a stream\'s list entry and ordinal only once every key of it
   t.equal((await listed()).length, 43 - pruned, 'the rest wait for a later sample')
   await store.delete(sid)
   t.same(await redis.keys(`${prefix}:{${sid}}:*`), [], 'deleting the session still finds every key: holder, cursor, logs, list, ordinals')
+})
+
+t.test('an append with a prepared wake writes the holder\'s wake in the same step, only while that replica holds the stream', async t => {
+  const { redis, prefix, store, log } = await fresh(t)
+  const newReader = (): ReturnType<typeof createRedis> => createRedis(server.url, { blocking: true, maxRetryDelayMs: 200 })
+  const received: Envelope[] = []
+  const holderBus = new RedisBus(redis, newReader, prefix, { inboxTtlMs: 30_000, ordered: true })
+  t.teardown(() => holderBus.close())
+  await holderBus.start('B', envelope => { received.push(envelope) })
+  const owner = new RedisBus(redis, newReader, prefix, { inboxTtlMs: 30_000, ordered: true })
+  t.equal(new RedisBus(redis, newReader, prefix, { inboxTtlMs: 30_000 }).prepareWake('B', 's', 'r', '{}'), undefined, 'a bus not known to share one server with the log prepares none (Redis Cluster)')
+  const record = sampleRecord()
+  await store.create(record, 60_000)
+  const sid = record.id
+  const streamId = 'r1_wake000000001'
+  // The POST's replica (B) marks its request and holds the stream.
+  await log.markPending(sid, streamId, [7], 60_000, true, 'A', { replicaId: 'B', leaseMs: 10_000 })
+  const answer = { jsonrpc: '2.0' as const, id: 7, result: { text: 'quote " backslash \\ snow ☃ <tag> \u2028' } }
+  const json = JSON.stringify(answer)
+  const appended = await log.append(sid, streamId, answer, 60_000, 7, json, owner.prepareWake('B', sid, streamId, json, { sentAt: 1 }))
+  t.equal(appended.woken, true, 'the append reports the wake written')
+  t.equal(appended.holder, 'B')
+  await eventually('the wake in B\'s inbox', () => received.length === 1 ? true : undefined)
+  t.same(received[0], { kind: 'wake', sid, streamId, sentAt: 1, entry: { json, seq: 2, entryId: appended.entryId } }, 'the envelope carries the entry exactly as sent apart (id, ordinal, JSON text)')
+  t.same(JSON.parse((received[0] as { entry: { json: string } }).entry.json), answer, 'and its JSON parses back to the answer')
+  t.ok(await redis.pttl(`${prefix}:inbox:B`) > 20_000, 'the inbox got its TTL, as a send gives it')
+  // The client resumed the stream on C meanwhile: the wake prepared for B is not written.
+  await store.claimHolder(sid, streamId, 'C', 10_000)
+  const later = await log.append(sid, streamId, { jsonrpc: '2.0', method: 'notifications/message', params: {} }, 60_000, undefined, undefined, owner.prepareWake('B', sid, streamId, '{"jsonrpc":"2.0","method":"notifications/message","params":{}}'))
+  t.notOk(later.woken, 'no wake for a replica that no longer holds the stream')
+  t.equal(later.holder, 'C', 'the holder is reported, for the caller to wake it')
+  await sleep(200)
+  t.equal(received.length, 1, 'B got nothing more')
+  const already = await log.append(sid, streamId, answer, 60_000, 7, json, owner.prepareWake('B', sid, streamId, json))
+  t.equal(already.entryId, '', 'an answer given already is not written again')
+  t.notOk(already.woken, 'nor woken')
 })

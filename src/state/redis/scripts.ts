@@ -26,6 +26,37 @@ local function remember (streams, streamId, ttl)
 end
 `
 
+/**
+ * appendEvent's work up to its reply (see there), shared with appendEventAndWake: leaves the
+ * entry's id and ordinal in `id` and `n`, or returns { '', false } when nothing is written.
+ */
+const APPEND_EVENT = `${REMEMBER_STREAM}
+if ARGV[5] ~= '' then
+  local marker = redis.call('HGET', KEYS[4], ARGV[5])
+  if marker == 'done' then return { '', false } end
+  if marker then
+    redis.call('HDEL', KEYS[4], ARGV[5])
+  else
+    if redis.call('EXISTS', KEYS[5]) == 0 then return { '', false } end
+    for _, entry in ipairs(redis.call('XRANGE', KEYS[1], '-', '+')) do
+      local json = entry[2][2]
+      if json ~= nil and json ~= '' then
+        local ok, msg = pcall(cjson.decode, json)
+        if ok and type(msg) == 'table' and msg.method == nil and msg.id ~= nil then
+          local kind = type(msg.id) == 'number' and 'n' or 's'
+          if kind == ARGV[6] and tostring(msg.id) == ARGV[7] then return { '', false } end
+        end
+      end
+    end
+  end
+end
+local n = redis.call('HINCRBY', KEYS[6], ARGV[4], 1)
+bump(KEYS[6], ARGV[2])
+local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', 'm', ARGV[3], 'n', n)
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+remember(KEYS[3], ARGV[4], ARGV[2])
+`
+
 const scripts = {
   /*
    * createSession: writes a new session record, refusing an id that exists.
@@ -223,32 +254,28 @@ return 1`
    */
   appendEvent: {
     numberOfKeys: 6,
-    lua: `${REMEMBER_STREAM}
-if ARGV[5] ~= '' then
-  local marker = redis.call('HGET', KEYS[4], ARGV[5])
-  if marker == 'done' then return { '', false } end
-  if marker then
-    redis.call('HDEL', KEYS[4], ARGV[5])
-  else
-    if redis.call('EXISTS', KEYS[5]) == 0 then return { '', false } end
-    for _, entry in ipairs(redis.call('XRANGE', KEYS[1], '-', '+')) do
-      local json = entry[2][2]
-      if json ~= nil and json ~= '' then
-        local ok, msg = pcall(cjson.decode, json)
-        if ok and type(msg) == 'table' and msg.method == nil and msg.id ~= nil then
-          local kind = type(msg.id) == 'number' and 'n' or 's'
-          if kind == ARGV[6] and tostring(msg.id) == ARGV[7] then return { '', false } end
-        end
-      end
-    end
-  end
-end
-local n = redis.call('HINCRBY', KEYS[6], ARGV[4], 1)
-bump(KEYS[6], ARGV[2])
-local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', 'm', ARGV[3], 'n', n)
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-remember(KEYS[3], ARGV[4], ARGV[2])
+    lua: `${APPEND_EVENT}
 return { id, redis.call('GET', KEYS[2]), n }`
+  },
+
+  /*
+   * appendEventAndWake: appendEvent, then, if the stream's holder is the replica a wake was
+   * prepared for, that wake in its inbox (as sendEnvelope puts it there), in the same step: the
+   * holder reads the entry without the appender's second round trip (issue 10). Its inbox is
+   * another slot, so never on a Cluster (Bus.prepareWake).
+   *   KEYS[1..6] as appendEvent   KEYS[7] the holder's inbox
+   *   ARGV[1..7] as appendEvent   ARGV[8] the replica the wake is for   ARGV[9] inbox max length
+   *   ARGV[10] inbox ttl ms   ARGV[11..13] the envelope JSON around the entry's ordinal and id
+   *   returns appendEvent's reply, then 1 when the wake was written (else 0)
+   */
+  appendEventAndWake: {
+    numberOfKeys: 7,
+    lua: `${APPEND_EVENT}
+local holder = redis.call('GET', KEYS[2])
+if holder ~= ARGV[8] then return { id, holder, n, 0 } end
+redis.call('XADD', KEYS[7], 'MAXLEN', '~', ARGV[9], '*', 'e', ARGV[11] .. n .. ARGV[12] .. id .. ARGV[13])
+redis.call('PEXPIRE', KEYS[7], ARGV[10])
+return { id, holder, n, 1 }`
   },
 
   /*
@@ -404,6 +431,7 @@ declare module 'ioredis' {
     claimHolder (holder: RedisKey, streams: RedisKey, replicaId: string, ttlMs: number, streamId: string): Result<string | null, Context>
     setCursor (cursor: RedisKey, streams: RedisKey, entryId: string, ttlMs: number, streamId: string): Result<1, Context>
     appendEvent (events: RedisKey, holder: RedisKey, streams: RedisKey, pending: RedisKey, meta: RedisKey, seq: RedisKey, maxLen: number, ttlMs: number, json: string, streamId: string, answers: string, idKind: string, id: string): Result<[string, string | null, number | undefined], Context>
+    appendEventAndWake (events: RedisKey, holder: RedisKey, streams: RedisKey, pending: RedisKey, meta: RedisKey, seq: RedisKey, inbox: RedisKey, maxLen: number, ttlMs: number, json: string, streamId: string, answers: string, idKind: string, id: string, wakeFor: string, inboxMaxLen: number, inboxTtlMs: number, head: string, mid: string, tail: string): Result<[string, string | null, number | undefined, (0 | 1)?], Context>
     settlePending (pending: RedisKey, field: string, ttlMs: number): Result<0 | 1, Context>
     discardStream (events: RedisKey, holder: RedisKey, streams: RedisKey, seq: RedisKey, pending: RedisKey, streamId: string, replicaId: string, ...fields: string[]): Result<number, Context>
     forgetStreams (numberOfKeys: number, ...keysThenStreamIds: string[]): Result<number, Context>
