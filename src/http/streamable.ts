@@ -81,11 +81,11 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
     // the stream starts, so nobody is woken to read it back: its frame is written directly with
     // the id the log gave it (H-POST-7).
     const route = await router.admit(record, ownerRead)
-    // The requests need not wait for their mark (ClientStreams.openPost, issue 10) when a routed
-    // session's relay is here (they go to the backend from this replica), or is on another
-    // replica reached through a bus that delivers only after the mark (Bus.ordered). A direct
-    // session's request may go to the replica holding its lease (Router.fromClient): it waits.
-    const servedHere = route !== undefined && typeof route !== 'string'
+    // The requests need not wait for their mark (ClientStreams.openPost, issue 10) when they go to
+    // the backend from this replica (Router.sendsFromHere), or to a routed session's relay on
+    // another replica through a bus that delivers only after the mark (Bus.ordered). A direct
+    // session still initialising sends them to the replica holding its lease: they wait.
+    const servedHere = router.sendsFromHere(record, route)
     const writer = await router.openPost({
       // A routed session's requests are served by its owner: a marker names it, so when it is
       // gone with requests in flight, whoever watches the session can answer them (router.ts).

@@ -310,6 +310,18 @@ export class Router {
     return read
   }
 
+  /**
+   * Whether the requests of a POST leave for the backend from this replica (fromClient), so they
+   * need not wait for their mark (ClientStreams.openPost, 'when-needed'): a routed session whose
+   * relay is here (`route`, as admit() gave it), or a direct session whose backend session exists
+   * or whose connection is here. A direct session still initialising (no backend session id: a
+   * stateless or 2026-07-28 backend, or initialize not done) sends them to its lease holder.
+   */
+  sendsFromHere (record: SessionRecord, route: Route | undefined): boolean {
+    if (route !== undefined) return typeof route !== 'string'
+    return this.#ownership.isDirect(record.server) && (record.backendSessionId !== null || this.#ownership.local(record.id) !== undefined)
+  }
+
   /** `ownerRead`: the owner as prefetchOwner() started reading it. */
   async #routeOf (record: SessionRecord, ownerRead?: Promise<string | null>): Promise<Route> {
     const sid = record.id

@@ -12,6 +12,7 @@ import { ANSWERED_DIRECTLY, formatEventId } from '../../src/state/event-log.js'
 import { eventually } from '../helpers/wait.js'
 import { SseReader } from '../helpers/sse-client.js'
 import { call, open, post } from '../helpers/raw-session.js'
+import { startStreamableUpstream } from '../fixtures/http-upstreams.js'
 
 async function redisGateway (t: Test, extra: Record<string, unknown> = {}): Promise<{ gw: RunningGateway, prefix: string, inspect: Awaited<ReturnType<typeof testRedis>>, url: string }> {
   const redis = await startRedis(t)
@@ -30,6 +31,23 @@ async function watchAppends (t: Test, url: string, eventsPrefix: string): Promis
     if (args[0]?.toLowerCase() === 'xadd' && args[1]?.startsWith(eventsPrefix) === true) appended.push(args[1])
   })
   return appended
+}
+
+/**
+ * Every command naming one of a session's keys, as MONITOR reports it (scripts' own commands
+ * included): the command and the first key's name after the session's hash tag (`exists meta`).
+ */
+async function watchSession (t: Test, url: string, prefix: string, sid: string): Promise<string[]> {
+  const { meta } = sessionKeys(prefix, sid)
+  const tag = meta.slice(0, meta.lastIndexOf(':'))
+  const watcher = new Redis(url, { lazyConnect: true })
+  const monitor = await watcher.monitor()
+  t.teardown(() => { monitor.disconnect(); watcher.disconnect() })
+  const seen: string[] = []
+  monitor.on('monitor', (_time: string, args: string[]) => {
+    if (args.slice(1).some(arg => arg.startsWith(tag))) seen.push(`${args[0]?.toLowerCase() ?? ''} ${args[1]?.startsWith(tag) === true ? args[1].slice(tag.length + 1) : 'other'}`)
+  })
+  return seen
 }
 
 t.test('with Redis: an answer that completes a held stream goes straight to its client: never appended, and the stream leaves nothing behind', async t => {
@@ -134,15 +152,7 @@ t.test('with Redis, responseMode json: the answers are one JSON body, never appe
 t.test('with Redis: a quick call served here costs Redis one EXISTS; a call with a notification first is marked before its log, priming first', async t => {
   const { gw, prefix, url } = await redisGateway(t)
   const session = await open(gw, '2025-11-25')
-  const keys = sessionKeys(prefix, session.sid)
-  const tag = keys.meta.slice(0, keys.meta.lastIndexOf(':'))
-  const watcher = new Redis(url, { lazyConnect: true })
-  const monitor = await watcher.monitor()
-  t.teardown(() => { monitor.disconnect(); watcher.disconnect() })
-  const seen: string[] = [] // every command that names one of the session's keys
-  monitor.on('monitor', (_time: string, args: string[]) => {
-    if (args.slice(1).some(arg => arg.startsWith(tag))) seen.push(`${args[0]?.toLowerCase() ?? ''} ${args[1] === keys.meta ? 'meta' : 'other'}`)
-  })
+  const seen = await watchSession(t, url, prefix, session.sid)
   for (let id = 50; id < 55; id++) {
     const res = await post(gw, call(id, 'echo', { text: `q${id}` }), session)
     t.match(res.headers.get('content-type'), /^application\/json/)
@@ -174,4 +184,29 @@ t.test('with Redis: a batch served here is marked for its first answer (which go
   await eventually('the stream dropped once answered', async () => (await inspect.hlen(keys.pending)) === 0 && (await inspect.keys(`${keys.events('')}r2_*`)).length === 0 ? true : undefined)
   t.same(await inspect.hkeys(keys.pending), [], 'no pending marker is left')
   t.same(await inspect.keys(`${keys.holder('')}r2_*`), [], 'no holder lease is left')
+})
+
+t.test('with Redis, an HTTP backend: a quick call leaves at once, with nothing but reads of Redis; a call with a notification first is marked before its log', async t => {
+  const upstream = await startStreamableUpstream({ record: false })
+  t.teardown(async () => { await upstream.close() })
+  const { gw, prefix, url } = await redisGateway(t, { servers: { full: { transport: 'streamable-http', url: upstream.url } } })
+  const session = await open(gw, '2025-11-25')
+  const seen = await watchSession(t, url, prefix, session.sid)
+  for (let id = 50; id < 55; id++) {
+    const res = await post(gw, call(id, 'echo', { message: `q${id}` }), session)
+    t.match(res.headers.get('content-type'), /^application\/json/, 'a 2025-11-25 call served here is lazy: one JSON body')
+    t.match(await res.json(), { id, result: { content: [{ text: `echo: q${id}` }] } })
+  }
+  await eventually('MONITOR to report the five calls', () => seen.length >= 5 ? true : undefined, 2_000).catch(() => undefined)
+  await new Promise(resolve => setTimeout(resolve, 200))
+  // The record is read for each POST (only a routed session's owner keeps it); the EXISTS went
+  // alongside the request. Before, a mark was awaited before the request left, and dropped after.
+  t.same(seen, Array.from({ length: 5 }, () => ['hgetall meta', 'exists meta']).flat(), 'each call read the record and asked whether the session still exists, and nothing else: no mark, no log, nothing to drop')
+  const res = await post(gw, call(55, 'progress-log', {}, { progressToken: 'p55' }), session)
+  t.match(res.headers.get('content-type'), /^text\/event-stream/)
+  const reader = new SseReader(res)
+  await reader.finished
+  t.equal(reader.events[0]?.data, '', 'the priming event first: the stream was marked before its first notification')
+  t.same(reader.messages().map(m => m.method ?? m.id), ['notifications/progress', 'notifications/message', 55], 'then the notifications and the answer, in order, once')
+  t.ok(reader.events.every(e => (e.id ?? '') !== ''), 'every event has an id')
 })
