@@ -15,7 +15,8 @@
 //   gateway-redis-cross   two replicas on one Redis: initialize on A, everything after on B
 //   direct-http           SDK Streamable HTTP upstream (bench/http-upstream.ts), for reference
 //   gateway-http-backend  gateway in front of that upstream; compared with direct-http
-//   <name>@compare        gateway-memory, gateway-redis-local and -cross from BENCH_COMPARE_MAIN
+//   gateway-redis-http    the same in Redis mode, one replica; compared with direct-http
+//   <name>@compare        gateway-memory, gateway-redis-local, -cross and -http from BENCH_COMPARE_MAIN
 // Phases (bench/measure.ts, bench/idle.ts):
 //   seq         one session per target; rounds of shuffled blocks of sequential calls
 //   throughput  SESSIONS sessions x CALLS calls at once, targets in shuffled order per round;

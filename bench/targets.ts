@@ -217,6 +217,8 @@ export function targetSpecs (compareMain: string | undefined): TargetSpec[] {
     gatewayTarget('gateway-log-sync', { config: { log: { flushMs: 0 } } }),
     directHttpTarget,
     gatewayTarget('gateway-http-backend', { backend: 'http', compareTo: 'direct-http' }),
+    // Redis, one replica, the same HTTP backend: what the store adds to a direct session's call.
+    gatewayTarget('gateway-redis-http', { backend: 'http', redis: 'local', compareTo: 'direct-http' }),
     // 2026-07-28 requests through the pool, next to the 2025 session path of the same build (issue 9).
     gatewayTarget('gateway-modern', { modern: true, compareTo: 'gateway-memory', goals: { seqP50Max: 1.2 } })
   ]
@@ -224,7 +226,8 @@ export function targetSpecs (compareMain: string | undefined): TargetSpec[] {
     specs.push(
       gatewayTarget(`gateway-memory${COMPARE_SUFFIX}`, { main: compareMain, goals: MEMORY_GOALS }),
       gatewayTarget(`gateway-redis-local${COMPARE_SUFFIX}`, { redis: 'local', main: compareMain, goals: REDIS_LOCAL_GOALS }),
-      gatewayTarget(`gateway-redis-cross${COMPARE_SUFFIX}`, { redis: 'cross', main: compareMain, goals: REDIS_CROSS_GOALS })
+      gatewayTarget(`gateway-redis-cross${COMPARE_SUFFIX}`, { redis: 'cross', main: compareMain, goals: REDIS_CROSS_GOALS }),
+      gatewayTarget(`gateway-redis-http${COMPARE_SUFFIX}`, { backend: 'http', redis: 'local', main: compareMain, compareTo: 'direct-http' })
     )
   }
   return specs
