@@ -80,6 +80,8 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
     // in the same step as the stream's holder and its priming entry. That entry is appended before
     // the stream starts, so nobody is woken to read it back: its frame is written directly with
     // the id the log gave it (H-POST-7).
+    // Asked before admit() awaits anything: whether the record came from the store just now.
+    const recordRead = router.recordRead(record)
     const route = await router.admit(record, ownerRead)
     // The requests need not wait for their mark (ClientStreams.openPost, issue 10) when they go to
     // the backend from this replica (Router.sendsFromHere), or to a routed session's relay on
@@ -91,6 +93,7 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
       // gone with requests in flight, whoever watches the session can answer them (router.ts).
       servedBy: typeof route === 'string' ? route : undefined,
       mark: servedHere ? 'when-needed' : typeof route === 'string' && router.busOrdered ? 'alongside' : 'first',
+      recordRead,
       deadline: deadlineOf(record.server),
       res: reply.raw,
       sid: record.id,

@@ -322,6 +322,11 @@ export class Router {
     return this.#ownership.isDirect(record.server) && (record.backendSessionId !== null || this.#ownership.local(record.id) !== undefined)
   }
 
+  /** Whether a record getSession() gave was read from the store for that request (Sessions.mayBeCached). */
+  recordRead (record: SessionRecord): boolean {
+    return !this.#sessions.mayBeCached(record.id)
+  }
+
   /** `ownerRead`: the owner as prefetchOwner() started reading it. */
   async #routeOf (record: SessionRecord, ownerRead?: Promise<string | null>): Promise<Route> {
     const sid = record.id

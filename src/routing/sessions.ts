@@ -99,6 +99,14 @@ export class Sessions {
     return record
   }
 
+  /**
+   * Whether get() may have answered for this session from the records read before (#owned)
+   * rather than from the store: the caller then still has to ask whether it exists.
+   */
+  mayBeCached (sid: string): boolean {
+    return this.#owned.has(sid)
+  }
+
   async update (sid: string, patch: Partial<Omit<SessionRecord, 'id'>>): Promise<void> {
     await this.#o.store.update(sid, patch)
     this.#o.ownership.local(sid)?.setClient(

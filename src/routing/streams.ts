@@ -117,6 +117,12 @@ export interface OpenPostOptions extends Omit<OpenStreamOptions, 'cursor' | 'fre
    * until the stream needs its log.
    */
   mark?: 'first' | 'alongside' | 'when-needed'
+  /**
+   * The session's record was read from the store for this very request (not from a cache), so
+   * with 'when-needed' nothing more is asked of Redis: the session existed a moment ago, as in
+   * one process.
+   */
+  recordRead?: boolean
 }
 
 export interface ClientStreamsOptions extends ReplicaContext {
@@ -279,9 +285,9 @@ export class ClientStreams {
           if (!writer.ended) writer.primed(primingId, primingId === null ? undefined : preamble(primingId))
         }))
       }
-      // With Redis the record may have been read before (Sessions.get, #owned); in one process it
-      // was read for this request, so there is nothing to ask.
-      if (this.#o.config.redis !== undefined) this.#gate(writer, this.#o.store.exists(sid).then(found => { if (!found) throw new GW_ERR_SESSION_NOT_FOUND() }))
+      // With Redis the record may have been read before (Sessions.get, #owned); when it was read
+      // for this request (recordRead, and always in one process), there is nothing to ask.
+      if (this.#o.config.redis !== undefined && options.recordRead !== true) this.#gate(writer, this.#o.store.exists(sid).then(found => { if (!found) throw new GW_ERR_SESSION_NOT_FOUND() }))
     } else if (order === 'alongside') {
       // Issued now, before the caller's envelope: the mark is also the verdict (a session gone is a 404).
       this.#gate(writer, mark().then(primingId => { if (!writer.ended) writer.primed(primingId, primingId === null ? undefined : preamble(primingId)) }))
