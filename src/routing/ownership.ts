@@ -302,6 +302,15 @@ export class Ownership {
         // (e.g. a stale stream of a dead holder answered 409 for a while). A no-op when connected.
         else relay.backend?.setListening(true)
       } else if (!leased) {
+        // A lease that lapsed while this replica could not renew it (its event loop blocked past
+        // the lease: a burst of stdio spawns on a loaded machine took 10 s) and that nobody took
+        // meanwhile is claimed back: the backend is still here. Only a lease another replica holds
+        // means the session moved (a replica taking over claims it atomically, so either it or
+        // this claim wins). In one process nobody else can hold it.
+        if (relay.isOwner && await store.claimOwner(relay.sid, replicaId, this.#leaseMs) === replicaId) {
+          relay.log.warn('owner lease had lapsed, nobody had taken it: claimed back')
+          continue
+        }
         relay.log.warn('owner lease lost; stopping backend')
         leaseLost.push(relay.sid)
       }
