@@ -13,7 +13,7 @@
 //   `stopAllChildren()` drains and a last-resort 'exit' hook SIGKILLs synchronously.
 import { spawn, type ChildProcess } from 'node:child_process'
 import { once } from 'node:events'
-import { setTimeout as sleep } from 'node:timers/promises'
+import { setImmediate as nextTurn, setTimeout as sleep } from 'node:timers/promises'
 import type { Logger } from 'pino'
 import { lazyChild, newBindings } from '../telemetry/logger.js'
 import type { BackendConnection, BackendExit, BackendFactory, BackendOpenOptions } from './backend.js'
@@ -411,6 +411,21 @@ function isStdio (config: ServerConfig): config is StdioServerConfig {
   return config.transport === 'stdio'
 }
 
+/**
+ * Spawning blocks the event loop until the child has exec'd: 10-150 ms per child on a loaded
+ * 2-core machine, more as the children started before it compete for the CPUs. A burst of new
+ * sessions (50 initializes read in one poll phase) spawned back to back in one turn, which blocked
+ * every other session's calls and the timers for seconds (10 s once: past the owner lease). Each
+ * spawn waits for an event-loop turn of its own, after the one before it, so I/O and timers run
+ * between two spawns. An idle gateway's spawn waits one turn (microseconds).
+ */
+let spawnTurn: Promise<void> = Promise.resolve()
+async function nextSpawnTurn (): Promise<void> {
+  const turn = spawnTurn.then(async () => { await nextTurn() })
+  spawnTurn = turn
+  await turn
+}
+
 /** Builds the stdio factory; `openStdioBackend` is the one built on process.env. */
 export function createStdioBackendFactory (factoryOptions: StdioFactoryOptions = {}): BackendFactory {
   return async function openStdio (options) {
@@ -418,6 +433,7 @@ export function createStdioBackendFactory (factoryOptions: StdioFactoryOptions =
     if (!isStdio(config)) throw new GW_ERR_INTERNAL(`server '${server}' is not a stdio server`)
     // The tenant's variables last: they are the most specific (issue 8). Nothing comes from the client.
     const env = { ...childEnvironment(factoryOptions.baseEnv ?? process.env, config), ...options.upstream?.env }
+    await nextSpawnTurn()
     let child: ChildProcess
     try {
       // The command line comes from configuration only, never from a request (IO-10); no shell.

@@ -59,6 +59,24 @@ t.test('childEnvironment: safe base set, inheritEnv names, then config.env; noth
   t.same(env, { PATH: '/bin', HOME: '/override', SHARED: 'yes', SET: 'set' })
 })
 
+t.test('a burst of opens spawns one child per event-loop turn, so I/O and timers run between spawns', async t => {
+  // Spawning blocks the loop until the child has exec'd (10-150 ms on a loaded machine); opened
+  // back to back in one turn, a burst of sessions blocked everything else for seconds.
+  let turn = 0
+  let ticking = true
+  const tick = (): void => { turn++; if (ticking) setImmediate(tick) }
+  setImmediate(tick)
+  t.teardown(() => { ticking = false })
+  const config = stdioConfig('hostile-crash')
+  const opened = await Promise.all(Array.from({ length: 6 }, async (_, i) => {
+    const conn = await openStdioBackend({ server: 'fx', config, sid: `burst-${i}`, log: collectingLogger().log, handlers: { onMessage: () => {}, onExit: () => {} } })
+    t.teardown(async () => await conn.close())
+    return { pid: conn.pid, turn }
+  }))
+  t.equal(new Set(opened.map(o => o.pid)).size, 6, 'six children')
+  t.equal(new Set(opened.map(o => o.turn)).size, 6, `each spawned in a turn of its own (turns ${opened.map(o => o.turn).join(', ')})`)
+})
+
 t.test('the child sees only allow-listed variables (IO-9)', async t => {
   const factory = createStdioBackendFactory({
     baseEnv: { ...process.env, GW_TEST_SECRET: 'bearer-abc', GW_TEST_SHARED: 'shared-value' }
