@@ -146,10 +146,15 @@ export class Router {
   // ---- what the HTTP faces use -------------------------------------------------------------
 
   async createSession (input: NewSession, forwardedHeaders?: Record<string, string>): Promise<SessionRecord> {
-    const record = await this.#sessions.create(input, forwardedHeaders)
-    // A reload removed the server while the backend was starting: it may have ended the session
-    // already (its relay was registered), or not; either way the client must not get its id.
-    if (!Object.hasOwn(this.#o.live.servers, input.server)) {
+    // A reload removed the server while the backend was starting: it may have stopped the start
+    // (the session was ended while its child waited to be spawned), ended the session already (its
+    // relay was registered), or not; either way the client must not get its id, and is told the
+    // server is gone (404), not that its backend failed.
+    const removed = (): boolean => !Object.hasOwn(this.#o.live.servers, input.server)
+    const record = await this.#sessions.create(input, forwardedHeaders).catch((err: unknown) => {
+      throw removed() ? new GW_ERR_SERVER_NOT_FOUND(input.server) : err
+    })
+    if (removed()) {
       await this.#sessions.end(record.id, 'server removed from the config')
       throw new GW_ERR_SERVER_NOT_FOUND(input.server)
     }

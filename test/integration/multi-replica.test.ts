@@ -214,7 +214,9 @@ t.test('leases and TTLs: every key has a TTL after real traffic; an owner that l
   t.same(answered.filter(([, ttl]) => ttl > COMPLETED_STREAM_TTL_MS), [], 'each kept for at most a minute')
 
   const sid = (client.transport as StreamableHTTPClientTransport).sessionId ?? ''
-  await inspect.del(sessionKeys(prefix, sid).owner) // the owner's lease is gone (as if it had lapsed)
+  // Another replica holds the owner's lease now (as after it lapsed and was taken over); a lease
+  // that lapsed and nobody took is claimed back instead (owner-lease.test).
+  await inspect.set(sessionKeys(prefix, sid).owner, 'another-replica', 'PX', 60_000)
   await eventually('the owner to stop its child', async () => { try { process.kill(pid, 0); return undefined } catch { return true } }, LEASE_MS * 5)
   t.pass('the child stopped when its owner lost the lease')
 })
