@@ -228,8 +228,9 @@ t.test('a backend that never answers: -32006 after requestTimeoutMs, and the bac
     servers: {
       silent: stdioFixture('hostile-silent', [], { requestTimeoutMs: 500 }),
       // full-server can report the cancellations it saw; it gets a longer timeout so its
-      // slower start (the SDK loads) never trips the initialize request.
-      full: stdioFixture('full-server', [], { requestTimeoutMs: 5000 })
+      // slower start (the SDK loads) never trips the initialize request (5 s did once, in a full
+      // suite on a loaded machine).
+      full: stdioFixture('full-server', [], { requestTimeoutMs: 10_000 })
     }
   })
 

@@ -21,11 +21,11 @@ import { eventually, textOf } from '../helpers/wait.js'
 
 const LEASE_MS = 1500
 
-async function cluster (t: Test, n = 3, redis?: RedisServer, serverOptions: Record<string, unknown> = {}): Promise<{ redis: RedisServer, prefix: string, replicas: ReplicaProcess[], proxy: Awaited<ReturnType<typeof startRoundRobinProxy>> }> {
+async function cluster (t: Test, n = 3, redis?: RedisServer, serverOptions: Record<string, unknown> = {}, leaseMs = LEASE_MS): Promise<{ redis: RedisServer, prefix: string, replicas: ReplicaProcess[], proxy: Awaited<ReturnType<typeof startRoundRobinProxy>> }> {
   const server = redis ?? await startRedis(t)
   const prefix = randomPrefix()
   const config = {
-    redis: { url: server.url, keyPrefix: prefix, leaseMs: LEASE_MS, connectTimeoutMs: 2000 },
+    redis: { url: server.url, keyPrefix: prefix, leaseMs, connectTimeoutMs: 2000 },
     servers: { full: stdioFixture('full-server', [], serverOptions) }
   }
   const replicas = await Promise.all(['A', 'B', 'C', 'D'].slice(0, n).map(async name => await startReplica(t, name, config)))
@@ -400,7 +400,9 @@ t.test('round trips: a POST to the owner reads no record (marking checks it exis
 })
 
 t.test('concurrent GET streams for one session on different replicas: exactly one is served', async t => {
-  const { replicas } = await cluster(t, 2)
+  // The default lease (10 s): with 1.5 s, a loaded CI machine once delayed a replica's renewal of
+  // its stream's holder lease past it, and the other replica rightly took the lapsed stream.
+  const { replicas } = await cluster(t, 2, undefined, {}, 10_000)
   const [a, b] = replicas as [ReplicaProcess, ReplicaProcess]
   const sid = await rawSession(a, b)
   const acs: AbortController[] = []
