@@ -75,6 +75,20 @@ async function quickCalls (t: Test, gw: RunningGateway, session: RawSession, see
   }
 }
 
+/**
+ * A call whose notifications come before its answer, on a stream served here: its stream opens as
+ * SSE, marked before its first notification (priming event first), then `expected` in order.
+ */
+async function notifiedCall (t: Test, gw: RunningGateway, session: RawSession, body: Record<string, unknown>, expected: Array<string | number>): Promise<void> {
+  const res = await post(gw, body, session)
+  t.match(res.headers.get('content-type'), /^text\/event-stream/)
+  const reader = new SseReader(res)
+  await reader.finished
+  t.equal(reader.events[0]?.data, '', 'the priming event first: the stream was marked before its first notification')
+  t.same(reader.messages().map(m => m.method ?? m.id), expected, 'then the notifications and the answer, in order, once')
+  t.ok(reader.events.every(e => (e.id ?? '') !== ''), 'every event has an id')
+}
+
 t.test('with Redis: an answer that completes a held stream goes straight to its client: never appended, and the stream leaves nothing behind', async t => {
   const { gw, prefix, inspect, url } = await redisGateway(t)
   const session = await open(gw, '2025-06-18') // lazy in Redis mode (no priming to lose)
@@ -179,13 +193,7 @@ t.test('with Redis: a quick call served here costs Redis one EXISTS; a call with
   const session = await open(gw, '2025-11-25')
   const seen = await quickCalls(t, gw, session, await watchSession(t, url, prefix, session.sid), id => [{ text: `q${id}` }, `q${id}`])
   t.same(seen, Array.from({ length: 5 }, () => 'exists meta'), 'each call asked whether the session exists, and nothing else: no mark, no log, nothing to drop')
-  const res = await post(gw, call(55, 'progress', { steps: 2, delayMs: 0 }, { progressToken: 'p55' }), session)
-  t.match(res.headers.get('content-type'), /^text\/event-stream/)
-  const reader = new SseReader(res)
-  await reader.finished
-  t.equal(reader.events[0]?.data, '', 'the priming event first: the stream was marked before its first notification')
-  t.same(reader.messages().map(m => m.method ?? m.id), ['notifications/progress', 'notifications/progress', 55], 'then the notifications and the answer, in order, once')
-  t.ok(reader.events.every(e => (e.id ?? '') !== ''), 'every event has an id')
+  await notifiedCall(t, gw, session, call(55, 'progress', { steps: 2, delayMs: 0 }, { progressToken: 'p55' }), ['notifications/progress', 'notifications/progress', 55])
 })
 
 t.test('with Redis: a batch served here is marked for its first answer (which goes through the log), and the second completes one JSON array', async t => {
@@ -213,11 +221,5 @@ t.test('with Redis, an HTTP backend: a quick call leaves at once, with nothing b
   // the verdict on the session: no EXISTS follows it. Before, a mark was awaited before the
   // request left, and dropped after; then an EXISTS went alongside the request.
   t.same(seen, Array.from({ length: 5 }, () => 'hgetall meta'), 'each call read the record and nothing else: no second check, no mark, no log, nothing to drop')
-  const res = await post(gw, call(55, 'progress-log', {}, { progressToken: 'p55' }), session)
-  t.match(res.headers.get('content-type'), /^text\/event-stream/)
-  const reader = new SseReader(res)
-  await reader.finished
-  t.equal(reader.events[0]?.data, '', 'the priming event first: the stream was marked before its first notification')
-  t.same(reader.messages().map(m => m.method ?? m.id), ['notifications/progress', 'notifications/message', 55], 'then the notifications and the answer, in order, once')
-  t.ok(reader.events.every(e => (e.id ?? '') !== ''), 'every event has an id')
+  await notifiedCall(t, gw, session, call(55, 'progress-log', {}, { progressToken: 'p55' }), ['notifications/progress', 'notifications/message', 55])
 })
