@@ -10,7 +10,7 @@
 // unknown method, HTTP 404), -32602 (bad `_meta` envelope or requestState), -32020 (a header does not
 // match the body), -32021 (a capability the request did not declare), -32022 (unsupported version).
 import createError from '@fastify/error'
-import { errorResponse, type JsonRpcFailure, type RequestId } from './jsonrpc.js'
+import { errorResponse, type JsonRpcFailure, type JsonRpcMessage, type RequestId } from './jsonrpc.js'
 
 export const GW_ERR_PARSE = createError('GW_ERR_PARSE', 'Parse error: %s', 400)
 export const GW_ERR_INVALID_REQUEST = createError('GW_ERR_INVALID_REQUEST', 'Invalid Request: %s', 400)
@@ -45,6 +45,11 @@ export const GW_ERR_BACKEND_UNAVAILABLE = createError('GW_ERR_BACKEND_UNAVAILABL
 /** A request was in flight on a replica that died (or lost the session): its backend went with it. */
 export const GW_ERR_BACKEND_LOST = createError('GW_ERR_BACKEND_LOST', "Backend '%s' was lost with the replica running it (%s); the session goes on with a restarted backend, this request was not completed", 502)
 export const GW_ERR_BACKEND_TIMEOUT = createError('GW_ERR_BACKEND_TIMEOUT', "Backend '%s' did not answer within %d ms", 504)
+/**
+ * A request the client cancelled (notifications/cancelled). Never sent: it marks the request's end
+ * in its stream's log (cancelledAnswer). 499 is the status proxies log for a client that gave up.
+ */
+export const GW_ERR_REQUEST_CANCELLED = createError('GW_ERR_REQUEST_CANCELLED', 'Request cancelled by the client', 499)
 export const GW_ERR_STORE_UNAVAILABLE = createError('GW_ERR_STORE_UNAVAILABLE', 'Session store unavailable: %s', 503)
 export const GW_ERR_SHUTTING_DOWN = createError('GW_ERR_SHUTTING_DOWN', 'The gateway is shutting down', 503)
 export const GW_ERR_INTERNAL = createError('GW_ERR_INTERNAL', 'Internal error: %s', 500)
@@ -82,6 +87,7 @@ export const JSONRPC_CODE: Record<string, number> = {
   GW_ERR_BACKEND_UNAVAILABLE: -32007,
   GW_ERR_BACKEND_LOST: -32007,
   GW_ERR_BACKEND_TIMEOUT: -32006,
+  GW_ERR_REQUEST_CANCELLED: -32000,
   GW_ERR_STORE_UNAVAILABLE: -32000,
   GW_ERR_SHUTTING_DOWN: -32000,
   GW_ERR_INTERNAL: -32603,
@@ -141,4 +147,21 @@ export function jsonRpcCodeOf (err: GatewayError): number {
 export function toJsonRpcError (err: GatewayError, id: RequestId | null): JsonRpcFailure {
   const retry = err.retryAfter !== undefined ? { retryAfter: err.retryAfter } : {}
   return errorResponse(id, jsonRpcCodeOf(err), err.message, { ...err.data, ...retry, source: 'gateway', code: err.code })
+}
+
+/** The member that marks a cancelledAnswer (the relay strips it from a backend's answers). */
+export const CANCELLED_MEMBER = 'gateway:cancelled'
+
+/**
+ * What a client stream's log gets for a request the client cancelled (notifications/cancelled,
+ * SPEC.md U-CAN-1): an answer in shape, so it settles the request as an answer does (its pending
+ * marker is taken: no late answer and no deadline error follows, whoever races), and the stream's
+ * writer counts it. Writers never send it: the client gets no response to a request it cancelled.
+ */
+export function cancelledAnswer (id: RequestId): JsonRpcFailure {
+  return { ...toJsonRpcError(new GW_ERR_REQUEST_CANCELLED(), id), [CANCELLED_MEMBER]: true } as JsonRpcFailure
+}
+
+export function isCancelledAnswer (message: JsonRpcMessage): boolean {
+  return (message as unknown as Record<string, unknown>)[CANCELLED_MEMBER] === true
 }

@@ -8,7 +8,7 @@ import type { ServerResponse } from 'node:http'
 import type { FastifyBaseLogger } from 'fastify'
 import { ANSWERED_DIRECTLY, compareEntryIds, formatEventId, type EventLog, type LogEntry } from '../state/event-log.js'
 import { isResponse, type JsonRpcMessage, type JsonRpcResponse, type RequestId } from '../core/jsonrpc.js'
-import { errorHeaders, toJsonRpcError, type GatewayError } from '../core/errors.js'
+import { errorHeaders, isCancelledAnswer, toJsonRpcError, type GatewayError } from '../core/errors.js'
 import { tracing } from '../telemetry/tracing.js'
 import { streamKindOf, type GatewayMetrics } from '../telemetry/metrics.js'
 import { startKeepAlive, stopKeepAlive, type KeepAliveSlot } from './keep-alive.js'
@@ -128,6 +128,8 @@ export class StreamWriter {
     this.#remaining = options.expectedResponses
     this.#lastSeq = options.cursor === null ? 0 : options.fresh === true ? 1 : null
     this.#preamble = options.preamble
+    // A resumed stream: its client holds an event id of it (the one it resumed from).
+    if (options.cursor !== null && options.fresh !== true) this.#idSent = true
   }
 
   /**
@@ -257,7 +259,7 @@ export class StreamWriter {
     this.#o.res.write(': keepalive\n\n')
     // A POST stream still waiting for answers also reads its log: a wake lost on the bus (a
     // Redis failover drops what was in flight) delays an answer by one interval, never forever.
-    if (Number.isFinite(this.#remaining)) void this.wake()
+    if (Number.isFinite(this.#remaining) && this.#remaining > 0) void this.wake()
   }
 
   /** Something was appended to this stream's log: pull it. Safe to call any number of times. */
@@ -310,6 +312,11 @@ export class StreamWriter {
   async #deliver (entry: LogEntry): Promise<boolean> {
     this.#countLost(entry.seq)
     const answer = entry.message !== null && isResponse(entry.message) ? entry.message : null
+    if (answer !== null && isCancelledAnswer(answer)) {
+      this.#cursor = entry.entryId
+      this.#advanced = true
+      return this.#settleCancelled(answer)
+    }
     await this.#emit(entry, answer !== null && this.#remaining === 1)
     this.#cursor = entry.entryId
     this.#advanced = true
@@ -317,6 +324,26 @@ export class StreamWriter {
     // Tracing on: the SERVER span of the request this answers ends here.
     if (tracing !== null) tracing.responded(this.sid, this.streamId, answer)
     if (--this.#remaining > 0) return false
+    this.#complete()
+    return true
+  }
+
+  /**
+   * A request of this stream the client cancelled (errors.ts cancelledAnswer): counted as settled,
+   * never written. When it was the last one the stream waited for, no answer will come:
+   * - nothing sent yet (a held lazy stream, a JSON response): #complete answers with what came,
+   *   202 and no body when nothing did (the client withdrew its request; there is no answer to send);
+   * - an SSE stream whose client holds no event id of it: it ends (the client cannot resume it);
+   * - an SSE stream whose client holds one stays open until the client closes it, as an SDK server
+   *   leaves it: a client (the v1 SDK) reconnects to a stream that ends without an answer, and
+   *   the stream it resumes would end the same way, once a second.
+   * True when the stream ended.
+   */
+  #settleCancelled (answer: JsonRpcResponse): boolean {
+    const id = answer.id
+    if (this.#o.requestIds !== undefined && id !== null && id !== undefined) (this.#answered ??= new Set()).add(id)
+    if (--this.#remaining > 0) return false
+    if (this.#keepAlive !== undefined && this.#idSent) return false
     this.#complete()
     return true
   }
@@ -341,9 +368,12 @@ export class StreamWriter {
     const open = this.#keepAlive !== undefined && mode === 'sse'
     if (!this.#holding && !open && mode !== 'json') return undefined
     if (id === null || id === undefined || this.#answered?.has(id) === true || this.#o.requestIds?.includes(id) !== true) return undefined
+    // A cancelled request on an open SSE stream: its copy in the log settles it (#deliver).
+    const cancelled = isCancelledAnswer(message)
+    if (cancelled && open) return undefined
     const answered = this.#answered ??= new Set()
     answered.add(id)
-    if (tracing !== null) tracing.responded(this.sid, this.streamId, message)
+    if (tracing !== null && !cancelled) tracing.responded(this.sid, this.streamId, message)
     this.#remaining = 0
     if (open) {
       // Written with the end of the response, as #emit writes a last answer. The stream wrote an
@@ -355,7 +385,9 @@ export class StreamWriter {
     }
     const direct = this.#direct ??= []
     direct.push(id)
-    if (mode === 'json') {
+    if (cancelled) {
+      // Nothing to write for it (#settleCancelled): the answers before it, if any, go now.
+    } else if (mode === 'json') {
       const collected = this.#collected ??= []
       collected.push(message)
     } else {
@@ -489,7 +521,13 @@ export class StreamWriter {
 
   #complete (): void {
     const { res, mode } = this.#o
-    if (mode === 'json' && !res.headersSent) {
+    if ((mode === 'json' && !res.headersSent && this.#collected === undefined) || (this.#holding && this.#held === undefined)) {
+      // Every request was cancelled by its client before anything was sent (#settleCancelled).
+      this.#holding = false
+      clearTimeout(this.#lazyTimer)
+      res.writeHead(202, this.#o.headers)
+      res.end()
+    } else if (mode === 'json' && !res.headersSent) {
       const collected = this.#collected ?? []
       const body = this.#o.batch === true ? collected : collected[0]
       res.writeHead(200, { 'content-type': 'application/json', ...this.#o.headers })

@@ -15,7 +15,7 @@
 import { performance } from 'node:perf_hooks'
 import type { Logger } from 'pino'
 import {
-  GW_ERR_BACKEND_TIMEOUT, GW_ERR_BACKEND_UNAVAILABLE, isGatewayError, toJsonRpcError, type GatewayError
+  CANCELLED_MEMBER, GW_ERR_BACKEND_TIMEOUT, GW_ERR_BACKEND_UNAVAILABLE, cancelledAnswer, isCancelledAnswer, isGatewayError, toJsonRpcError, type GatewayError
 } from '../core/errors.js'
 import {
   errorResponse, idKey, isRecord, isNotification, isRequest, progressTokenOf, JSONRPC_METHOD_NOT_FOUND,
@@ -260,6 +260,9 @@ export class Relay {
       } else {
         if (entry.method === 'initialize') return // initialize is never cancelled (L-5)
         this.#settle(key, 'cancelled')
+        // The request's stream is told it ends without an answer (cancelledAnswer): never sent,
+        // but it settles the request, so its stream need not wait for one (U-CAN-1).
+        this.#reply(entry.streamId, cancelledAnswer(entry.clientId))
         outgoing = { ...notification, params: { ...params, requestId: entry.backendId } }
       }
     }
@@ -288,6 +291,8 @@ export class Relay {
     const entry = this.#settle(idKey(id), message, false)
     if (entry === undefined) return // cancelled or timed out: a late answer is dropped
     let response: JsonRpcResponse = { ...message, id: entry.clientId }
+    // Only the gateway marks a request cancelled: a backend's answer carrying the mark loses it.
+    if (isCancelledAnswer(response)) delete (response as unknown as Record<string, unknown>)[CANCELLED_MEMBER]
     const backendResult = 'result' in response ? response.result : undefined
     if (entry.method === 'initialize' && 'result' in response && isRecord(response.result)) {
       // The client's hop has its own negotiated version (SPEC.md G-1).

@@ -2,7 +2,7 @@
 // session, with a recording host and backend (no network, no Redis, no child process).
 import t, { type Test } from 'tap'
 import { pino } from 'pino'
-import { GW_ERR_BACKEND_UNAVAILABLE } from '../../src/core/errors.js'
+import { CANCELLED_MEMBER, GW_ERR_BACKEND_UNAVAILABLE, isCancelledAnswer } from '../../src/core/errors.js'
 import type { JsonRpcMessage, JsonRpcRequest } from '../../src/core/jsonrpc.js'
 import { Relay, type RelayOptions } from '../../src/routing/relay.js'
 import { NO_METRICS } from '../../src/telemetry/metrics.js'
@@ -175,11 +175,25 @@ t.test('cancellation is mapped to the backend id and stops the wait', async t =>
   h.relay.deliver({ jsonrpc: '2.0', method: 'notifications/cancelled', params: { requestId: 41, reason: 'user' } }, null)
   await tick()
   t.same(h.sent.at(-1), { jsonrpc: '2.0', method: 'notifications/cancelled', params: { requestId: 1, reason: 'user' } })
+  t.equal(h.appended.length, 1, 'the request\'s stream is told once')
+  t.match(h.appended[0], { streamId: 'r1_a', message: { id: 41, error: { data: { code: 'GW_ERR_REQUEST_CANCELLED' } } } })
+  t.ok(isCancelledAnswer(h.appended[0]!.message), 'as the cancelled mark, which writers never send')
   await h.relay.fromBackend({ jsonrpc: '2.0', id: 1, result: {} })
-  t.same(h.appended, [], 'the late answer is dropped')
+  t.equal(h.appended.length, 1, 'the late answer is dropped')
   h.relay.deliver({ jsonrpc: '2.0', method: 'notifications/cancelled', params: { requestId: 'unknown' } }, null)
   await tick()
   t.equal(h.sent.length, 2, 'a cancel for an unknown request is not forwarded (routed session)')
+  t.equal(h.appended.length, 1, 'and changes no stream')
+})
+
+t.test('a backend answer carrying the cancelled mark loses it: only the gateway marks a request cancelled', async t => {
+  const h = harness(t)
+  h.relay.deliver(call(42), 'r1_b')
+  await tick()
+  await h.relay.fromBackend({ jsonrpc: '2.0', id: 1, result: { ok: true }, [CANCELLED_MEMBER]: true } as unknown as JsonRpcMessage)
+  t.equal(h.appended.length, 1)
+  t.same(h.appended[0]?.message, { jsonrpc: '2.0', id: 42, result: { ok: true } }, 'the answer, without the mark')
+  t.notOk(isCancelledAnswer(h.appended[0]!.message))
 })
 
 t.test('initialize is never cancelled (L-5), and its answer carries the client hop version', async t => {
