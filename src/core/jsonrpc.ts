@@ -103,6 +103,13 @@ export function isResponse (m: JsonRpcMessage): m is JsonRpcResponse {
   return !('method' in m)
 }
 
+/** The request a `notifications/cancelled` names, if it names one validly (U-CAN-1: else ignored). */
+export function cancelledRequestOf (m: JsonRpcMessage): RequestId | undefined {
+  if (!isNotification(m) || m.method !== 'notifications/cancelled' || !isRecord(m.params)) return undefined
+  const id = m.params.requestId
+  return isValidId(id) ? id : undefined
+}
+
 /** Builds an error response; `id` null means the request id could not be read (J-4). */
 export function errorResponse (id: RequestId | null, code: number, message: string, data?: unknown): JsonRpcFailure {
   const error: JsonRpcErrorObject = data === undefined ? { code, message } : { code, message, data }

@@ -245,6 +245,12 @@ export class Relay {
     })
   }
 
+  /** Whether the client's request `id` is in flight on this relay (a direct session's cancellation goes where its request runs). */
+  inFlight (id: RequestId): boolean {
+    const key = this.#byClientId?.get(idKey(id))
+    return key !== undefined && this.#inFlight?.has(key) === true
+  }
+
   #forwardNotification (notification: JsonRpcNotification): void {
     let outgoing: JsonRpcNotification = notification
     if (notification.method === 'notifications/cancelled') {

@@ -14,7 +14,7 @@ import {
 } from '../core/errors.js'
 import type { ServerSource } from '../config/live.js'
 import type { IncomingHttpHeaders } from 'node:http'
-import { isRequest, isResponse, type JsonRpcMessage, type JsonRpcRequest, type RequestId } from '../core/jsonrpc.js'
+import { cancelledRequestOf, isRequest, isResponse, type JsonRpcMessage, type JsonRpcRequest, type RequestId } from '../core/jsonrpc.js'
 import type { StreamWriter } from '../http/sse.js'
 import type { Envelope } from '../state/bus.js'
 import { LEGACY_STREAM } from '../state/event-log.js'
@@ -246,8 +246,9 @@ export class Router {
     }
     const local = ownership.local(sid)
     // Direct sessions send requests from here; their notifications go to the lease holder, whose
-    // connection saw initialize and runs the backend's GET stream.
-    if (local !== undefined && (local.isOwner || isRequest(message))) { this.#deliverLocal(local, message, streamId, trace); return }
+    // connection saw initialize and runs the backend's GET stream. A cancellation of a request in
+    // flight here is handled here: its stream waits on this relay (Relay, U-CAN-1).
+    if (local !== undefined && (local.isOwner || isRequest(message) || this.#cancelsHere(local, message))) { this.#deliverLocal(local, message, streamId, trace); return }
     const direct = record.backendSessionId !== null
     if (isRequest(message) && direct) {
       this.#deliverLocal(await ownership.openDirect(record), message, streamId, trace)
@@ -366,8 +367,30 @@ export class Router {
     }
   }
 
+  /** Whether `message` cancels a request in flight on this relay. */
+  #cancelsHere (relay: Relay, message: JsonRpcMessage): boolean {
+    const id = cancelledRequestOf(message)
+    return id !== undefined && relay.inFlight(id)
+  }
+
+  /**
+   * A direct session's cancellation reached its lease holder, but the request runs on another
+   * replica (every replica sends a direct session's requests itself): the replicas its pending
+   * markers name get it too, so the one running it settles its stream (its relay tells the
+   * backend as well; a second cancellation of one request is ignored, U-CAN-1). A request not
+   * marked (answered as one JSON body so far) is not found: it ends at its deadline.
+   */
+  async #cancelElsewhere (sid: string, message: JsonRpcMessage): Promise<void> {
+    for (const replica of await this.#o.eventLog.pendingReplicas(sid)) {
+      if (replica !== this.replicaId && await this.#ownership.isAlive(replica)) await this.#o.bus.send(replica, { kind: 'deliver', sid, streamId: null, message })
+    }
+  }
+
   #deliverLocal (relay: Relay, message: JsonRpcMessage, streamId: string | null, trace?: TraceCarrier, holder?: string): void {
     this.#sessions.touch(relay.sid)
+    if (relay.direct && relay.isOwner && this.#o.config.redis !== undefined && cancelledRequestOf(message) !== undefined && !this.#cancelsHere(relay, message)) {
+      this.#cancelElsewhere(relay.sid, message).catch(err => this.#o.log.warn({ err, sid: shortHash(relay.sid) }, 'cancellation not passed on'))
+    }
     if (isRequest(message) && message.method === 'initialize' && relay.legacy) {
       // A legacy session negotiates on a POST that may have landed on another replica, which
       // stored the outcome: take version and capabilities from the record before forwarding.

@@ -14,6 +14,7 @@ import { eventually } from '../helpers/wait.js'
 import { SseReader } from '../helpers/sse-client.js'
 import { call, open, post, type RawSession } from '../helpers/raw-session.js'
 import { startReplica } from '../helpers/replicas.js'
+import { startStreamableUpstream } from '../fixtures/http-upstreams.js'
 
 const SLOW = 30_000
 
@@ -167,4 +168,26 @@ t.test('across replicas: the call is held on B, its backend runs on A, the cance
   t.equal(await res.text(), '')
   t.ok(Date.now() - started < 10_000, 'promptly')
   t.equal((await eventually('the backend to see the cancellation', async () => { const seen = await cancelledAtBackend(atB, session); return seen.length > 0 ? seen : undefined })).length, 1)
+})
+
+t.test('across replicas, an HTTP backend (every replica sends its own requests): the cancellation reaches the replica running the call, wherever it lands', async t => {
+  const upstream = await startStreamableUpstream()
+  t.teardown(async () => { await upstream.close() })
+  const redis = await startRedis(t)
+  const config = { servers: { full: { transport: 'streamable-http', url: upstream.url, requestTimeoutMs: 20_000 } }, redis: { url: redis.url, keyPrefix: randomPrefix() } }
+  const [a, b] = await Promise.all([startReplica(t, 'A', config), startReplica(t, 'B', config)])
+  const atA = { url: a.url } as RunningGateway
+  const atB = { url: b.url } as RunningGateway
+  // 2025-06-18: no priming event, so a stream whose request is cancelled ends (see above).
+  const session = await open(atA, '2025-06-18') // A holds the session's lease
+  const cancelsAtBackend = (): number => upstream.requests.filter(r => (r.body as { method?: string } | undefined)?.method === 'notifications/cancelled').length
+  for (const [id, via, label] of [[15, atA, 'the lease holder'], [16, atB, 'the replica running it']] as const) {
+    const before = cancelsAtBackend()
+    const { reader } = await closablePost(atB, call(id, 'hang'), session)
+    await cancelWhenRunning(t, via, session, id)
+    await Promise.race([reader.finished, sleep(10_000)])
+    t.ok(reader.done, `cancelled at ${label}: the stream on B ended, long before the deadline`)
+    t.same(reader.events, [], 'with no response')
+    t.ok(cancelsAtBackend() > before, 'and the backend was told')
+  }
 })
