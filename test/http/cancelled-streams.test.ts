@@ -24,11 +24,26 @@ async function gateway (t: Test, extra: Record<string, unknown> = {}): Promise<R
 
 const cancel = (id: number): Record<string, unknown> => ({ jsonrpc: '2.0', method: 'notifications/cancelled', params: { requestId: id, reason: 'the user pressed stop' } })
 
-/** Sends the cancellation once the backend has the call (it is then running), and checks the 202. */
-async function cancelWhenRunning (t: Test, gw: RunningGateway, session: RawSession, id: number): Promise<void> {
+/**
+ * Sends the cancellation once the call is running, and checks the 202. A cancellation of a request
+ * not in flight yet is ignored (U-CAN-1), and on a loaded machine the call may take longer than
+ * the first wait to reach its backend: with `ended`, it is sent again until the call's POST ends.
+ */
+async function cancelWhenRunning (t: Test, gw: RunningGateway, session: RawSession, id: number, ended?: () => boolean): Promise<void> {
   await sleep(300)
   const res = await post(gw, cancel(id), session)
   t.equal(res.status, 202, 'the cancellation itself is accepted')
+  for (let waited = 0; ended !== undefined && !ended() && waited < 10_000; waited += 500) {
+    await sleep(500)
+    if (!ended()) await post(gw, cancel(id), session)
+  }
+}
+
+/** Whether a promise has settled. */
+function settled (promise: Promise<unknown>): () => boolean {
+  let done = false
+  promise.then(() => { done = true }, () => { done = true })
+  return () => done
 }
 
 /** The ids of the requests the backend saw cancelled. */
@@ -58,7 +73,7 @@ t.test('responseMode json: a cancelled call is answered 202 with no body at once
   const session = await open(gw, '2025-11-25')
   const started = Date.now()
   const pending = post(gw, call(5, 'slow', { ms: SLOW }), session)
-  await cancelWhenRunning(t, gw, session, 5)
+  await cancelWhenRunning(t, gw, session, 5, settled(pending))
   const res = await pending
   t.equal(res.status, 202, 'the POST of the cancelled call ends with 202')
   t.equal(await res.text(), '', 'and no body: no response to a cancelled request')
@@ -71,7 +86,7 @@ t.test('responseMode json, a batch (2025-03-26): the answers that came are the b
   const gw = await gateway(t, { http: { responseMode: 'json' } })
   const session = await open(gw, '2025-03-26')
   const pending = post(gw, [call(6, 'slow', { ms: SLOW }), call(7, 'echo', { text: 'kept' })], session)
-  await cancelWhenRunning(t, gw, session, 6)
+  await cancelWhenRunning(t, gw, session, 6, settled(pending))
   const res = await pending
   t.equal(res.status, 200)
   const body = await res.json() as Array<Record<string, unknown>>
@@ -83,7 +98,7 @@ t.test('SSE held (lazy): a cancelled call that sent nothing yet is answered 202'
   const gw = await gateway(t, { http: { lazySseMs: 20_000 } })
   const session = await open(gw, '2025-11-25')
   const pending = post(gw, call(8, 'slow', { ms: SLOW }), session)
-  await cancelWhenRunning(t, gw, session, 8)
+  await cancelWhenRunning(t, gw, session, 8, settled(pending))
   const res = await pending
   t.equal(res.status, 202)
   t.equal(await res.text(), '')
@@ -98,7 +113,7 @@ t.test('SSE open, no event id sent (2025-06-18: no priming): the stream ends wit
   const res = await post(gw, call(10, 'slow', { ms: SLOW }), session)
   t.match(res.headers.get('content-type'), /^text\/event-stream/)
   const reader = new SseReader(res)
-  await cancelWhenRunning(t, gw, session, 10)
+  await cancelWhenRunning(t, gw, session, 10, () => reader.done)
   await Promise.race([reader.finished, sleep(10_000)])
   t.ok(reader.done, 'the stream ended')
   t.same(reader.events, [], 'without a response (nor anything else)')
@@ -130,7 +145,11 @@ t.test('with Redis: the cancellation takes the request\'s marker, so no deadline
   const { reader, close } = await closablePost(gw, call(12, 'slow', { ms: 800 }), session)
   await sleep(100)
   t.equal((await post(gw, cancel(12), session)).status, 202)
-  await eventually('the marker taken', async () => (await inspect.hlen(keys.pending)) === 0 ? true : undefined)
+  await eventually('the marker taken', async () => {
+    if ((await inspect.hlen(keys.pending)) === 0) return true
+    await post(gw, cancel(12), session) // not in flight yet when the first came (see cancelWhenRunning)
+    return undefined
+  })
   await sleep(7_000)
   t.same(reader.events.map(e => e.data), [''], 'past the backend\'s deadline and its grace: no -32006, no answer at all')
   await close()
@@ -144,7 +163,7 @@ t.test('with Redis, responseMode json: 202, and nothing of the stream is left', 
   const session = await open(gw, '2025-11-25')
   const keys = sessionKeys(prefix, session.sid)
   const pending = post(gw, call(13, 'slow', { ms: SLOW }), session)
-  await cancelWhenRunning(t, gw, session, 13)
+  await cancelWhenRunning(t, gw, session, 13, settled(pending))
   const res = await pending
   t.equal(res.status, 202)
   t.equal(await res.text(), '')
@@ -162,7 +181,7 @@ t.test('across replicas: the call is held on B, its backend runs on A, the cance
   const session = await open(atA, '2025-11-25') // A runs the backend
   const started = Date.now()
   const pending = post(atB, call(14, 'slow', { ms: SLOW }), session)
-  await cancelWhenRunning(t, atB, session, 14)
+  await cancelWhenRunning(t, atB, session, 14, settled(pending))
   const res = await pending
   t.equal(res.status, 202, 'B, which holds the POST, learns of the cancellation from A\'s relay')
   t.equal(await res.text(), '')
@@ -184,7 +203,7 @@ t.test('across replicas, an HTTP backend (every replica sends its own requests):
   for (const [id, via, label] of [[15, atA, 'the lease holder'], [16, atB, 'the replica running it']] as const) {
     const before = cancelsAtBackend()
     const { reader } = await closablePost(atB, call(id, 'hang'), session)
-    await cancelWhenRunning(t, via, session, id)
+    await cancelWhenRunning(t, via, session, id, () => reader.done)
     await Promise.race([reader.finished, sleep(10_000)])
     t.ok(reader.done, `cancelled at ${label}: the stream on B ended, long before the deadline`)
     t.same(reader.events, [], 'with no response')
