@@ -388,8 +388,11 @@ export class Router {
 
   #deliverLocal (relay: Relay, message: JsonRpcMessage, streamId: string | null, trace?: TraceCarrier, holder?: string): void {
     this.#sessions.touch(relay.sid)
-    if (relay.direct && relay.isOwner && this.#o.config.redis !== undefined && cancelledRequestOf(message) !== undefined && !this.#cancelsHere(relay, message)) {
-      this.#cancelElsewhere(relay.sid, message).catch(err => this.#o.log.warn({ err, sid: shortHash(relay.sid) }, 'cancellation not passed on'))
+    if (relay.direct && relay.isOwner && this.#o.config.redis !== undefined) {
+      const cancelled = cancelledRequestOf(message)
+      if (cancelled !== undefined && !relay.inFlight(cancelled)) {
+        this.#cancelElsewhere(relay.sid, message).catch(err => this.#o.log.warn({ err, sid: shortHash(relay.sid) }, 'cancellation not passed on'))
+      }
     }
     if (isRequest(message) && message.method === 'initialize' && relay.legacy) {
       // A legacy session negotiates on a POST that may have landed on another replica, which
