@@ -153,6 +153,13 @@ function asGatewayError (err: Error & { code?: string, statusCode?: number }, bo
   return new GW_ERR_INTERNAL('unexpected error', { cause: err })
 }
 
+/** Two counts by key, added. */
+function mergeCounts (a: Map<string, number>, b: Map<string, number>): Map<string, number> {
+  const merged = new Map(a)
+  for (const [k, n] of b) merged.set(k, (merged.get(k) ?? 0) + n)
+  return merged
+}
+
 /** Counts stdio children started and crashed (an exit nobody asked for), by server. */
 function countingChildren (factory: BackendFactory, metrics: GatewayMetrics): BackendFactory {
   if (metrics.registry === null) return factory
@@ -210,6 +217,21 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
   const upstream = (tenant: string | null | undefined, server: string): TenantUpstream => tenants.upstream(tenant, server)
   const toolPolicy = toolPolicies(tenants)
   const quotaGate = new QuotaGate(tenant => tenants.limits(tenant), services.quotas, async sid => await services.store.exists(sid))
+  // Pooled backend connections per (server, tenant): 2026-07-28 requests and pooled sessions run on them.
+  const pool = new ConnectionPool({
+    replicaId,
+    config,
+    live,
+    backends: supervisor,
+    log,
+    metrics,
+    upstream,
+    toolPolicy,
+    onServerEvent: (server, tenant, message) => {
+      modern.onServerEvent(server, tenant, message)
+      router.poolEvent(server, tenant, message, false)
+    }
+  })
   const router = new Router({
     replicaId,
     config,
@@ -218,6 +240,7 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
     eventLog: services.eventLog,
     bus: services.bus,
     backends: supervisor,
+    pool,
     upstream,
     toolPolicy,
     log,
@@ -233,18 +256,7 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
       }
     }
   })
-  // 2026-07-28 requests: pooled backend connections, and calls parked between input_required rounds.
-  const pool = new ConnectionPool({
-    replicaId,
-    config,
-    live,
-    backends: supervisor,
-    log,
-    metrics,
-    upstream,
-    toolPolicy,
-    onServerEvent: (server, tenant, message) => { modern.onServerEvent(server, tenant, message) }
-  })
+  // Calls parked between input_required rounds (2026-07-28).
   const parked = new ParkedCalls({ replicaId, ttlMs: PARKED_CALL_TTL_MS })
   const modern = new ModernFace({
     live,
@@ -258,8 +270,17 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
     listenRegistry: services.store,
     log
   })
-  router.onModernEnvelope(envelope => { modern.onEnvelope(envelope) })
-  metrics.observe({ sessions: () => router.ownedSessions(), streams: () => router.openStreams(), children: () => supervisor.childrenByServer() })
+  router.onModernEnvelope(envelope => {
+    modern.onEnvelope(envelope)
+    if (envelope.kind === 'listen-event') router.poolEvent(envelope.server, envelope.tenant, envelope.message, true)
+  })
+  metrics.observe({
+    sessions: () => mergeCounts(router.ownedSessions(), router.pooledSessions()),
+    streams: () => router.openStreams(),
+    children: () => supervisor.childrenByServer(),
+    pooledChildren: () => supervisor.pooledChildrenByServer(),
+    pools: () => pool.stats()
+  })
   live.onChange(async change => {
     // Tenants and auth first: a revoked key is refused from the next request on.
     if (change.auth || change.tenants.added.length + change.tenants.changed.length + change.tenants.removed.length > 0) {

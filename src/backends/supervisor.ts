@@ -142,7 +142,9 @@ export class Supervisor {
     if (factory === undefined) throw new GW_ERR_BACKEND_UNAVAILABLE(server, `no factory for transport '${config.transport}'`)
     if (this.#sessions.has(sid)) throw new GW_ERR_CONFLICT('the session already has a backend connection')
     const live = this.#perServer.get(server) ?? 0
-    if (live >= config.maxSessions) {
+    // A pooled server's children are the pool's, bounded by poolMax per tenant (routing/pool.ts);
+    // its maxSessions counts client sessions (routing/pooled-sessions.ts).
+    if (live >= config.maxSessions && !(config.transport === 'stdio' && config.sessions === 'pooled')) {
       throw withRetryAfter(new GW_ERR_BACKEND_CAPACITY(server, config.maxSessions), CAPACITY_RETRY_AFTER_S)
     }
 
@@ -191,6 +193,15 @@ export class Supervisor {
     const counts = new Map<string, number>()
     for (const session of this.#sessions.values()) {
       if (session.pid !== undefined) counts.set(session.server, (counts.get(session.server) ?? 0) + 1)
+    }
+    return counts
+  }
+
+  /** stdio children of the pools (ids `pool.*`, routing/pool.ts) running now, by server. */
+  pooledChildrenByServer (): Map<string, number> {
+    const counts = new Map<string, number>()
+    for (const session of this.#sessions.values()) {
+      if (session.pid !== undefined && session.sid.startsWith('pool.')) counts.set(session.server, (counts.get(session.server) ?? 0) + 1)
     }
     return counts
   }

@@ -104,7 +104,21 @@ export function parseConfig (raw: unknown, env: NodeJS.ProcessEnv = process.env)
     checkSemantics(expanded as Config, problems)
   }
   problems.throwIfAny()
+  applyModeDefaults(expanded as Config)
   return deepFreeze(expanded as Config)
+}
+
+/** Default sessions per replica of a stdio server: children when dedicated, sessions when pooled. */
+export const DEDICATED_MAX_SESSIONS = 100
+export const POOLED_MAX_SESSIONS = 10_000
+
+/** Defaults that depend on another key (the schema cannot say them): maxSessions by mode. */
+function applyModeDefaults (config: Config): void {
+  for (const server of Object.values(config.servers)) {
+    if (server.transport !== 'stdio') continue
+    const mutable = server as { maxSessions?: number }
+    mutable.maxSessions ??= server.sessions === 'pooled' ? POOLED_MAX_SESSIONS : DEDICATED_MAX_SESSIONS
+  }
 }
 
 // strict: true rejects unknown keywords, ignored defaults and type-less keywords in the schema

@@ -39,9 +39,19 @@ const stdioServerSchema = {
     env: { type: 'object', additionalProperties: { type: 'string' }, default: {} },
     /** Names of the gateway's own variables the child inherits, beyond the safe base set. */
     inheritEnv: { type: 'array', items: { type: 'string', pattern: '^[A-Za-z_][A-Za-z0-9_]*$' }, default: [] },
-    maxSessions: { type: 'integer', minimum: 1, default: 100 },
-    /** Initialised backend connections kept for 2026-07-28 (stateless) requests, per tenant. */
+    /**
+     * dedicated: each 2025-era session gets a child of its own. pooled: sessions hold no child; each
+     * request borrows one of the (server, tenant) pool's children (ARCHITECTURE.md flow 9).
+     */
+    sessions: { enum: ['dedicated', 'pooled'], default: 'dedicated' },
+    /** Sessions at once on one replica: dedicated, children (default 100); pooled, sessions (default 10000). */
+    maxSessions: { type: 'integer', minimum: 1 },
+    /** Initialised children kept warm per tenant (2026-07-28 requests, and pooled sessions). */
     poolSize: { type: 'integer', minimum: 1, maximum: 64, default: 4 },
+    /** Most children of the pool per tenant on one replica; a request past it waits for one (bounded). */
+    poolMax: { type: 'integer', minimum: 1, maximum: 1024, default: 16 },
+    /** Longest a request waits for a pooled child when all poolMax are busy; then 503 with Retry-After. */
+    poolWaitMs: { type: 'integer', minimum: 0, maximum: 600_000, default: 10_000 },
     requestTimeoutMs: { type: 'integer', minimum: 1, default: 60_000 },
     maxLineBytes: { type: 'integer', minimum: 1024, default: 10_485_760 },
     stopGraceMs: { type: 'integer', minimum: 0, default: 2000 },
@@ -64,6 +74,10 @@ const httpServerSchema = {
     maxSessions: { type: 'integer', minimum: 1, default: 1000 },
     /** Initialised backend sessions kept for 2026-07-28 (stateless) requests, per tenant. */
     poolSize: { type: 'integer', minimum: 1, maximum: 64, default: 4 },
+    /** Most backend sessions of the 2026-07-28 pool per tenant on one replica. */
+    poolMax: { type: 'integer', minimum: 1, maximum: 1024, default: 16 },
+    /** Longest a 2026-07-28 request waits for a pooled backend session when all poolMax are busy. */
+    poolWaitMs: { type: 'integer', minimum: 0, maximum: 600_000, default: 10_000 },
     connectTimeoutMs: { type: 'integer', minimum: 1, default: 10_000 },
     requestTimeoutMs: { type: 'integer', minimum: 1, default: 60_000 },
     /** Upstream connections kept per origin. */
@@ -373,8 +387,8 @@ type Defaulted<T, Opt extends keyof T = never> = Required<Omit<T, Opt>> & Partia
 
 type RawStdio = FromSchema<typeof stdioServerSchema>
 type RawHttp = FromSchema<typeof httpServerSchema>
-export type StdioServerConfig = Defaulted<Omit<RawStdio, 'restart'>, 'cwd' | 'onOwnerLoss' | 'poolSize'> & { restart: Required<NonNullable<RawStdio['restart']>> }
-export type HttpServerConfig = Defaulted<Omit<RawHttp, 'reconnect'>, 'onOwnerLoss' | 'poolSize' | 'protocol'> & { reconnect: Required<NonNullable<RawHttp['reconnect']>> }
+export type StdioServerConfig = Defaulted<Omit<RawStdio, 'restart'>, 'cwd' | 'onOwnerLoss' | 'poolSize' | 'poolMax' | 'poolWaitMs' | 'sessions'> & { restart: Required<NonNullable<RawStdio['restart']>> }
+export type HttpServerConfig = Defaulted<Omit<RawHttp, 'reconnect'>, 'onOwnerLoss' | 'poolSize' | 'poolMax' | 'poolWaitMs' | 'protocol'> & { reconnect: Required<NonNullable<RawHttp['reconnect']>> }
 export type ServerConfig = StdioServerConfig | HttpServerConfig
 
 type RawTenant = FromSchema<typeof tenantSchema>

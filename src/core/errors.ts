@@ -41,6 +41,10 @@ export const GW_ERR_SESSION_QUOTA = createError('GW_ERR_SESSION_QUOTA', 'Too Man
  */
 export const GW_ERR_UNKNOWN_TOOL = createError('GW_ERR_UNKNOWN_TOOL', 'Unknown tool: %s', 404)
 export const GW_ERR_BACKEND_CAPACITY = createError('GW_ERR_BACKEND_CAPACITY', "Backend '%s' is at its limit of %d sessions", 503)
+/** Every child of a (server, tenant) pool stayed busy for as long as a request may wait for one; carries retryAfter. */
+export const GW_ERR_POOL_BUSY = createError('GW_ERR_POOL_BUSY', "Backend '%s' is busy: all %d pooled connections stayed in use for %d ms", 503)
+/** More requests at once than the tenant's (or subject's) limits.concurrentRequests; carries retryAfter. */
+export const GW_ERR_TOO_MANY_CONCURRENT = createError('GW_ERR_TOO_MANY_CONCURRENT', 'Too Many Requests: the %s limit of %d requests at once is reached', 429)
 export const GW_ERR_BACKEND_UNAVAILABLE = createError('GW_ERR_BACKEND_UNAVAILABLE', "Backend '%s' is unavailable: %s", 502)
 /** A request was in flight on a replica that died (or lost the session): its backend went with it. */
 export const GW_ERR_BACKEND_LOST = createError('GW_ERR_BACKEND_LOST', "Backend '%s' was lost with the replica running it (%s); the session goes on with a restarted backend, this request was not completed", 502)
@@ -84,6 +88,8 @@ export const JSONRPC_CODE: Record<string, number> = {
   GW_ERR_SESSION_QUOTA: -32000,
   GW_ERR_UNKNOWN_TOOL: -32602,
   GW_ERR_BACKEND_CAPACITY: -32007,
+  GW_ERR_POOL_BUSY: -32007,
+  GW_ERR_TOO_MANY_CONCURRENT: -32000,
   GW_ERR_BACKEND_UNAVAILABLE: -32007,
   GW_ERR_BACKEND_LOST: -32007,
   GW_ERR_BACKEND_TIMEOUT: -32006,

@@ -45,7 +45,7 @@ export default async function httpLegacySse (app: FastifyInstance, opts: HttpLeg
       headers: replyHeaders(reply),
       preamble: `event: endpoint\ndata: ${endpoint}\n\n`,
       log: req.log
-    })
+    }, record)
     reply.hijack()
     await writer.start()
   })

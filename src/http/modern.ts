@@ -20,7 +20,7 @@ import type { Logger } from 'pino'
 import { filterToolsList, refusedCall, type ToolPolicyLookup } from '../auth/tool-policy.js'
 import { GW_ERR_BACKEND_LOST, GW_ERR_BACKEND_UNAVAILABLE, GW_ERR_INVALID_PARAMS, GW_ERR_INTERNAL, isGatewayError } from '../core/errors.js'
 import { isNotification, isRecord, isRequest, type JsonRpcMessage, type JsonRpcRequest, type RequestId } from '../core/jsonrpc.js'
-import type { ConnectionPool } from '../routing/pool.js'
+import { LISTEN_REGISTRATION_MS, listenTopic, type ConnectionPool } from '../routing/pool.js'
 import type { ParkedCall, ParkedCalls } from '../routing/mrtr.js'
 import type { Envelope } from '../state/bus.js'
 import type { SessionStore } from '../state/session-store.js'
@@ -43,11 +43,6 @@ export { MAX_PARKED_PER_PRINCIPAL } from './modern-exchange.js'
 
 /** How often a forwarded retry checks that the replica holding its call is alive. */
 const FORWARD_WATCH_MS = 1000
-/** How long a replica's listen registration lives unless renewed (a third of it apart). */
-const LISTEN_REGISTRATION_MS = 15_000
-
-/** The registry topic of a server and tenant. */
-const listenTopic = (server: string, tenant: string | null): string => `${server}:${tenant ?? ''}`
 
 /** Most resources one listen stream may subscribe to. */
 const MAX_LISTEN_URIS = 100

@@ -82,7 +82,7 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
     // the id the log gave it (H-POST-7).
     // Asked before admit() awaits anything: whether the record came from the store just now.
     const recordRead = router.recordRead(record)
-    const route = await router.admit(record, ownerRead)
+    const route = await router.admit(record, ownerRead, requests)
     // The requests need not wait for their mark (ClientStreams.openPost, issue 10) when they go to
     // the backend from this replica (Router.sendsFromHere), or to a routed session's relay on
     // another replica through a bus that delivers only after the mark (Bus.ordered). A direct
@@ -109,6 +109,10 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
       // the answer from the log. Served here, the backend connection would die with this replica.
       ...(mode === 'sse' && (config.redis === undefined || !priming || servedHere) ? { lazyMs: lazyMsOf(requests) } : {}),
       log: req.log
+    }).catch((err: unknown) => {
+      // The connections a pooled session's requests took go back to the pool.
+      router.release(route)
+      throw err
     })
     reply.hijack()
     try {
@@ -210,7 +214,7 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
       // A resumed stream gets only the retry hint: the client already holds an id of it.
       ...(priming ? { preamble: streamId === GET_STREAM && lastEventId === undefined ? `id: ${formatEventId(streamId, cursor ?? '0')}\nretry: ${config.http.retryMs}\ndata: \n\n` : `retry: ${config.http.retryMs}\n\n` } : {}),
       log: req.log
-    })
+    }, streamId === GET_STREAM ? record : undefined)
     reply.hijack()
     await writer.start()
   }

@@ -7,8 +7,12 @@
 //   them); the relay mints the backend's ids as for any session. The caller maps the key back.
 // - Scheduling: one request per connection, so what a backend sends without a request id (logs,
 //   server-to-client requests) belongs to the one request in flight: an idle connection, else a
-//   new one. `poolSize` connections stay warm when idle; more are opened for a burst and stopped
-//   when idle. Only at the server's session limit (maxSessions) do requests share a connection.
+//   new one, up to `poolMax` per (server, tenant); past it a request waits in line for the next
+//   connection to come free, for at most `poolWaitMs`, then gets GW_ERR_POOL_BUSY (503,
+//   Retry-After). Requests never share a connection.
+//   `poolSize` connections stay warm when idle; more are opened for a burst and stopped when idle.
+// - Pooled sessions (pooled-sessions.ts, flow 9) and 2026-07-28 requests (http/modern.ts, flow 8)
+//   run on the same pool.
 // - A connection is initialised by the pool (the client sent no initialize): latest legacy
 //   version, the client capabilities the gateway can bridge (sampling, elicitation, roots, as
 //   `input_required` rounds: mrtr.ts). What the first one learns (capabilities, server info,
@@ -21,13 +25,13 @@ import { filterToolsListOf, type ToolPolicyLookup } from '../auth/tool-policy.js
 import type { ServerSource } from '../config/live.js'
 import type { Config, ServerConfig } from '../config/schema.js'
 import {
-  GW_ERR_BACKEND_UNAVAILABLE, GW_ERR_SERVER_NOT_FOUND, GW_ERR_SHUTTING_DOWN, isGatewayError, type GatewayError
+  GW_ERR_BACKEND_UNAVAILABLE, GW_ERR_POOL_BUSY, GW_ERR_SERVER_NOT_FOUND, GW_ERR_SHUTTING_DOWN, isGatewayError, withRetryAfter, type GatewayError
 } from '../core/errors.js'
 import { isRecord, isRequest, isResponse, type JsonRpcMessage, type JsonRpcRequest, type JsonRpcResponse } from '../core/jsonrpc.js'
 import { LATEST_VERSION } from '../core/protocol-version.js'
 import type { GatewayMetrics } from '../telemetry/metrics.js'
 import type { BackendPool, UpstreamLookup } from './ownership.js'
-import { Relay } from './relay.js'
+import { asGatewayError, Relay } from './relay.js'
 
 /** What the client side of a pooled request hears: its answer (id = its key), and what relates to it. */
 export interface PoolSink {
@@ -40,6 +44,26 @@ export interface BackendInfo {
   capabilities: Record<string, unknown>
   serverInfo: Record<string, unknown>
   instructions?: string
+}
+
+/** A connection set aside for one request (reserve()): run it, or release it unused. */
+export interface Reservation {
+  run (build: (key: string) => JsonRpcRequest, sink: PoolSink, options?: RunOptions): PooledCall
+  release (): void
+}
+
+export interface RunOptions {
+  /** The session's log level (logging/setLevel params.level): the connection is set to it first when it differs. */
+  logLevel?: string | null
+}
+
+/** A (server, tenant) pool's figures now (metrics). */
+export interface PoolStats {
+  server: string
+  tenant: string | null
+  connections: number
+  busy: number
+  waiting: number
 }
 
 /** A request running on a pooled connection. */
@@ -66,12 +90,27 @@ export interface ConnectionPoolOptions {
   onServerEvent?: (server: string, tenant: string | null, message: JsonRpcMessage) => void
 }
 
+/** How long a replica's registration for a pool's session-level events lives unless renewed (a third of it apart). */
+export const LISTEN_REGISTRATION_MS = 15_000
+
+/**
+ * The registry topic of a server and tenant: replicas registered for it (SessionStore.addListener)
+ * get the session-level notifications (list_changed, resources/updated) another replica's pool sees.
+ */
+export const listenTopic = (server: string, tenant: string | null): string => `${server}:${tenant ?? ''}`
+
 /** Client capabilities the pool declares upstream: those an `input_required` round can carry. */
 export const BRIDGED_CAPABILITIES: Record<string, unknown> = { sampling: {}, elicitation: { form: {}, url: {} }, roots: {} }
 
 const INIT_KEY_PREFIX = 'i'
 /** Connections opened beyond poolSize for a burst are stopped after this long idle. */
 const EXTRA_IDLE_MS = 30_000
+/** Longest a request waits in line for a connection when the pool is at poolMax (default of poolWaitMs). */
+export const POOL_WAIT_MS = 10_000
+/** Requests that may wait in line per (server, tenant); past it a request is refused at once. */
+const MAX_WAITERS = 4096
+/** Retry-After of a request that found the pool busy. */
+const POOL_BUSY_RETRY_AFTER_S = 1
 
 interface Connection {
   id: string
@@ -83,6 +122,14 @@ interface Connection {
   claims: number
   /** Resource subscriptions of listen streams held on this connection, by uri (a count each). */
   subscriptions: Map<string, number>
+  /** The level this connection's backend was last set to (logging/setLevel), if any. */
+  logLevel: string | undefined
+}
+
+interface Waiter {
+  resolve: (conn: Connection) => void
+  reject: (err: GatewayError) => void
+  timer: NodeJS.Timeout
 }
 
 /** The group a connection belongs to. */
@@ -94,10 +141,16 @@ function group (groups: ReadonlyMap<string, Group>, conn: Connection): Group | u
 const busy = (c: Connection): number => c.relay.inFlightCount + c.claims
 
 interface Group {
+  server: string
+  tenant: string | null
   connections: Connection[]
   info: BackendInfo | null
   /** Listen streams that need the group's connections kept (no idle stop while > 0). */
   holds: number
+  /** Connections being opened for a claim (counted against poolMax). */
+  opening: number
+  /** Requests waiting for a connection, first come first served. */
+  waiters: Waiter[]
 }
 
 export class ConnectionPool {
@@ -187,11 +240,43 @@ export class ConnectionPool {
    * Runs one request (its id replaced by the returned key, and its progress token, if any, by the
    * same key) on a pooled connection; everything about it reaches `sink`.
    */
-  async call (server: string, tenant: string | null, build: (key: string) => JsonRpcRequest, sink: PoolSink): Promise<PooledCall> {
+  async call (server: string, tenant: string | null, build: (key: string) => JsonRpcRequest, sink: PoolSink, options?: RunOptions): Promise<PooledCall> {
+    return (await this.reserve(server, tenant)).run(build, sink, options)
+  }
+
+  /**
+   * A connection of the (server, tenant) pool for one request, taken now: an idle one, a new one
+   * (up to poolMax), or the next to come free (waiting at most POOL_WAIT_MS; then
+   * GW_ERR_POOL_BUSY). Run the request on it, or release it.
+   */
+  async reserve (server: string, tenant: string | null): Promise<Reservation> {
     const conn = await this.#acquire(server, tenant, true)
+    let used = false
+    return {
+      run: (build, sink, options) => {
+        if (used) throw new Error('reservation used twice')
+        used = true
+        return this.#run(conn, build, sink, options)
+      },
+      release: () => {
+        if (used) return
+        used = true
+        conn.claims--
+        this.#released(conn)
+      }
+    }
+  }
+
+  #run (conn: Connection, build: (key: string) => JsonRpcRequest, sink: PoolSink, options: RunOptions | undefined): PooledCall {
     const key = `m${++this.#seq}`
     this.#sinks.set(key, sink)
     conn.lastUsed = performance.now()
+    const level = options?.logLevel
+    if (typeof level === 'string' && level !== conn.logLevel) {
+      // The session's own level, for its request only: the backend hears it before the request (stdio keeps order).
+      conn.logLevel = level
+      this.#internal(conn, 'logging/setLevel', { level })
+    }
     conn.claims--
     conn.relay.deliver(build(key), key)
     const relay = conn.relay
@@ -206,15 +291,58 @@ export class ConnectionPool {
     }
   }
 
+  /** Each (server, tenant) pool's connections, those in use, and the requests waiting (metrics). */
+  stats (): PoolStats[] {
+    return [...this.#groups.values()].map(g => ({
+      server: g.server,
+      tenant: g.tenant,
+      connections: g.connections.length,
+      busy: g.connections.filter(c => busy(c) > 0).length,
+      waiting: g.waiters.length
+    }))
+  }
+
+  /** A request on `conn` ended: the connection goes to the first request waiting in line, if any. */
+  #released (conn: Connection): void {
+    if (busy(conn) !== 0) return
+    const group = this.#groups.get(`${conn.server}\0${conn.tenant ?? ''}`)
+    if (group === undefined || !group.connections.includes(conn)) return
+    const waiter = group.waiters.shift()
+    if (waiter === undefined) return
+    clearTimeout(waiter.timer)
+    conn.claims++
+    waiter.resolve(conn)
+  }
+
+  /** Room was made in a group (a connection went away): the first waiters get new connections. */
+  #openForWaiters (group: Group): void {
+    if (this.#stopping) return
+    let room = this.#poolMax(group.server) - group.connections.length - group.opening
+    while (room-- > 0 && group.waiters.length > 0) {
+      const waiter = group.waiters.shift() as Waiter
+      clearTimeout(waiter.timer)
+      let config: ServerConfig
+      try {
+        config = this.#serverConfig(group.server)
+      } catch (err) {
+        waiter.reject(err as GatewayError)
+        continue
+      }
+      group.opening++
+      this.#open(group.server, group.tenant, config, group, true)
+        .finally(() => { group.opening-- })
+        .then(waiter.resolve, (err: unknown) => { waiter.reject(asGatewayError(err, group.server)) })
+    }
+  }
+
   /** Live reload: the connections of removed or changed servers stop (their requests get -32007). */
   async endServers (servers: readonly string[], reason: string): Promise<void> {
     const names = new Set(servers)
     const stops: Array<Promise<void>> = []
     for (const [k, group] of this.#groups) {
-      const first = group.connections[0]
-      const server = first?.server ?? k.split('\0')[0]
-      if (server === undefined || !names.has(server)) continue
+      if (!names.has(group.server)) continue
       this.#groups.delete(k)
+      this.#rejectWaiters(group, new GW_ERR_BACKEND_UNAVAILABLE(group.server, reason))
       for (const c of group.connections) stops.push(this.#close(c, new GW_ERR_BACKEND_UNAVAILABLE(c.server, reason)))
     }
     await Promise.all(stops)
@@ -224,19 +352,32 @@ export class ConnectionPool {
   async stop (): Promise<void> {
     this.#stopping = true
     clearInterval(this.#sweep)
+    for (const group of this.#groups.values()) this.#rejectWaiters(group, new GW_ERR_SHUTTING_DOWN())
     const all = [...this.#groups.values()].flatMap(g => g.connections)
     this.#groups.clear()
     await Promise.all(all.map(async c => { await this.#close(c, new GW_ERR_SHUTTING_DOWN()) }))
+  }
+
+  #rejectWaiters (group: Group, err: GatewayError): void {
+    for (const waiter of group.waiters.splice(0)) {
+      clearTimeout(waiter.timer)
+      waiter.reject(err)
+    }
   }
 
   #group (server: string, tenant: string | null): Group {
     const k = `${server}\0${tenant ?? ''}`
     let group = this.#groups.get(k)
     if (group === undefined) {
-      group = { connections: [], info: null, holds: 0 }
+      group = { server, tenant, connections: [], info: null, holds: 0, opening: 0, waiters: [] }
       this.#groups.set(k, group)
     }
     return group
+  }
+
+  #poolMax (server: string): number {
+    const config = Object.hasOwn(this.#o.live.servers, server) ? this.#o.live.servers[server] : undefined
+    return config?.poolMax ?? 16
   }
 
   #serverConfig (server: string): ServerConfig {
@@ -248,9 +389,9 @@ export class ConnectionPool {
 
   /**
    * A connection for one request (`claim`: reserved for it until its request is delivered), or any
-   * ready connection (discover, listen). A request gets an idle connection, else a new one, so what
-   * the backend sends without a request id (logs, server-to-client requests) belongs to it alone;
-   * only at the server's session limit do requests share the least busy connection.
+   * ready connection (discover, listen). A request gets an idle connection, else a new one (up to
+   * poolMax), else waits in line for the next one to come free: what the backend sends without a
+   * request id (logs, server-to-client requests) then belongs to it alone.
    */
   async #acquire (server: string, tenant: string | null, claim: boolean): Promise<Connection> {
     if (this.#stopping) throw new GW_ERR_SHUTTING_DOWN()
@@ -263,15 +404,39 @@ export class ConnectionPool {
       idle.claims++
       return idle
     }
-    try {
-      return await this.#open(server, tenant, config, group, claim)
-    } catch (err) {
-      if (!isGatewayError(err) || err.code !== 'GW_ERR_BACKEND_CAPACITY' || group.connections.length === 0) throw err
-      let least = group.connections[0] as Connection
-      for (const c of group.connections) if (busy(c) < busy(least)) least = c
-      if (claim) least.claims++
-      return least
+    if (!claim || group.connections.length + group.opening < (config.poolMax ?? 16)) {
+      if (claim) group.opening++
+      try {
+        return await this.#open(server, tenant, config, group, claim)
+      } catch (err) {
+        // The supervisor's own limit (a dedicated server's maxSessions counts these children too):
+        // wait for one of the pool's connections, as past poolMax.
+        if (!claim || !isGatewayError(err) || err.code !== 'GW_ERR_BACKEND_CAPACITY' || group.connections.length === 0) throw err
+      } finally {
+        if (claim) group.opening--
+      }
     }
+    return await this.#wait(group, config)
+  }
+
+  /** Waits in line for a connection of a group at its limit (bounded in time and in length). */
+  async #wait (group: Group, config: ServerConfig): Promise<Connection> {
+    const waitMs = config.poolWaitMs ?? POOL_WAIT_MS
+    const busyError = (): GatewayError => withRetryAfter(new GW_ERR_POOL_BUSY(group.server, group.connections.length, waitMs), POOL_BUSY_RETRY_AFTER_S)
+    if (group.waiters.length >= MAX_WAITERS) throw busyError()
+    return await new Promise<Connection>((resolve, reject) => {
+      const waiter: Waiter = {
+        resolve,
+        reject,
+        timer: setTimeout(() => {
+          const at = group.waiters.indexOf(waiter)
+          if (at >= 0) group.waiters.splice(at, 1)
+          reject(busyError())
+        }, waitMs)
+      }
+      waiter.timer.unref()
+      group.waiters.push(waiter)
+    })
   }
 
   async #open (server: string, tenant: string | null, config: ServerConfig, group: Group, claim: boolean): Promise<Connection> {
@@ -291,7 +456,7 @@ export class ConnectionPool {
       cancelOnTimeout: config.transport === 'stdio',
       backendTransport: config.transport,
       host: {
-        append: async (_sid, streamId, message) => { this.#toSink(server, tenant, streamId, message, relay) },
+        append: async (_sid, streamId, message) => { this.#toSink(conn, streamId, message) },
         endSession: async (_sid, reason) => { await this.#close(conn, new GW_ERR_BACKEND_UNAVAILABLE(server, reason)) },
         nextServerRequestId: () => `s.${this.#o.replicaId}.p${++this.#seq}`
       },
@@ -300,7 +465,7 @@ export class ConnectionPool {
       createdAt: Date.now(),
       ...(policyOf !== undefined ? { filterResult: (method: string, result: unknown) => filterToolsListOf(method, result, policyOf(tenant, server)) } : {})
     })
-    const conn: Connection = { id, server, tenant, relay, lastUsed: performance.now(), claims: claim ? 1 : 0, subscriptions: new Map() }
+    const conn: Connection = { id, server, tenant, relay, lastUsed: performance.now(), claims: claim ? 1 : 0, subscriptions: new Map(), logLevel: undefined }
     try {
       relay.backend = await this.#o.backends.open(id, server, {
         onMessage: message => { relay.fromBackend(message).catch(err => log.error({ err }, 'backend message not routed')) },
@@ -358,25 +523,32 @@ export class ConnectionPool {
   }
 
   /** A message the relay of a pooled connection addressed to one request's stream (its key). */
-  #toSink (server: string, tenant: string | null, streamId: string, message: JsonRpcMessage, relay: Relay): void {
+  #toSink (conn: Connection, streamId: string, message: JsonRpcMessage): void {
     const sink = this.#sinks.get(streamId)
     if (sink !== undefined) {
-      if (isResponse(message) && message.id === streamId) this.#sinks.delete(streamId)
+      const done = isResponse(message) && message.id === streamId
+      if (done) this.#sinks.delete(streamId)
       sink.onMessage(message)
+      // Its request is settled in the relay before its answer comes here: the connection may be free.
+      if (done) this.#released(conn)
       return
     }
     if (isRequest(message)) {
       // No request it could belong to (several in flight, or none): the backend hears no.
-      relay.deliver({ jsonrpc: '2.0', id: message.id, error: { code: -32601, message: `${message.method} cannot be routed to a client: no single request of this connection is waiting` } }, null)
+      conn.relay.deliver({ jsonrpc: '2.0', id: message.id, error: { code: -32601, message: `${message.method} cannot be routed to a client: no single request of this connection is waiting` } }, null)
       return
     }
-    if (!isResponse(message)) this.#o.onServerEvent?.(server, tenant, message)
+    // An answer nobody waits for: a cancelled request's end (its sink went with the cancellation).
+    if (isResponse(message)) this.#released(conn)
+    else this.#o.onServerEvent?.(conn.server, conn.tenant, message)
   }
 
   #forget (conn: Connection): void {
     const group = this.#groups.get(`${conn.server}\0${conn.tenant ?? ''}`)
     if (group === undefined) return
+    const before = group.connections.length
     group.connections = group.connections.filter(c => c !== conn)
+    if (group.connections.length < before && group.waiters.length > 0) this.#openForWaiters(group)
   }
 
   async #close (conn: Connection, err: GatewayError): Promise<void> {

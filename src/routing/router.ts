@@ -26,6 +26,8 @@ import { capabilitiesOf, type Relay } from './relay.js'
 import { shortHash } from '../telemetry/logger.js'
 import { isValidSessionId, Sessions, type NewSession } from './sessions.js'
 import { ClientStreams, type OpenPostOptions, type OpenStreamOptions } from './streams.js'
+import type { ConnectionPool } from './pool.js'
+import { PooledRoute, PooledSessions } from './pooled-sessions.js'
 import type { StreamKind } from '../telemetry/metrics.js'
 
 export type { BackendPool } from './ownership.js'
@@ -41,10 +43,15 @@ export interface RouterOptions extends ReplicaContext {
   upstream?: UpstreamLookup
   /** A tenant's tool policy on a server (auth/tool-policy.ts); none without tenants. */
   toolPolicy?: ToolPolicyLookup
+  /** The (server, tenant) pools of backend connections: pooled sessions run on them (flow 9). */
+  pool: ConnectionPool
 }
 
-/** Where a routed session's messages go: the relay here, or the owner replica's id. */
-export type Route = Relay | string
+/**
+ * Where a session's messages go: the relay here, or the owner replica's id (routed sessions); the
+ * connections a pooled session's POST took (pooled-sessions.ts).
+ */
+export type Route = Relay | string | PooledRoute
 
 export class Router {
   readonly replicaId: string
@@ -52,6 +59,7 @@ export class Router {
   readonly #streams: ClientStreams
   readonly #ownership: Ownership
   readonly #sessions: Sessions
+  readonly #pooled: PooledSessions
   #tick: NodeJS.Timeout | undefined
   #beat: NodeJS.Timeout | undefined
   #storeDown = false
@@ -85,7 +93,20 @@ export class Router {
       failOrphans: async (sid, server, reason) => { await this.#failOrphans(sid, server, reason) }
     })
     this.#streams = new ClientStreams({ replicaId, config, store, eventLog, bus, log, metrics, isAlive: async r => await this.#ownership.isAlive(r), endSession })
-    this.#sessions = new Sessions({ replicaId, config, store, eventLog, bus, log, metrics, ownership: this.#ownership, streams: this.#streams, stopping: () => this.#stopping, ...(options.admitSession !== undefined ? { admit: options.admitSession } : {}) })
+    this.#pooled = new PooledSessions({
+      replicaId,
+      pool: options.pool,
+      live: options.live,
+      store,
+      log,
+      append: async (sid, streamId, message) => await this.#streams.append(sid, streamId, message),
+      writes: (sid, streamId) => this.#streams.writes(sid, streamId),
+      pendingReplicas: async sid => await eventLog.pendingReplicas(sid),
+      forward: async (replica, sid, message) => {
+        if (await this.#ownership.isAlive(replica)) await bus.send(replica, { kind: 'deliver', sid, streamId: null, message })
+      }
+    })
+    this.#sessions = new Sessions({ replicaId, config, store, eventLog, bus, log, metrics, ownership: this.#ownership, pooled: this.#pooled, streams: this.#streams, stopping: () => this.#stopping, ...(options.admitSession !== undefined ? { admit: options.admitSession } : {}) })
   }
 
   get #leaseMs (): number { return this.#o.config.redis?.leaseMs ?? 10_000 }
@@ -113,6 +134,7 @@ export class Router {
     clearInterval(this.#tick)
     clearInterval(this.#beat)
     this.#streams.endAll(this.#o.config.http.retryMs)
+    this.#pooled.stop()
     await this.#ownership.stopAll(new GW_ERR_SHUTTING_DOWN())
     await this.#o.bus.close()
   }
@@ -140,6 +162,20 @@ export class Router {
   /** Sessions whose backend connection this replica owns, by server (read when metrics are scraped). */
   ownedSessions (): Map<string, number> { return this.#ownership.ownedByServer() }
 
+  /** Pooled sessions created on this replica and still open, by server (read when metrics are scraped). */
+  pooledSessions (): Map<string, number> { return this.#pooled.sessionsByServer() }
+
+  /** Whether a server's 2025-era sessions are pooled (flow 9). */
+  isPooled (server: string): boolean { return this.#pooled.isPooled(server) }
+
+  /**
+   * A session-level notification a pool saw (`forwarded`: another replica's pool): to the pooled
+   * sessions whose streams are held here.
+   */
+  poolEvent (server: string, tenant: string | null, message: JsonRpcMessage, forwarded: boolean): void {
+    this.#pooled.onServerEvent(server, tenant, message, forwarded)
+  }
+
   /** Client streams this replica writes, by kind (read when metrics are scraped). */
   openStreams (): Map<StreamKind, number> { return this.#streams.countByKind() }
 
@@ -151,6 +187,9 @@ export class Router {
     // relay was registered), or not; either way the client must not get its id, and is told the
     // server is gone (404), not that its backend failed.
     const removed = (): boolean => !Object.hasOwn(this.#o.live.servers, input.server)
+    // A pooled session starts no child: the pool answers for its backend (and refuses past maxSessions).
+    const pooled = this.#pooled.isPooled(input.server)
+    if (pooled) await this.#pooled.prepare(input.server, input.tenant ?? null)
     const record = await this.#sessions.create(input, forwardedHeaders).catch((err: unknown) => {
       throw removed() ? new GW_ERR_SERVER_NOT_FOUND(input.server) : err
     })
@@ -196,8 +235,11 @@ export class Router {
     return await this.#streams.openPost(options)
   }
 
-  async openStream (options: OpenStreamOptions): Promise<StreamWriter> {
-    return await this.#streams.open(options)
+  /** `record`: the session's, when the stream is its GET or legacy stream (a pooled session's events come to it). */
+  async openStream (options: OpenStreamOptions, record?: SessionRecord): Promise<StreamWriter> {
+    const writer = await this.#streams.open(options)
+    if (record !== undefined && this.#pooled.isPooled(record.server)) this.#pooled.listen(record)
+    return writer
   }
 
   async hasLiveStream (sid: string, streamId: string): Promise<boolean> {
@@ -223,19 +265,31 @@ export class Router {
     const sid = record.id
     const trace = tracing === null || streamId === null ? undefined : this.#traceRequest(record, message, streamId, headers)
     const ownership = this.#ownership
+    const pooled = route instanceof PooledRoute || this.#pooled.isPooled(record.server)
     if (isResponse(message)) {
       // An answer to a server-to-client request goes to the replica named in its opaque id (flow 3).
       const replica = replicaOfOpaqueId(message.id)
       const local = ownership.local(sid)
-      if (replica === this.replicaId || replica === null) { if (local !== undefined) this.#deliverLocal(local, message, null); return }
+      if (replica === this.replicaId || replica === null) {
+        if (pooled) this.#pooled.answer(sid, message)
+        else if (local !== undefined) this.#deliverLocal(local, message, null)
+        return
+      }
       // The id is client input: only a live replica gets an envelope (no inbox for made-up names).
       if (await ownership.isAlive(replica)) await this.#o.bus.send(replica, { kind: 'deliver', sid, streamId: null, message })
       return
     }
-    if (isRequest(message) && streamId !== null && this.#refusedByToolPolicy(record, message, streamId)) return
+    if (isRequest(message) && streamId !== null && this.#refusedByToolPolicy(record, message, streamId)) {
+      if (route instanceof PooledRoute) route.take(message)?.release()
+      return
+    }
+    if (pooled) {
+      await this.#pooled.fromClient(record, message, streamId, route instanceof PooledRoute ? route : undefined)
+      return
+    }
     if (!ownership.isDirect(record.server)) {
       // Routed (stdio, legacy `sse` upstream): everything goes to the owner, which may be taken over.
-      const target = route ?? await this.#routeOf(record)
+      const target = route === undefined || route instanceof PooledRoute ? await this.#routeOf(record) : route
       if (typeof target !== 'string') this.#deliverLocal(target, message, streamId, trace)
       else {
         // A request whose stream is written here (its POST's): the answer's wake can go with its append.
@@ -296,7 +350,9 @@ export class Router {
    * whose owner is gone is taken over here (or, with `onOwnerLoss: end`, ended: a plain 404),
    * so any failure is an HTTP answer, not an empty stream. Direct sessions: undefined.
    */
-  async admit (record: SessionRecord, ownerRead?: Promise<string | null>): Promise<Route | undefined> {
+  async admit (record: SessionRecord, ownerRead?: Promise<string | null>, requests: readonly JsonRpcRequest[] = []): Promise<Route | undefined> {
+    // A pooled session: a pool connection for each request, taken before its stream opens.
+    if (this.#pooled.isPooled(record.server)) return await this.#pooled.admit(record, requests)
     if (this.#ownership.isDirect(record.server)) return undefined
     return await this.#routeOf(record, ownerRead)
   }
@@ -309,7 +365,7 @@ export class Router {
    */
   prefetchOwner (sid: string | undefined, server: string): Promise<string | null> | undefined {
     if (this.#o.config.redis === undefined || sid === undefined || !isValidSessionId(sid)) return undefined
-    if (this.#ownership.isDirect(server) || this.#ownership.local(sid) !== undefined) return undefined
+    if (this.#ownership.isDirect(server) || this.#pooled.isPooled(server) || this.#ownership.local(sid) !== undefined) return undefined
     const read = this.#o.store.getOwner(sid)
     // Awaited by admit(), or dropped when the request fails before (an unknown session: 404).
     read.catch(() => {})
@@ -324,6 +380,7 @@ export class Router {
    * stateless or 2026-07-28 backend, or initialize not done) sends them to its lease holder.
    */
   sendsFromHere (record: SessionRecord, route: Route | undefined): boolean {
+    if (this.#pooled.isPooled(record.server)) return true
     if (route !== undefined) return typeof route !== 'string'
     return this.#ownership.isDirect(record.server) && (record.backendSessionId !== null || this.#ownership.local(record.id) !== undefined)
   }
@@ -333,8 +390,13 @@ export class Router {
     return !this.#sessions.mayBeCached(record.id)
   }
 
+  /** What admit() took and the POST did not use (its stream did not open): given back. */
+  release (route: Route | undefined): void {
+    if (route instanceof PooledRoute) route.release()
+  }
+
   /** `ownerRead`: the owner as prefetchOwner() started reading it. */
-  async #routeOf (record: SessionRecord, ownerRead?: Promise<string | null>): Promise<Route> {
+  async #routeOf (record: SessionRecord, ownerRead?: Promise<string | null>): Promise<Relay | string> {
     const sid = record.id
     const ownership = this.#ownership
     const local = ownership.local(sid)
@@ -414,6 +476,8 @@ export class Router {
       case 'deliver': {
         const relay = this.#ownership.local(envelope.sid)
         if (relay !== undefined) { this.#deliverLocal(relay, envelope.message, envelope.streamId, envelope.trace, envelope.holder); return }
+        // A pooled session's cancellation or server-request answer, for a call running here.
+        if (envelope.streamId === null && this.#pooled.fromEnvelope(envelope.sid, envelope.message)) return
         const opening = this.#ownership.opening(envelope.sid)
         if (opening !== undefined) {
           // A takeover in progress here: the message waits for the backend it starts.
@@ -479,7 +543,8 @@ export class Router {
       }
       // A routed session whose backend runs here: its answers come from here.
       if (local !== undefined && !local.direct) continue
-      if (record === null || this.#ownership.isDirect(record.server)) continue
+      // Direct and pooled sessions have no owner whose loss ends their requests (pending markers above).
+      if (record === null || this.#ownership.isDirect(record.server) || this.#pooled.isPooled(record.server)) continue
       if (this.#ownership.has(sid)) continue
       const owner = await store.getOwner(sid)
       if (owner === this.replicaId || (owner !== null && await store.isAlive(owner))) continue
@@ -508,6 +573,8 @@ export class Router {
       const owner = await store.getOwner(sid)
       if (owner !== null && await store.isAlive(owner)) continue
       const record = await store.get(sid)
+      // A pooled session has no owner: nothing of it was lost.
+      if (record !== null && this.#pooled.isPooled(record.server)) continue
       if (record !== null && ownership.isDirect(record.server) && record.backendSessionId !== null) {
         // The backend session outlives the replica: this one, serving the client's stream, takes it over.
         await ownership.claimLease(await ownership.openDirect(record))
@@ -524,6 +591,7 @@ export class Router {
 /** The replica named in an opaque server-to-client request id `s.<replica>.<seq>`. */
 export function replicaOfOpaqueId (id: RequestId | null | undefined): string | null {
   if (typeof id !== 'string') return null
-  const match = /^s\.([A-Za-z0-9_-]{1,100})\.\d{1,15}$/.exec(id)
+  // `p<seq>`: a pooled connection's (pool.ts), asked of a pooled session's client.
+  const match = /^s\.([A-Za-z0-9_-]{1,100})\.p?\d{1,15}$/.exec(id)
   return match?.[1] ?? null
 }

@@ -7,6 +7,7 @@ import { GET_STREAM } from '../state/event-log.js'
 import type { SessionRecord } from '../state/session-store.js'
 import type { ReplicaContext } from './context.js'
 import type { Ownership } from './ownership.js'
+import type { PooledSessions } from './pooled-sessions.js'
 import { capabilitiesOf } from './relay.js'
 import type { ClientStreams } from './streams.js'
 import { principalOfRecord } from '../auth/principal.js'
@@ -24,6 +25,8 @@ export type NewSession = Omit<SessionRecord, 'id' | 'createdAt' | 'backendSessio
 
 export interface SessionsOptions extends ReplicaContext {
   ownership: Ownership
+  /** Sessions of `sessions: pooled` servers: no backend of their own (flow 9). */
+  pooled: PooledSessions
   streams: ClientStreams
   /** Whether the replica is stopping (no new sessions then). */
   stopping: () => boolean
@@ -66,12 +69,16 @@ export class Sessions {
         throw err
       }
     }
-    await this.#o.ownership.claimNew(record.id)
-    try {
-      await this.#o.ownership.open(record, forwardedHeaders)
-    } catch (err) {
-      await this.#o.store.delete(record.id).catch(() => {})
-      throw err
+    if (this.#o.pooled.isPooled(record.server)) {
+      this.#o.pooled.created(record)
+    } else {
+      await this.#o.ownership.claimNew(record.id)
+      try {
+        await this.#o.ownership.open(record, forwardedHeaders)
+      } catch (err) {
+        await this.#o.store.delete(record.id).catch(() => {})
+        throw err
+      }
     }
     audit(this.#o.log, 'session.created', { ...principalOfRecord(record), server: record.server, transport: record.transport, session: shortHash(record.id) })
     return record
@@ -146,6 +153,7 @@ export class Sessions {
     const relay = this.#o.ownership.local(sid)
     const err = new GW_ERR_BACKEND_UNAVAILABLE(server ?? relay?.server ?? '?', `session ended: ${reason}`)
     this.#o.streams.endSession(sid, err)
+    this.#o.pooled.endLocal(sid, err)
     this.#lastTouch.delete(sid)
     this.#owned.delete(sid)
     if (await this.#o.ownership.drop(sid, err)) {

@@ -86,6 +86,10 @@ export interface MetricSources {
   streams: () => Map<StreamKind, number>
   /** stdio children running, by server. */
   children: () => Map<string, number>
+  /** stdio children of the pools (pooled sessions, 2026-07-28 requests), by server. */
+  pooledChildren?: () => Map<string, number>
+  /** The (server, tenant) pools of backend connections. */
+  pools?: () => Array<{ server: string, connections: number, busy: number, waiting: number }>
 }
 
 export interface GatewayMetrics {
@@ -280,6 +284,38 @@ class PromMetrics implements GatewayMetrics {
       registers,
       collect: () => { this.#collect(children, 'server', this.#sources?.children()) }
     })
+    const byMode: Gauge<string> = new Gauge({
+      name: 'mcpgw_backend_children_by_mode',
+      help: 'stdio backend children running on this replica, by server and mode (dedicated: one session each; pooled: the pools)',
+      labelNames: ['server', 'mode'],
+      registers,
+      collect: () => {
+        byMode.reset()
+        const all = this.#sources?.children() ?? new Map<string, number>()
+        const pooled = this.#sources?.pooledChildren?.() ?? new Map<string, number>()
+        for (const server of new Set([...this.#servers, ...all.keys()])) {
+          const p = pooled.get(server) ?? 0
+          byMode.set({ server: this.#server(server), mode: 'pooled' }, p)
+          byMode.set({ server: this.#server(server), mode: 'dedicated' }, (all.get(server) ?? 0) - p)
+        }
+      }
+    })
+    const pool = (name: string, help: string, field: 'connections' | 'busy' | 'waiting'): void => {
+      const gauge: Gauge<string> = new Gauge({
+        name,
+        help,
+        labelNames: ['server'],
+        registers,
+        collect: () => {
+          const counts = new Map<string, number>()
+          for (const p of this.#sources?.pools?.() ?? []) counts.set(p.server, (counts.get(p.server) ?? 0) + p[field])
+          this.#collect(gauge, 'server', counts)
+        }
+      })
+    }
+    pool('mcpgw_pool_connections', 'Backend connections of the pools (all tenants) on this replica, by server', 'connections')
+    pool('mcpgw_pool_connections_busy', 'Pooled backend connections running a request now, by server', 'busy')
+    pool('mcpgw_pool_requests_waiting', 'Requests waiting for a pooled backend connection (the pool at poolMax), by server', 'waiting')
   }
 
   #collect (gauge: Gauge<string>, label: string, counts: Map<string, number> | undefined): void {
