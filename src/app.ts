@@ -43,6 +43,7 @@ import { Supervisor } from './backends/supervisor.js'
 import { audit } from './telemetry/audit.js'
 import { toolPolicies } from './auth/tool-policy.js'
 import { MemoryRateLimiter, RedisRateLimiter, type RateLimiter } from './auth/rate-limit.js'
+import { ConcurrencyLimiter } from './auth/concurrency.js'
 import { MemorySessionQuotas, QuotaGate, RedisSessionQuotas, type SessionQuotas } from './auth/quotas.js'
 
 /** After the shutdown path has answered everything: connections still open are closed this much later. */
@@ -329,7 +330,7 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
   const metricsApp = await metricsListener(config, metrics, log)
   if (metricsApp === null) await app.register(httpMetrics, { metrics, token: config.metrics.token })
   // After httpAuthenticate: both are onRequest hooks, run in registration order.
-  await app.register(httpLimits, { tenants, limiter: services.limiter })
+  await app.register(httpLimits, { tenants, limiter: services.limiter, concurrency: new ConcurrencyLimiter() })
   await app.register(httpStreamable, { config, live, router, modern })
   await app.register(httpLegacySse, { live, router })
 

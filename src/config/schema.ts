@@ -196,7 +196,11 @@ const tenantSchema = {
         /** Open sessions per tenant. */
         sessions: { type: 'integer', minimum: 1 },
         /** Open sessions per subject. */
-        sessionsPerSubject: { type: 'integer', minimum: 1 }
+        sessionsPerSubject: { type: 'integer', minimum: 1 },
+        /** JSON-RPC requests in flight at once per tenant on one replica (429 with Retry-After past it). */
+        concurrentRequests: { type: 'integer', minimum: 1 },
+        /** The same bound per subject inside the tenant. */
+        concurrentRequestsPerSubject: { type: 'integer', minimum: 1 }
       }
     }
   }

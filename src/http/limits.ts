@@ -11,6 +11,7 @@
 import fp from 'fastify-plugin'
 import type { FastifyInstance, FastifyRequest } from 'fastify'
 import { bucketsFor, retryAfterSeconds, type RateLimiter } from '../auth/rate-limit.js'
+import type { ConcurrencyLimiter } from '../auth/concurrency.js'
 import type { TenantDirectory } from '../auth/tenants.js'
 import { GW_ERR_INVALID_REQUEST, GW_ERR_RATE_LIMITED, isGatewayError, withRetryAfter } from '../core/errors.js'
 import { audit } from '../telemetry/audit.js'
@@ -20,6 +21,15 @@ export interface HttpLimitsOptions {
   /** Read per request, so a replaced tenant table (config reload) applies at once. */
   tenants: Pick<TenantDirectory, 'limits'>
   limiter: RateLimiter
+  /** Requests in flight per tenant and subject (limits.concurrentRequests); counted while their POST's response lasts. */
+  concurrency: ConcurrencyLimiter
+}
+
+/** JSON-RPC requests (id and method) in a parsed body: what a POST asks the backend to answer. */
+function requestsIn (body: unknown): number {
+  const isRequest = (m: unknown): boolean => typeof m === 'object' && m !== null && 'method' in m && 'id' in m
+  if (Array.isArray(body)) return body.filter(isRequest).length
+  return isRequest(body) ? 1 : 0
 }
 
 
@@ -66,8 +76,24 @@ async function httpLimits (app: FastifyInstance, opts: HttpLimitsOptions): Promi
   })
   // A JSON-RPC batch is as many requests as it holds messages, or a batch would carry thousands
   // of calls past the budget as one request: its other messages are charged once it is parsed.
-  app.addHook('preHandler', (req, _reply, done) => {
-    if (!Array.isArray(req.body) || req.body.length <= 1 || !isMcpRoute(req.routeOptions.url)) { done(); return }
+  app.addHook('preHandler', (req, reply, done) => {
+    if (req.principal.tenant === null || req.method !== 'POST' || !isMcpRoute(req.routeOptions.url)) { done(); return }
+    // Requests in flight at once: a slot per request until the POST's response ends (the answers
+    // of a Streamable HTTP or 2026-07-28 POST come on it; a legacy messages POST ends at once).
+    const count = requestsIn(req.body)
+    if (count > 0) {
+      const { tenant, subjectDigest } = req.principal
+      let release: (() => void) | null
+      try {
+        release = opts.concurrency.acquire(tenant, subjectDigest, opts.tenants.limits(tenant), count)
+      } catch (err) {
+        audit(req.log, 'request.refused', { tenant, subject: subjectDigest, server: (req.params as { server?: string }).server, method: req.method, status: 429, reason: 'concurrent requests' })
+        done(err as Error)
+        return
+      }
+      if (release !== null) reply.raw.once('close', release)
+    }
+    if (!Array.isArray(req.body) || req.body.length <= 1) { done(); return }
     chargeRequest(req, opts, req.body.length).then(() => { done() }, done)
   })
 }
