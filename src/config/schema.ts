@@ -74,8 +74,8 @@ const httpServerSchema = {
     maxSessions: { type: 'integer', minimum: 1, default: 1000 },
     /** Initialised backend sessions kept for 2026-07-28 (stateless) requests, per tenant. */
     poolSize: { type: 'integer', minimum: 1, maximum: 64, default: 4 },
-    /** Most backend sessions of the 2026-07-28 pool per tenant on one replica. */
-    poolMax: { type: 'integer', minimum: 1, maximum: 1024, default: 16 },
+    /** Most backend sessions of the 2026-07-28 pool per tenant on one replica (cheap: no process each). */
+    poolMax: { type: 'integer', minimum: 1, maximum: 1024, default: 256 },
     /** Longest a 2026-07-28 request waits for a pooled backend session when all poolMax are busy. */
     poolWaitMs: { type: 'integer', minimum: 0, maximum: 600_000, default: 10_000 },
     connectTimeoutMs: { type: 'integer', minimum: 1, default: 10_000 },
