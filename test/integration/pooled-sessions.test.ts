@@ -3,6 +3,7 @@
 // gateway in memory mode, with the full-server fixture as the real stdio backend. What is checked
 // is what the issue asks: children follow concurrency, nothing of one session reaches another,
 // session-level notifications fan out, a busy pool answers 503 with Retry-After, tenants are bounded.
+import { Client as ClientV2, StreamableHTTPClientTransport as TransportV2 } from '@modelcontextprotocol/client'
 import { Client } from '@modelcontextprotocol/sdk/client/index.js'
 import { SSEClientTransport } from '@modelcontextprotocol/sdk/client/sse.js'
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
@@ -11,7 +12,8 @@ import {
   ResourceUpdatedNotificationSchema, ToolListChangedNotificationSchema, type ClientCapabilities
 } from '@modelcontextprotocol/sdk/types.js'
 import t, { type Test } from 'tap'
-import { bearer, callTool, isolationTenants, openSession, post } from '../helpers/auth.js'
+import { bearer, callTool, isolationTenants, newKey, openSession, post, PUBLIC_URL } from '../helpers/auth.js'
+import { envelope, modernPost } from '../helpers/modern.js'
 import { startGateway, stdioFixture, type RunningGateway } from '../helpers/gateway.js'
 import { eventually, textOf } from '../helpers/wait.js'
 
@@ -256,4 +258,45 @@ t.test('dedicated mode is unchanged: a child per session', async t => {
   const b = await connect(t, gw, 'b')
   t.not(textOf(await a.callTool({ name: 'pid', arguments: {} })), textOf(await b.callTool({ name: 'pid', arguments: {} })), 'two sessions, two children')
   t.equal(await children(gw, 'dedicated'), 2)
+})
+
+t.test('the v2 SDK client: a 2025-11-25 session and 2026-07-28 requests run on one pool', async t => {
+  const gw = await gatewayWith(t, pooledFull({ poolSize: 1, poolMax: 1 }))
+  const v2 = async (pin: '2025-11-25' | '2026-07-28'): Promise<ClientV2> => {
+    // 'legacy': a 2025-era session (initialize, Mcp-Session-Id); a pin of 2026-07-28: stateless requests.
+    const client = new ClientV2({ name: `v2-${pin}`, version: '1' }, { capabilities: { sampling: {} }, versionNegotiation: { mode: pin === '2025-11-25' ? 'legacy' : { pin } } })
+    client.setRequestHandler('sampling/createMessage', async () => ({ role: 'assistant', model: 'm', content: { type: 'text', text: `v2 ${pin} sampled` } }))
+    await client.connect(new TransportV2(new URL(`${gw.url}/mcp/full`)))
+    t.teardown(async () => { await client.close().catch(() => {}) })
+    return client
+  }
+  const session = await v2('2025-11-25')
+  const stateless = await v2('2026-07-28')
+  t.equal(textOf(await session.callTool({ name: 'echo', arguments: { text: 'v2 session' } })), 'v2 session')
+  t.equal(textOf(await session.callTool({ name: 'sample', arguments: { prompt: 'p' } })), 'v2 2025-11-25 sampled', 'sampling reaches the v2 session')
+  t.equal(textOf(await stateless.callTool({ name: 'echo', arguments: { text: 'v2 modern' } })), 'v2 modern')
+  const pids = [textOf(await session.callTool({ name: 'pid', arguments: {} })), textOf(await stateless.callTool({ name: 'pid', arguments: {} }))]
+  t.equal(pids[0], pids[1], 'both eras ran on the one pooled child (poolMax 1)')
+  t.equal(await children(gw, 'pooled'), 1, 'one child in all')
+})
+
+t.test('limits.concurrentRequests holds on the dedicated and 2026-07-28 paths too', async t => {
+  const key = newKey('busy-bot')
+  const gw = await startGateway(t, {
+    auth: { publicUrl: PUBLIC_URL },
+    tenants: { acme: { apiKeys: [key.entry], servers: { ded: {}, full: {} }, limits: { concurrentRequestsPerSubject: 1 } } },
+    servers: { ded: stdioFixture('full-server'), full: pooledFull() }
+  })
+  const cred = bearer(key.key)
+  const ded = await openSession(gw.url, 'ded', cred)
+  const slow = callTool(gw.url, 'ded', cred, ded, 'slow', { ms: 1500 }, 40)
+  await new Promise(resolve => setTimeout(resolve, 300))
+  const onDedicated = await callTool(gw.url, 'ded', cred, ded, 'echo', { text: 'x' }, 41)
+  t.equal(onDedicated.status, 429, 'a second request of the subject on a dedicated session is refused')
+  const modern = await modernPost(`${gw.url}/mcp/full`, 'tools/call', { name: 'echo', arguments: { text: 'x' }, _meta: envelope() }, 42, cred)
+  t.equal(modern.status, 429, 'so is a 2026-07-28 request of the same subject')
+  t.equal(modern.headers.get('retry-after'), '1')
+  t.equal((await slow).status, 200, 'the one in flight completes')
+  const later = await modernPost(`${gw.url}/mcp/full`, 'tools/call', { name: 'echo', arguments: { text: 'later' }, _meta: envelope() }, 43, cred)
+  t.equal(later.status, 200, 'and the next is served')
 })
