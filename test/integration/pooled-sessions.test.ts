@@ -300,3 +300,14 @@ t.test('limits.concurrentRequests holds on the dedicated and 2026-07-28 paths to
   const later = await modernPost(`${gw.url}/mcp/full`, 'tools/call', { name: 'echo', arguments: { text: 'later' }, _meta: envelope() }, 43, cred)
   t.equal(later.status, 200, 'and the next is served')
 })
+
+t.test('a pooled session idle past sessions.idleTimeoutMs is gone (404); the pool is not', async t => {
+  const gw = await startGateway(t, { sessions: { idleTimeoutMs: 1000 }, servers: { full: pooledFull() } })
+  const raw = await openSession(gw.url, 'full', {})
+  t.equal((await callTool(gw.url, 'full', {}, raw, 'echo', { text: 'x' })).status, 200)
+  // Untouched (every request would refresh it) for twice the timeout.
+  await new Promise(resolve => setTimeout(resolve, 2500))
+  t.equal((await callTool(gw.url, 'full', {}, raw, 'echo', { text: 'x' }, 3)).status, 404, '404 once idle past the timeout')
+  const fresh = await openSession(gw.url, 'full', {})
+  t.equal((await callTool(gw.url, 'full', {}, fresh, 'echo', { text: 'y' })).status, 200, 'a new session is served at once')
+})
