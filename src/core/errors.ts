@@ -127,10 +127,19 @@ export function isGatewayError (err: unknown): err is GatewayError {
   return err instanceof Error && typeof (err as GatewayError).code === 'string' && (err as GatewayError).code.startsWith('GW_ERR_')
 }
 
+/** Retry-After of a 503 whose error names none: every 503 says when to come back (issue 28). */
+export const DEFAULT_RETRY_AFTER_S = 1
+
+/** When to come back (whole seconds): the error's own, else DEFAULT_RETRY_AFTER_S for any 503. */
+export function retryAfterOf (err: GatewayError): number | undefined {
+  return err.retryAfter ?? (err.statusCode === 503 ? DEFAULT_RETRY_AFTER_S : undefined)
+}
+
 /** The HTTP headers an error answer carries (Retry-After, WWW-Authenticate), for every path that writes one. */
 export function errorHeaders (err: GatewayError): Record<string, string> {
   const headers: Record<string, string> = {}
-  if (err.retryAfter !== undefined) headers['retry-after'] = String(err.retryAfter)
+  const retryAfter = retryAfterOf(err)
+  if (retryAfter !== undefined) headers['retry-after'] = String(retryAfter)
   if (err.wwwAuthenticate !== undefined) headers['www-authenticate'] = err.wwwAuthenticate
   return headers
 }
@@ -145,7 +154,8 @@ export function jsonRpcCodeOf (err: GatewayError): number {
  * which makes its Retry-After header from it (http/modern-response.ts).
  */
 export function toJsonRpcError (err: GatewayError, id: RequestId | null): JsonRpcFailure {
-  const retry = err.retryAfter !== undefined ? { retryAfter: err.retryAfter } : {}
+  const retryAfter = retryAfterOf(err)
+  const retry = retryAfter !== undefined ? { retryAfter } : {}
   return errorResponse(id, jsonRpcCodeOf(err), err.message, { ...err.data, ...retry, source: 'gateway', code: err.code })
 }
 
