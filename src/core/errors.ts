@@ -28,6 +28,9 @@ export const GW_ERR_UNAUTHORIZED = createError('GW_ERR_UNAUTHORIZED', 'Unauthori
 export const GW_ERR_INVALID_TOKEN = createError('GW_ERR_INVALID_TOKEN', 'Unauthorized: invalid credential (%s)', 401)
 export const GW_ERR_SERVER_NOT_ALLOWED = createError('GW_ERR_SERVER_NOT_ALLOWED', "Forbidden: server '%s' is not available to this tenant", 403)
 export const GW_ERR_AUTH_UNAVAILABLE = createError('GW_ERR_AUTH_UNAVAILABLE', 'Credential cannot be checked now: %s', 503)
+/** The HTTP parser's refusals (http/edge.ts): a request too slow to arrive, headers too large. */
+export const GW_ERR_REQUEST_TIMEOUT = createError('GW_ERR_REQUEST_TIMEOUT', 'Request Timeout: the request did not arrive within %d ms', 408)
+export const GW_ERR_HEADERS_TOO_LARGE = createError('GW_ERR_HEADERS_TOO_LARGE', 'Request Header Fields Too Large', 431)
 export const GW_ERR_METHOD_NOT_ALLOWED = createError('GW_ERR_METHOD_NOT_ALLOWED', 'Method Not Allowed', 405)
 export const GW_ERR_CONFLICT = createError('GW_ERR_CONFLICT', 'Conflict: %s', 409)
 /** A tenant's (or subject's) request budget is spent; carries retryAfter (integer seconds). */
@@ -78,6 +81,8 @@ export const JSONRPC_CODE: Record<string, number> = {
   GW_ERR_INVALID_TOKEN: -32000,
   GW_ERR_SERVER_NOT_ALLOWED: -32000,
   GW_ERR_AUTH_UNAVAILABLE: -32000,
+  GW_ERR_REQUEST_TIMEOUT: -32000,
+  GW_ERR_HEADERS_TOO_LARGE: -32000,
   GW_ERR_METHOD_NOT_ALLOWED: -32000,
   GW_ERR_CONFLICT: -32000,
   GW_ERR_RATE_LIMITED: -32000,
