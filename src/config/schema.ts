@@ -160,7 +160,9 @@ const tenantSchema = {
           /** Claim whose value is the subject. */
           subjectClaim: { type: 'string', default: 'sub' },
           /** Least time between two fetches of the key set for tokens naming an unknown key (kid). */
-          jwksCooldownMs: { type: 'integer', minimum: 0, default: 30_000 }
+          jwksCooldownMs: { type: 'integer', minimum: 0, default: 30_000 },
+          /** The `typ` header tokens must carry (RFC 9068: `at+jwt`; `application/` may be left off); absent: not checked. */
+          typ: { type: 'string', minLength: 1 }
         }
       }
     },
@@ -381,7 +383,7 @@ type RawTenant = FromSchema<typeof tenantSchema>
 type RawTenantServer = FromSchema<typeof tenantServerSchema>
 export type ToolPolicyConfig = FromSchema<typeof toolPolicySchema>
 export type TenantServerConfig = { tools?: ToolPolicyConfig, upstream: { headers: Record<string, string>, env: Record<string, string> } } & Omit<RawTenantServer, 'tools' | 'upstream'>
-export type TenantJwtConfig = Required<NonNullable<RawTenant['jwt']>[number]>
+export type TenantJwtConfig = Defaulted<NonNullable<RawTenant['jwt']>[number], 'typ'>
 export type TenantLimitsConfig = NonNullable<RawTenant['limits']>
 export interface TenantConfig {
   apiKeys: Array<{ id: string, sha256: string }>
