@@ -18,6 +18,7 @@ import httpGuard from './http/guard.js'
 import httpAuthenticate from './http/authenticate.js'
 import { TenantDirectory } from './auth/tenants.js'
 import { JwtVerifier } from './auth/jwt.js'
+import { AuthFailureBudget } from './auth/failure-budget.js'
 import httpOauthMetadata from './http/oauth-metadata.js'
 import httpLegacySse from './http/legacy-sse.js'
 import httpMetrics from './http/metrics.js'
@@ -319,7 +320,7 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
   }
 
   await app.register(httpGuard, { config })
-  await app.register(httpAuthenticate, { tenants, jwt: new JwtVerifier(tenants).check })
+  await app.register(httpAuthenticate, { tenants, jwt: new JwtVerifier(tenants).check, failures: new AuthFailureBudget(services.limiter, config.auth.failures) })
   await app.register(httpOauthMetadata, { tenants })
   let draining = false
   await app.register(httpOps, { router, store: services.store, draining: () => draining })

@@ -345,7 +345,20 @@ export const configSchema = {
         /** The origin clients use (scheme://host[:port]); resource URLs derive from it. */
         publicUrl: { type: 'string', pattern: '^https?://[^/?#]+/?$' },
         /** Without tenants, allow listening on a non-loopback address with no authentication. */
-        anonymous: { type: 'boolean', default: false }
+        anonymous: { type: 'boolean', default: false },
+        /**
+         * Failed authentication is charged per client address: `burst` failures at once,
+         * `ratePerSecond` sustained, then 429 with Retry-After. Successes cost nothing. `burst: 0`: off.
+         */
+        failures: {
+          type: 'object',
+          additionalProperties: false,
+          default: {},
+          properties: {
+            burst: { type: 'integer', minimum: 0, default: 20 },
+            ratePerSecond: { type: 'number', exclusiveMinimum: 0, default: 1 }
+          }
+        }
       }
     },
     /** Who may call: with tenants, every MCP endpoint needs a credential. */
@@ -402,7 +415,7 @@ export interface MetricsConfig {
 /** The validated configuration: defaults applied, so every defaulted key is present. */
 export type Config = Required<Omit<RawConfig, 'servers' | 'redis' | 'tenants' | 'auth' | 'tracing' | 'metrics'>> & {
   metrics: MetricsConfig
-  auth: { publicUrl?: string, anonymous: boolean }
+  auth: { publicUrl?: string, anonymous: boolean, failures: { burst: number, ratePerSecond: number } }
   tenants?: Record<string, TenantConfig>
   listen: Required<NonNullable<RawConfig['listen']>>
   log: Required<NonNullable<RawConfig['log']>>

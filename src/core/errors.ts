@@ -35,6 +35,8 @@ export const GW_ERR_METHOD_NOT_ALLOWED = createError('GW_ERR_METHOD_NOT_ALLOWED'
 export const GW_ERR_CONFLICT = createError('GW_ERR_CONFLICT', 'Conflict: %s', 409)
 /** A tenant's (or subject's) request budget is spent; carries retryAfter (integer seconds). */
 export const GW_ERR_RATE_LIMITED = createError('GW_ERR_RATE_LIMITED', 'Too Many Requests: request rate limit reached; retry after %d s', 429)
+/** Too many failed authentications from one client address (auth/failure-budget.ts); carries retryAfter. */
+export const GW_ERR_AUTH_THROTTLED = createError('GW_ERR_AUTH_THROTTLED', 'Too Many Requests: too many failed authentications from this address; retry after %d s', 429)
 /** initialize beyond the tenant's (or subject's) open-session quota; a DELETE or expiry frees a slot. */
 export const GW_ERR_SESSION_QUOTA = createError('GW_ERR_SESSION_QUOTA', 'Too Many Requests: the %s quota of %d open sessions is reached', 429)
 /**
@@ -86,6 +88,7 @@ export const JSONRPC_CODE: Record<string, number> = {
   GW_ERR_METHOD_NOT_ALLOWED: -32000,
   GW_ERR_CONFLICT: -32000,
   GW_ERR_RATE_LIMITED: -32000,
+  GW_ERR_AUTH_THROTTLED: -32000,
   GW_ERR_SESSION_QUOTA: -32000,
   GW_ERR_UNKNOWN_TOOL: -32602,
   GW_ERR_BACKEND_CAPACITY: -32007,
