@@ -7,13 +7,13 @@
 // `npm test` runs a short pass; `npm run fuzz` a long one. FUZZ_SEED and FUZZ_COUNT (inputs per
 // gateway) set the run; a failure names the seed and the input, so it can be replayed.
 import { readFile } from 'node:fs/promises'
-import { connect } from 'node:net'
 import { setTimeout as sleep } from 'node:timers/promises'
 import t, { type Test } from 'tap'
 import { ACCEPT_BOTH, initMessage, newKey, openSession, PUBLIC_URL, type TestKey } from '../helpers/auth.js'
 import { stdioFixture } from '../helpers/gateway.js'
 import { randomPrefix, startRedis } from '../helpers/redis-server.js'
 import { startReplica, type ReplicaProcess } from '../helpers/replicas.js'
+import { rawExchange } from '../helpers/raw-http.js'
 
 const SEED = Number(process.env.FUZZ_SEED ?? 28)
 const COUNT = Number(process.env.FUZZ_COUNT ?? 1200)
@@ -112,27 +112,9 @@ function generator (seed: number, fx: Fixture): () => Input {
 
 interface Outcome { status: number, body: string }
 
-async function sendRaw (base: string, bytes: string, pauseMs = 0): Promise<Outcome> {
-  const url = new URL(base)
-  const socket = connect(Number(url.port), url.hostname)
-  let text = ''
-  socket.on('data', chunk => { text += String(chunk) })
-  socket.on('error', () => {})
-  socket.write(bytes)
-  if (pauseMs > 0) {
-    // A slow client that gives up: nothing is answered, and nothing may be left behind.
-    await sleep(pauseMs)
-    socket.destroy()
-    return { status: 0, body: '' }
-  }
-  await Promise.race([new Promise(resolve => socket.once('close', resolve)), sleep(3000)])
-  socket.destroy()
-  return { status: Number(/^HTTP\/1\.1 (\d{3})/.exec(text)?.[1] ?? 0), body: text.slice(text.indexOf('\r\n\r\n') + 4) }
-}
-
 async function send (base: string, input: Input): Promise<Outcome> {
-  if (input.kind === 'raw') return await sendRaw(base, input.bytes)
-  if (input.kind === 'slow') return await sendRaw(base, input.bytes, input.pauseMs)
+  // A slow client that gives up: nothing is answered, and nothing may be left behind.
+  if (input.kind !== 'fetch') return await rawExchange(base, input.bytes, input.kind === 'slow' ? { giveUpMs: input.pauseMs } : {})
   const ac = new AbortController()
   const timer = setTimeout(() => ac.abort(), 3000)
   try {

@@ -1,29 +1,20 @@
 // Issue 28, "hostile input" and "smaller": what reaches a client before or beside a route is in
 // the gateway's JSON-RPC error format, a body over the limit gets its 413 (not a reset), and
 // `Connection: close` is honoured on answers written on hijacked replies.
-import { once } from 'node:events'
-import { connect } from 'node:net'
 import t from 'tap'
 import { ACCEPT_BOTH, initMessage, isolationTenants, PUBLIC_URL, newKey } from '../helpers/auth.js'
 import { startGateway, stdioFixture } from '../helpers/gateway.js'
 import { startReplica } from '../helpers/replicas.js'
+import { rawExchange } from '../helpers/raw-http.js'
 
 const MiB = 1024 * 1024
 
-/** One raw HTTP exchange on its own socket: the bytes the gateway sent, and whether it closed. */
+/** One raw HTTP exchange: status, parsed body, and whether the gateway closed the socket. */
 async function raw (base: string, bytes: string): Promise<{ text: string, status: number, body: Record<string, unknown> | undefined, closed: boolean }> {
-  const url = new URL(base)
-  const socket = connect(Number(url.port), url.hostname)
-  let text = ''
-  socket.on('data', chunk => { text += String(chunk) })
-  socket.on('error', () => {})
-  socket.write(bytes)
-  const closed = await Promise.race([once(socket, 'close').then(() => true), new Promise<false>(resolve => setTimeout(() => resolve(false), 3000))])
-  socket.destroy()
-  const status = Number(/^HTTP\/1\.1 (\d{3})/.exec(text)?.[1] ?? 0)
+  const answer = await rawExchange(base, bytes)
   let body: Record<string, unknown> | undefined
-  try { body = JSON.parse(text.slice(text.indexOf('\r\n\r\n') + 4)) as Record<string, unknown> } catch { body = undefined }
-  return { text, status, body, closed }
+  try { body = JSON.parse(answer.body) as Record<string, unknown> } catch { body = undefined }
+  return { ...answer, body }
 }
 
 const isGatewayFormat = (body: unknown, code: string): boolean => {
