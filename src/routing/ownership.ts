@@ -16,7 +16,7 @@
 //   initialize, initialized, log level and subscriptions (the supervisor's crash path). What the
 //   backend kept in its memory is lost; the client keeps its session, streams and history.
 import { filterToolsListOf, type ToolPolicyLookup } from '../auth/tool-policy.js'
-import type { ServerConfig } from '../config/schema.js'
+import type { AggregateServerConfig, ServerConfig } from '../config/schema.js'
 import type { ServerSource } from '../config/live.js'
 import { GW_ERR_BACKEND_UNAVAILABLE, GW_ERR_SERVER_NOT_FOUND, type GatewayError } from '../core/errors.js'
 import type { EstablishedState, SessionRecord } from '../state/session-store.js'
@@ -26,6 +26,9 @@ import type { TenantUpstream } from '../backends/backend.js'
 import type { ReplicaContext } from './context.js'
 import { principalOfRecord } from '../auth/principal.js'
 import { capabilitiesOf, Relay, type BackendSessionHandle, type RelayHost } from './relay.js'
+import { AggregateRelay } from './aggregate.js'
+import type { ConnectionPool } from './pool.js'
+import { GW_ERR_BACKEND_CAPACITY, withRetryAfter } from '../core/errors.js'
 import { breathe } from './upkeep.js'
 
 /** How long a replica's heartbeat lives (at most the lease): a killed replica is dead after this. */
@@ -54,6 +57,8 @@ export interface OwnershipOptions extends Omit<ReplicaContext, 'eventLog' | 'bus
   toolPolicy?: ToolPolicyLookup
   /** Answers every request in flight on a lost owner with -32007 (its pending markers). */
   failOrphans: (sid: string, server: string, reason: string) => Promise<void>
+  /** The pools an aggregate's pooled members run on. */
+  pool: ConnectionPool
 }
 
 export type UpstreamLookup = (tenant: string | null | undefined, server: string) => TenantUpstream
@@ -171,6 +176,7 @@ export class Ownership {
   async open (record: SessionRecord, forwardedHeaders?: Record<string, string>, isOwner = true, takeOver = false): Promise<Relay> {
     const direct = this.isDirect(record.server)
     const server = this.#serverConfig(record.server)
+    if (server.transport === 'aggregate') return await this.#openAggregate(record, server)
     const store = this.#o.store
     const policyOf = this.#o.toolPolicy
     // The closures below outlive this call (they are the backend's handlers and the relay's
@@ -254,6 +260,52 @@ export class Ownership {
     return relay
   }
 
+  /**
+   * An aggregate session (issue 27): its relay opens a connection per dedicated member (a takeover
+   * starts them all again) and routes to pooled members' pools.
+   */
+  async #openAggregate (record: SessionRecord, aggregate: AggregateServerConfig): Promise<Relay> {
+    let open = 0
+    for (const relay of this.#relays.values()) if (relay.server === record.server) open++
+    if (open >= aggregate.maxSessions) throw withRetryAfter(new GW_ERR_BACKEND_CAPACITY(record.server, aggregate.maxSessions), 5)
+    const relay = new AggregateRelay({
+      sid: record.id,
+      server: record.server,
+      legacy: record.transport === 'legacy',
+      protocolVersion: record.protocolVersion,
+      clientCapabilities: capabilitiesOf(record.initializeParams),
+      requestTimeoutMs: aggregate.requestTimeoutMs,
+      metrics: this.#o.metrics.forSession(record.server, record.tenant),
+      gatewayMetrics: this.#o.metrics,
+      createdAt: record.createdAt,
+      host: this.#o.host,
+      principal: principalOfRecord(record),
+      log: lazyChild(this.#o.log, { sid: shortHash(record.id), backend: record.server }),
+      config: this.#o.config,
+      aggregate,
+      live: this.#o.live,
+      backends: this.#o.backends,
+      pool: this.#o.pool,
+      tenant: record.tenant ?? null,
+      upstream: this.#o.upstream,
+      toolPolicy: this.#o.toolPolicy
+    })
+    this.#relays.set(record.id, relay)
+    try {
+      await relay.open()
+    } catch (err) {
+      this.#relays.delete(record.id)
+      await relay.close()
+      throw err
+    }
+    return relay
+  }
+
+  /** The aggregate sessions here with `server` as a pooled member (its pool's events concern them). */
+  * aggregatesWithPooledMember (server: string): IterableIterator<AggregateRelay> {
+    for (const relay of this.#relays.values()) if (relay instanceof AggregateRelay && relay.hasPooledMember(server)) yield relay
+  }
+
   /** Forgets a session's relay: its requests in flight get `err`, its backend stops. */
   async drop (sid: string, err: GatewayError): Promise<boolean> {
     const relay = this.#relays.get(sid)
@@ -261,7 +313,8 @@ export class Ownership {
     this.#relays.delete(sid)
     relay.failAll(err)
     if (relay.isOwner) relay.metrics.sessionEnded(relay.createdAt)
-    await this.#o.backends.stop(sid)
+    if (relay instanceof AggregateRelay) await relay.close()
+    else await this.#o.backends.stop(sid)
     return true
   }
 
@@ -329,7 +382,7 @@ export class Ownership {
     await this.#o.backends.stopAll({ detach: this.#o.config.redis !== undefined })
   }
 
-  #serverConfig (server: string): ServerConfig & { requestTimeoutMs: number } {
+  #serverConfig (server: string): ServerConfig {
     const servers = this.#o.live.servers
     const config = Object.hasOwn(servers, server) ? servers[server] : undefined
     // Removed by a reload since the session was looked up (live reload): the client sees 404.

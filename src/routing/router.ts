@@ -81,6 +81,7 @@ export class Router {
       store,
       backends: options.backends,
       live: options.live,
+      pool: options.pool,
       ...(options.upstream !== undefined ? { upstream: options.upstream } : {}),
       ...(options.toolPolicy !== undefined ? { toolPolicy: options.toolPolicy } : {}),
       log,
@@ -174,6 +175,8 @@ export class Router {
    */
   poolEvent (server: string, tenant: string | null, message: JsonRpcMessage, forwarded: boolean): void {
     this.#pooled.onServerEvent(server, tenant, message, forwarded)
+    // Aggregate sessions owned here whose pooled member it is (their own replica's pool only).
+    if (!forwarded) for (const aggregate of this.#ownership.aggregatesWithPooledMember(server)) aggregate.poolEvent(server, tenant, message)
   }
 
   /** Client streams this replica writes, by kind (read when metrics are scraped). */
