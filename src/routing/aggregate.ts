@@ -12,7 +12,7 @@
 // of the gateway's; a call is routed by its exposed name, a resource by its URI, a completion by
 // its ref. A member that is down or slow is left out of lists (a warning, a metric) and its calls
 // fail at once; it is tried again in the background, and its return is announced with list_changed.
-import { compileToolPolicy, filterToolsListOf, type ToolPolicy, type ToolPolicyLookup } from '../auth/tool-policy.js'
+import { compileToolPolicy, type ToolPolicyLookup } from '../auth/tool-policy.js'
 import type { ServerSource } from '../config/live.js'
 import type { AggregateServerConfig, Config } from '../config/schema.js'
 import {
@@ -26,21 +26,15 @@ import { LATEST_VERSION } from '../core/protocol-version.js'
 import { GET_STREAM, LEGACY_STREAM } from '../state/event-log.js'
 import type { GatewayMetrics } from '../telemetry/metrics.js'
 import type { TraceCarrier } from '../telemetry/tracing.js'
-import { exposeNames, templateMatches, type Exposed } from './aggregate-names.js'
+import { AggregateCatalogue, LIST_METHOD, withTimeout, type CatalogueMember, type ListKind } from './aggregate-catalogue.js'
 import type { BackendPool, UpstreamLookup } from './ownership.js'
 import { BRIDGED_CAPABILITIES, type BackendInfo, type ConnectionPool, type PooledCall } from './pool.js'
 import { isJsonStream, Relay, type RelayHost, type RelayOptions } from './relay.js'
 
-/** Entries of a merged list per page (the cursor is the gateway's). */
-export const AGGREGATE_PAGE_SIZE = 100
-/** Pages of one member's list read for a merged list, at most. */
-const MAX_MEMBER_PAGES = 50
 /** How often a member that is down is tried again. */
 const MEMBER_RETRY_MS = 5000
 /** list_changed of several members within this are one for the client. */
 const LIST_CHANGED_COALESCE_MS = 50
-/** `_meta` key naming the member an entry comes from. */
-export const META_MEMBER = 'io.mcp-gateway/member'
 /** MCP's error for an unknown resource. */
 const RESOURCE_NOT_FOUND = -32002
 const INVALID_PARAMS = -32602
@@ -51,14 +45,6 @@ const SERVER_ASKS: Record<string, string> = {
   'roots/list': 'roots'
 }
 
-type ListKind = 'tools' | 'prompts' | 'resources' | 'resourceTemplates'
-const LIST_METHOD: Record<ListKind, string> = {
-  tools: 'tools/list',
-  prompts: 'prompts/list',
-  resources: 'resources/list',
-  resourceTemplates: 'resources/templates/list'
-}
-const KIND_CAPABILITY: Record<ListKind, string> = { tools: 'tools', prompts: 'prompts', resources: 'resources', resourceTemplates: 'resources' }
 const LIST_CHANGED_KINDS: Record<string, ListKind[]> = {
   'notifications/tools/list_changed': ['tools'],
   'notifications/prompts/list_changed': ['prompts'],
@@ -85,14 +71,9 @@ interface MemberLink {
   close (): Promise<void>
 }
 
-interface Member {
-  server: string
-  prefix: string
-  tools: ToolPolicy | undefined
+interface Member extends CatalogueMember {
   link: MemberLink
   info: BackendInfo | null
-  /** Why it is out of lists, while it is. */
-  down: string | null
   retry: NodeJS.Timeout | undefined
 }
 
@@ -122,9 +103,6 @@ export interface AggregateOptions extends Omit<RelayOptions, 'legacy' | 'direct'
   gatewayMetrics: GatewayMetrics
 }
 
-/** A merged list entry and where it comes from. */
-interface Routed { member: Member, name: string }
-
 export class AggregateRelay extends Relay {
   readonly #a: AggregateOptions
   readonly #host: RelayHost
@@ -135,8 +113,8 @@ export class AggregateRelay extends Relay {
   readonly #running = new Map<string, Running>()
   /** Server-to-client requests of members sent to the client, by opaque id: how to answer each. */
   readonly #asks = new Map<string, (response: JsonRpcResponse) => void>()
-  /** The last merged lists, for routing names and URIs (made again on a list, or when missing). */
-  readonly #catalogue = new Map<ListKind, Array<Exposed<Record<string, unknown>> & { member: Member }>>()
+  /** The merged lists, for routing names and URIs. */
+  readonly #catalogue: AggregateCatalogue<Member>
   readonly #pendingListChanged = new Set<string>()
   #listChangedTimer: NodeJS.Timeout | undefined
   #closed = false
@@ -169,6 +147,16 @@ export class AggregateRelay extends Relay {
       member.link = pooled ? new PooledLink(this.#a, m.server) : new DedicatedLink(this, this.#a, member)
       return member
     })
+    this.#catalogue = new AggregateCatalogue({
+      aggregate: this.server,
+      separator: options.aggregate.separator,
+      memberTimeoutMs: options.aggregate.memberTimeoutMs,
+      members: this.#members,
+      fetch: async (member, method, params) => await this.#ask(member, method, params),
+      toolPolicy: () => options.toolPolicy?.(options.tenant, this.server) ?? null,
+      log: this.log,
+      metrics: options.gatewayMetrics
+    })
   }
 
   /** Starts every member (each within memberTimeoutMs); those that fail are tried again later. */
@@ -184,7 +172,7 @@ export class AggregateRelay extends Relay {
       member.down = null
       if (announce && was !== null) {
         this.log.info({ member: member.server }, 'aggregate member is back')
-        this.#invalidate(['tools', 'prompts', 'resources', 'resourceTemplates'])
+        this.#catalogue.invalidate()
         for (const method of Object.keys(LIST_CHANGED_KINDS)) this.#announce(method)
       }
     } catch (err) {
@@ -197,7 +185,7 @@ export class AggregateRelay extends Relay {
     if (this.#closed) return
     if (member.down === null) {
       this.log.warn({ member: member.server, reason }, 'aggregate member is down: left out of lists, its calls fail at once')
-      this.#invalidate(['tools', 'prompts', 'resources', 'resourceTemplates'])
+      this.#catalogue.invalidate()
       for (const method of Object.keys(LIST_CHANGED_KINDS)) this.#announce(method)
     }
     if (member.down === null || member.down === 'not started') this.#a.gatewayMetrics.aggregateMemberLeftOut(this.server, member.server, 'down')
@@ -315,7 +303,7 @@ export class AggregateRelay extends Relay {
       case 'resources/list':
       case 'resources/templates/list': {
         const kind = (Object.keys(LIST_METHOD) as ListKind[]).find(k => LIST_METHOD[k] === request.method) as ListKind
-        const page = await this.#page(kind, params.cursor)
+        const page = await this.#catalogue.page(kind, params.cursor)
         if (page === null) { fail(INVALID_PARAMS, 'Invalid params: unknown cursor'); return }
         answer(page)
         return
@@ -325,7 +313,7 @@ export class AggregateRelay extends Relay {
         const kind: ListKind = request.method === 'tools/call' ? 'tools' : 'prompts'
         const name = params.name
         if (typeof name !== 'string') { fail(INVALID_PARAMS, 'Invalid params: name must be a string'); return }
-        const routed = await this.#byName(kind, name)
+        const routed = await this.#catalogue.byName(kind, name)
         if (routed === null) { fail(INVALID_PARAMS, kind === 'tools' ? `Unknown tool: ${name}` : `Unknown prompt: ${name}`); return }
         this.#run(routed.member, { ...request, params: { ...params, name: routed.name } }, streamId, holder)
         return
@@ -335,7 +323,7 @@ export class AggregateRelay extends Relay {
       case 'resources/unsubscribe': {
         const uri = params.uri
         if (typeof uri !== 'string') { fail(INVALID_PARAMS, 'Invalid params: uri must be a string'); return }
-        const member = await this.#byUri(uri)
+        const member = await this.#catalogue.byUri(uri)
         if (member === null) { fail(RESOURCE_NOT_FOUND, `Resource not found: ${uri}`); return }
         this.#run(member, request, streamId, holder)
         return
@@ -343,13 +331,13 @@ export class AggregateRelay extends Relay {
       case 'completion/complete': {
         const ref = isRecord(params.ref) ? params.ref : {}
         if (ref.type === 'ref/prompt' && typeof ref.name === 'string') {
-          const routed = await this.#byName('prompts', ref.name)
+          const routed = await this.#catalogue.byName('prompts', ref.name)
           if (routed === null) { fail(INVALID_PARAMS, `Unknown prompt: ${ref.name}`); return }
           this.#run(routed.member, { ...request, params: { ...params, ref: { ...ref, name: routed.name } } }, streamId, holder)
           return
         }
         if (ref.type === 'ref/resource' && typeof ref.uri === 'string') {
-          const member = await this.#byUri(ref.uri)
+          const member = await this.#catalogue.byUri(ref.uri)
           if (member === null) { fail(RESOURCE_NOT_FOUND, `Resource not found: ${ref.uri}`); return }
           this.#run(member, request, streamId, holder)
           return
@@ -386,85 +374,6 @@ export class AggregateRelay extends Relay {
     }
   }
 
-  // ---- lists and routing -------------------------------------------------------------------
-
-  /** One page of a merged list; null for a cursor the gateway did not make for this list. */
-  async #page (kind: ListKind, cursor: unknown): Promise<Record<string, unknown> | null> {
-    let offset = 0
-    if (cursor !== undefined) {
-      const decoded = decodeCursor(cursor, kind)
-      if (decoded === null) return null
-      offset = decoded
-    }
-    const all = offset === 0 || !this.#catalogue.has(kind) ? await this.#merge(kind) : this.#catalogue.get(kind) ?? []
-    const slice = all.slice(offset, offset + AGGREGATE_PAGE_SIZE)
-    let items: unknown = slice.map(e => kind === 'tools' || kind === 'prompts'
-      ? { ...e.entry, name: e.exposed, _meta: { ...(isRecord(e.entry._meta) ? e.entry._meta : {}), [META_MEMBER]: e.server } }
-      : e.entry)
-    if (kind === 'tools') {
-      items = (filterToolsListOf('tools/list', { tools: items }, this.#a.toolPolicy?.(this.#a.tenant, this.server) ?? null) as { tools: unknown[] }).tools
-    }
-    const next = offset + AGGREGATE_PAGE_SIZE < all.length ? { nextCursor: encodeCursor(kind, offset + AGGREGATE_PAGE_SIZE) } : {}
-    return { [kind]: items, ...next }
-  }
-
-  /** Every up member's whole list, merged under exposed names (the catalogue routing uses). */
-  async #merge (kind: ListKind): Promise<Array<Exposed<Record<string, unknown>> & { member: Member }>> {
-    const lists = await Promise.all(this.#members.map(async m => {
-      if (m.down !== null || m.info === null || m.info.capabilities[KIND_CAPABILITY[kind]] === undefined) return { member: m, entries: [] as Array<Record<string, unknown>> }
-      try {
-        const entries = await withTimeout(this.#listAll(m, kind), this.#a.aggregate.memberTimeoutMs, () => new GW_ERR_BACKEND_TIMEOUT(m.server, this.#a.aggregate.memberTimeoutMs))
-        return { member: m, entries }
-      } catch (err) {
-        this.log.warn({ member: m.server, list: kind, reason: err instanceof Error ? err.message : String(err) }, 'aggregate member left out of a list (slow or failing)')
-        this.#a.gatewayMetrics.aggregateMemberLeftOut(this.server, m.server, isGatewayError(err) && err.code === 'GW_ERR_BACKEND_TIMEOUT' ? 'slow' : 'error')
-        return { member: m, entries: [] as Array<Record<string, unknown>> }
-      }
-    }))
-    let merged: Array<Exposed<Record<string, unknown>> & { member: Member }>
-    if (kind === 'tools' || kind === 'prompts') {
-      const named = lists.map(l => ({
-        server: l.member.server,
-        prefix: l.member.prefix,
-        entries: l.entries.filter((e): e is Record<string, unknown> & { name: string } => typeof e.name === 'string' && (kind !== 'tools' || l.member.tools === undefined || l.member.tools.allows(e.name)))
-      }))
-      const exposed = exposeNames(named, this.#a.aggregate.separator, (e, plain) => {
-        this.log.warn({ [kind === 'tools' ? 'tool' : 'prompt']: plain, member: e.server, exposedAs: e.exposed }, 'aggregate name collision: the later member\'s entry is exposed under another name')
-      })
-      const byServer = new Map(this.#members.map(m => [m.server, m]))
-      merged = exposed.map(e => ({ ...e, member: byServer.get(e.server) as Member }))
-    } else {
-      // Resources keep their URIs (templates their uriTemplate): the first member to list one serves it.
-      const key = kind === 'resources' ? 'uri' : 'uriTemplate'
-      const seen = new Set<string>()
-      merged = []
-      for (const l of lists) {
-        for (const entry of l.entries) {
-          const id = entry[key]
-          if (typeof id !== 'string' || seen.has(id)) continue
-          seen.add(id)
-          merged.push({ exposed: id, server: l.member.server, name: id, entry, member: l.member })
-        }
-      }
-    }
-    this.#catalogue.set(kind, merged)
-    return merged
-  }
-
-  /** A member's whole list (every page). */
-  async #listAll (member: Member, kind: ListKind): Promise<Array<Record<string, unknown>>> {
-    const out: Array<Record<string, unknown>> = []
-    let cursor: string | undefined
-    for (let page = 0; page < MAX_MEMBER_PAGES; page++) {
-      const result = await this.#ask(member, LIST_METHOD[kind], cursor !== undefined ? { cursor } : {})
-      const items = result[kind]
-      if (Array.isArray(items)) for (const item of items) if (isRecord(item)) out.push(item)
-      if (typeof result.nextCursor !== 'string' || result.nextCursor === '') break
-      cursor = result.nextCursor
-    }
-    return out
-  }
-
   /** A request of the gateway's own to one member; its result, or throws. */
   async #ask (member: Member, method: string, params: Record<string, unknown>): Promise<Record<string, unknown>> {
     const message = await new Promise<JsonRpcResponse>((resolve) => {
@@ -474,39 +383,6 @@ export class AggregateRelay extends Relay {
     })
     if ('error' in message) throw new GW_ERR_BACKEND_UNAVAILABLE(member.server, `${method}: ${message.error.message}`)
     return isRecord(message.result) ? message.result : {}
-  }
-
-  async #byName (kind: 'tools' | 'prompts', exposed: string): Promise<Routed | null> {
-    const find = (): Routed | null => {
-      const hit = this.#catalogue.get(kind)?.find(e => e.exposed === exposed)
-      return hit === undefined ? null : { member: hit.member, name: hit.name }
-    }
-    const cached = find()
-    if (cached !== null) return cached
-    await this.#merge(kind)
-    return find()
-  }
-
-  /** The member serving a URI: the first that listed it, else the first whose template matches it. */
-  async #byUri (uri: string): Promise<Member | null> {
-    const find = (): Member | null => {
-      const listed = this.#catalogue.get('resources')?.find(e => e.exposed === uri)
-      if (listed !== undefined) return listed.member
-      const templated = this.#catalogue.get('resourceTemplates')?.find(e => templateMatches(e.exposed, uri))
-      return templated?.member ?? null
-    }
-    let member = find()
-    if (member !== null) return member
-    await Promise.all([this.#merge('resources'), this.#merge('resourceTemplates')])
-    member = find()
-    if (member !== null) return member
-    // Listed nowhere (a server may serve URIs it does not list): the only member with resources, if one.
-    const withResources = this.#members.filter(m => m.down === null && m.info?.capabilities.resources !== undefined)
-    return withResources.length === 1 ? withResources[0] ?? null : null
-  }
-
-  #invalidate (kinds: ListKind[]): void {
-    for (const kind of kinds) this.#catalogue.delete(kind)
   }
 
   // ---- running a request on a member -------------------------------------------------------
@@ -606,7 +482,7 @@ export class AggregateRelay extends Relay {
     const params = isRecord(notification.params) ? notification.params : {}
     const kinds = LIST_CHANGED_KINDS[notification.method]
     if (kinds !== undefined) {
-      this.#invalidate(kinds)
+      this.#catalogue.invalidate(kinds)
       this.#announce(notification.method)
       return
     }
@@ -814,29 +690,5 @@ function backendInfo (server: string, result: unknown): BackendInfo {
     capabilities: isRecord(r.capabilities) ? r.capabilities : {},
     serverInfo: isRecord(r.serverInfo) ? r.serverInfo : { name: server, version: '0' },
     ...(typeof r.instructions === 'string' ? { instructions: r.instructions } : {})
-  }
-}
-
-function encodeCursor (kind: ListKind, offset: number): string {
-  return Buffer.from(JSON.stringify({ k: kind, o: offset })).toString('base64url')
-}
-
-function decodeCursor (cursor: unknown, kind: ListKind): number | null {
-  if (typeof cursor !== 'string' || cursor.length > 200) return null
-  try {
-    const value: unknown = JSON.parse(Buffer.from(cursor, 'base64url').toString('utf8'))
-    if (!isRecord(value) || value.k !== kind || typeof value.o !== 'number' || !Number.isInteger(value.o) || value.o < 0) return null
-    return value.o
-  } catch {
-    return null
-  }
-}
-
-async function withTimeout<T> (work: Promise<T>, ms: number, error: () => Error): Promise<T> {
-  let timer: NodeJS.Timeout | undefined
-  try {
-    return await Promise.race([work, new Promise<never>((_resolve, reject) => { timer = setTimeout(() => { reject(error()) }, ms); timer.unref() })])
-  } finally {
-    clearTimeout(timer)
   }
 }
