@@ -4,6 +4,7 @@
 import { mkdtemp, rm, writeFile } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
+import { Client as ClientV2, StreamableHTTPClientTransport as TransportV2 } from '@modelcontextprotocol/client'
 import { Client } from '@modelcontextprotocol/sdk/client/index.js'
 import { SSEClientTransport } from '@modelcontextprotocol/sdk/client/sse.js'
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
@@ -181,4 +182,28 @@ t.test('config: members must be configured servers, and an aggregate cannot be a
   t.throws(() => parseConfig({ servers: { full: { transport: 'stdio', command: 'node' }, a: { transport: 'aggregate', members: [{ server: 'full' }, { server: 'full' }] } } }, {}), /already a member/)
   const ok = parseConfig({ servers: { full: { transport: 'stdio', command: 'node' }, a: { transport: 'aggregate', members: [{ server: 'full' }] } } }, {})
   t.match(ok.servers.a, { separator: '__', memberTimeoutMs: 5000, maxSessions: 1000 }, 'defaults')
+})
+
+t.test('2026-07-28 requests to an aggregate: server/discover merged, lists and calls routed through the members\' pools', async t => {
+  const gw = await startGateway(t, {
+    servers: {
+      full,
+      shared: stdioFixture('full-server', [], { sessions: 'pooled' }),
+      agg: { transport: 'aggregate', members: [{ server: 'full', prefix: '' }, { server: 'shared' }] }
+    }
+  })
+  const client = new ClientV2({ name: 'agg-modern', version: '1' }, { capabilities: { sampling: {} }, versionNegotiation: { mode: { pin: '2026-07-28' } } })
+  client.setRequestHandler('sampling/createMessage', async () => ({ role: 'assistant', model: 'm', content: { type: 'text', text: 'modern sample' } }))
+  await client.connect(new TransportV2(new URL(`${gw.url}/mcp/agg`)))
+  t.teardown(async () => { await client.close().catch(() => {}) })
+  t.match(client.getServerVersion(), { name: 'agg' }, 'server/discover answers as the aggregate')
+  const names = (await client.listTools()).tools.map(tool => tool.name)
+  t.ok(names.includes('echo') && names.includes('shared__echo'), 'the merged list')
+  t.equal(textOf(await client.callTool({ name: 'echo', arguments: { text: 'm1' } })), 'm1')
+  t.equal(textOf(await client.callTool({ name: 'shared__echo', arguments: { text: 'm2' } })), 'm2')
+  t.equal(textOf(await client.callTool({ name: 'shared__sample', arguments: { prompt: 'x' } })), 'modern sample', 'an input_required round through a member')
+  const unknown = await client.callTool({ name: 'nope', arguments: {} }).then(() => null, (err: { code?: number }) => err)
+  t.equal(unknown?.code, -32602, 'an unknown name')
+  const read = await client.readResource({ uri: 'test://static' })
+  t.equal((read.contents[0] as { text?: string }).text, 'static text content', 'resources by URI')
 })
