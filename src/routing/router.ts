@@ -10,13 +10,13 @@
 import { refusedCall, type ToolPolicyLookup } from '../auth/tool-policy.js'
 import {
   GW_ERR_BACKEND_LOST, GW_ERR_SERVER_NOT_FOUND, GW_ERR_SESSION_NOT_FOUND, GW_ERR_SHUTTING_DOWN, GW_ERR_STORE_UNAVAILABLE,
-  toJsonRpcError
+  toJsonRpcError, type GatewayError
 } from '../core/errors.js'
 import type { ServerSource } from '../config/live.js'
 import type { IncomingHttpHeaders } from 'node:http'
 import { cancelledRequestOf, isRequest, isResponse, type JsonRpcMessage, type JsonRpcRequest, type RequestId } from '../core/jsonrpc.js'
 import type { StreamWriter } from '../http/sse.js'
-import type { Envelope } from '../state/bus.js'
+import type { DeliverEnvelope, Envelope } from '../state/bus.js'
 import { LEGACY_STREAM } from '../state/event-log.js'
 import type { SessionRecord } from '../state/session-store.js'
 import { tracing, type TraceCarrier } from '../telemetry/tracing.js'
@@ -82,7 +82,8 @@ export class Router {
         endSession,
         nextServerRequestId: () => `s.${replicaId}.${++this.#seq}`
       },
-      failOrphans: async (sid, server, reason) => { await this.#failOrphans(sid, server, reason) }
+      failOrphans: async (sid, server, reason, from) => await this.#adoptOrphans(sid, server, reason, from),
+      redeliver: (envelopes, to) => { this.#redeliver(envelopes, to) }
     })
     this.#streams = new ClientStreams({ replicaId, config, store, eventLog, bus, log, metrics, isAlive: async r => await this.#ownership.isAlive(r), endSession })
     this.#sessions = new Sessions({ replicaId, config, store, eventLog, bus, log, metrics, ownership: this.#ownership, streams: this.#streams, stopping: () => this.#stopping, ...(options.admitSession !== undefined ? { admit: options.admitSession } : {}) })
@@ -337,6 +338,10 @@ export class Router {
   async #routeOf (record: SessionRecord, ownerRead?: Promise<string | null>): Promise<Route> {
     const sid = record.id
     const ownership = this.#ownership
+    // A takeover starting the backend here: its relay is registered before the backend runs, so
+    // a request handed to it now would find no backend ("not connected"). Wait for the start.
+    const opening = ownership.opening(sid)
+    if (opening !== undefined) return await opening
     const local = ownership.local(sid)
     if (local !== undefined) return local
     const owner = await (ownerRead ?? this.#o.store.getOwner(sid))
@@ -355,9 +360,67 @@ export class Router {
     return config !== undefined && 'onOwnerLoss' in config && config.onOwnerLoss === 'end' ? 'end' : 'carry-on'
   }
 
+  /**
+   * A takeover here (Ownership.takeOver): what the lost owner `dead` never read of the session's
+   * messages never reached its backend, so it is taken from its inbox for this replica to deliver
+   * again (its markers name this replica now); every other request recorded up to now gets -32007.
+   */
+  async #adoptOrphans (sid: string, server: string, reason: string, dead: string | null): Promise<DeliverEnvelope[]> {
+    const unread = dead === null ? [] : await this.#takeUnread(dead, sid, this.replicaId)
+    await this.#failOrphans(sid, server, reason, undefined, this.replicaId)
+    return unread
+  }
+
+  async #takeUnread (dead: string, sid: string, servedBy: string): Promise<DeliverEnvelope[]> {
+    const unread = await this.#o.bus.takeUnread(dead, sid, servedBy).catch((err: unknown) => {
+      this.#o.log.warn({ err, sid: shortHash(sid) }, 'unread messages of a lost replica not taken; its requests get -32007')
+      return []
+    })
+    if (unread.length > 0) this.#o.log.info({ sid: shortHash(sid), from: dead, to: servedBy, messages: unread.length }, 'messages a lost replica never read are delivered again')
+    return unread
+  }
+
+  #redeliver (envelopes: DeliverEnvelope[], to: { relay: Relay } | { err: GatewayError }): void {
+    for (const { sid, streamId, message, trace, holder } of envelopes) {
+      if ('relay' in to) this.#deliverLocal(to.relay, message, streamId, trace, holder)
+      else if (isRequest(message) && streamId !== null) {
+        this.#streams.append(sid, streamId, toJsonRpcError(to.err, message.id)).catch(err => this.#o.log.warn({ err, sid: shortHash(sid) }, 'error answer not appended'))
+      }
+    }
+  }
+
+  /**
+   * Requests served by `dead`, a replica that is gone (found by the POST streams waiting here).
+   * Those it never read (still in its inbox) never reached a backend: they go to the session's
+   * owner now (taken over here if the owner is gone too) and are answered normally. The rest may
+   * have reached its backend and get -32007. Direct sessions, and a session whose route is not
+   * known (gone, or the cached liveness still says `dead` is alive), only get the -32007.
+   */
+  async #orphansOf (sid: string, server: string, dead: string, local: Relay | undefined, record: SessionRecord | null): Promise<void> {
+    const reason = `replica ${dead} is gone`
+    let target: Route | undefined = local
+    if (target === undefined && record !== null && !this.#ownership.isDirect(record.server)) {
+      target = await this.#routeOf(record).catch((err: unknown) => {
+        this.#o.log.warn({ err, sid: shortHash(sid) }, 'no owner found for the requests of a lost replica')
+        return undefined
+      })
+    }
+    if (target === undefined || target === dead || (typeof target !== 'string' && target.direct)) {
+      await this.#failOrphans(sid, server, reason, dead)
+      return
+    }
+    const unread = await this.#takeUnread(dead, sid, typeof target === 'string' ? target : this.replicaId)
+    await this.#failOrphans(sid, server, reason, dead)
+    for (const envelope of unread) {
+      if (typeof target !== 'string') this.#deliverLocal(target, envelope.message, envelope.streamId, envelope.trace, envelope.holder)
+      // Its marker names the owner now: should that one die too, it is found again from there.
+      else await this.#o.bus.send(target, envelope).catch(err => this.#o.log.warn({ err, sid: shortHash(sid) }, 'unread message not delivered again'))
+    }
+  }
+
   /** Answers every request that was in flight on a lost owner with -32007 (exactly once: claimed). */
-  async #failOrphans (sid: string, server: string, reason: string, of?: string): Promise<void> {
-    const orphans = await this.#o.eventLog.claimOrphans(sid, of)
+  async #failOrphans (sid: string, server: string, reason: string, of?: string, except?: string): Promise<void> {
+    const orphans = await this.#o.eventLog.claimOrphans(sid, of, except)
     if (orphans.length === 0) return
     this.#o.log.warn({ sid: shortHash(sid), requests: orphans.length, reason }, 'requests in flight on a lost owner answered with an error')
     const err = new GW_ERR_BACKEND_LOST(server, reason)
@@ -412,14 +475,15 @@ export class Router {
   #onEnvelope (envelope: Envelope): void {
     switch (envelope.kind) {
       case 'deliver': {
-        const relay = this.#ownership.local(envelope.sid)
-        if (relay !== undefined) { this.#deliverLocal(relay, envelope.message, envelope.streamId, envelope.trace, envelope.holder); return }
+        // A takeover in progress here (its relay is registered before its backend runs): the
+        // message waits for the backend it starts.
         const opening = this.#ownership.opening(envelope.sid)
         if (opening !== undefined) {
-          // A takeover in progress here: the message waits for the backend it starts.
           opening.then(r => { this.#deliverLocal(r, envelope.message, envelope.streamId, envelope.trace, envelope.holder) }, () => { this.#onEnvelope(envelope) })
           return
         }
+        const relay = this.#ownership.local(envelope.sid)
+        if (relay !== undefined) { this.#deliverLocal(relay, envelope.message, envelope.streamId, envelope.trace, envelope.holder); return }
         const message = envelope.message
         if (isRequest(message) && envelope.streamId !== null) {
           this.#streams.append(envelope.sid, envelope.streamId, toJsonRpcError(new GW_ERR_SESSION_NOT_FOUND(), message.id)).catch(() => {})
@@ -475,7 +539,7 @@ export class Router {
       // another one had taken over (its lease not yet found lost) and then died is one case.
       for (const replica of await this.#o.eventLog.pendingReplicas(sid)) {
         if (replica === this.replicaId || await store.isAlive(replica)) continue
-        await this.#failOrphans(sid, server, `replica ${replica} is gone`, replica)
+        await this.#orphansOf(sid, server, replica, local, record)
       }
       // A routed session whose backend runs here: its answers come from here.
       if (local !== undefined && !local.direct) continue

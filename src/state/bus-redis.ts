@@ -1,12 +1,18 @@
 // Redis twin of the bus: each replica reads its own inbox stream `<prefix>:inbox:<id>` with
-// XREAD BLOCK on a connection of its own. Envelopes are JSON. The loop outlives Redis restarts
-// (it retries with capped backoff and resumes after the last entry it saw) and close() ends it
-// at once by disconnecting the blocking connection.
+// XREADGROUP BLOCK NOACK on a connection of its own. Envelopes are JSON. The loop outlives Redis
+// restarts (it retries with capped backoff and resumes after the last entry it saw) and close()
+// ends it at once by disconnecting the blocking connection.
+//
+// Why a consumer group with one reader (issue 28): Redis then records, in the same step as the
+// read, how far the reader got (the group's last delivered id), at no cost to the read. When the
+// replica dies, what lies past that id never reached it, nor its backends: whoever takes its
+// sessions over delivers those again (takeUnread) instead of failing them for the backend's loss.
 import { setTimeout as sleep } from 'node:timers/promises'
-import type { Bus, Envelope, EnvelopeHandler, PreparedWake } from './bus.js'
+import type { Bus, DeliverEnvelope, Envelope, EnvelopeHandler, PreparedWake } from './bus.js'
+import { compareEntryIds } from './event-log.js'
 import type { Logger } from '../telemetry/logger.js'
 import { reconnectDelay, redisReady, storeCall, type Redis } from './redis/client.js'
-import { inboxKey } from './redis/keys.js'
+import { inboxKey, sessionKeys } from './redis/keys.js'
 import { defineScripts } from './redis/scripts.js'
 
 export interface RedisBusOptions {
@@ -30,6 +36,8 @@ export interface RedisBusOptions {
 /** The field holding the envelope JSON. */
 const FIELD = 'e'
 const BATCH = 100
+/** The consumer group (and its one consumer) an inbox is read through. */
+const GROUP = 'r'
 
 function parseEnvelope (fields: string[]): Envelope | null {
   const at = fields.indexOf(FIELD)
@@ -73,12 +81,20 @@ export class RedisBus implements Bus {
     const key = inboxKey(this.#prefix, replicaId)
     const reader = this.#newReader()
     this.#reader = reader
+    defineScripts(reader)
     await redisReady(reader, this.#opts.readyTimeoutMs)
     // Only what arrives from now on: envelopes left in the inbox by an earlier life of this
-    // replica id are stale. Reading the last id here, rather than XREAD from `$`, also delivers
-    // anything sent between start() resolving and the first XREAD reaching Redis.
-    const last = await storeCall(this.#redis.xrevrange(key, '+', '-', 'COUNT', 1))
-    this.#loop = this.#read(reader, key, last[0]?.[0] ?? '0-0', handler)
+    // replica id are stale. The group starts after the inbox's last entry, so anything sent
+    // between start() resolving and the first read reaching Redis is delivered too.
+    const last = await storeCall(this.#redis.openInbox(key, GROUP, '', this.#opts.inboxTtlMs))
+    this.#loop = this.#read(reader, key, last, handler)
+  }
+
+  async takeUnread (dead: string, sid: string, servedBy: string): Promise<DeliverEnvelope[]> {
+    // The inbox and the session's markers in one step: only on one server (see the interface).
+    if (!this.ordered) return []
+    const taken = await storeCall(this.#redis.takeUnread(inboxKey(this.#prefix, dead), sessionKeys(this.#prefix, sid).pending, GROUP, sid, servedBy))
+    return taken.map(json => JSON.parse(json) as DeliverEnvelope)
   }
 
   async send (replicaId: string, envelope: Envelope): Promise<void> {
@@ -115,10 +131,16 @@ export class RedisBus implements Bus {
     while (!signal.aborted) {
       let reply: Array<[string, Array<[string, string[]]>]> | null
       try {
-        reply = await reader.xread('COUNT', BATCH, 'BLOCK', this.#opts.blockMs, 'STREAMS', key, lastId)
+        reply = await reader.xreadgroup('GROUP', GROUP, GROUP, 'COUNT', BATCH, 'BLOCK', this.#opts.blockMs, 'NOACK', 'STREAMS', key, '>') as typeof reply
         failures = 0
       } catch (err) {
         if (signal.aborted) break
+        // The group went with its key: the inbox expired while nobody sent to it, or Redis came
+        // back without its data. It is made again after the last entry handled here.
+        if (err instanceof Error && err.message.startsWith('NOGROUP')) {
+          const made = await reader.openInbox(key, GROUP, lastId, this.#opts.inboxTtlMs).then(() => true, () => false)
+          if (made) continue
+        }
         // Redis is away (the client reconnects by itself) or the read failed: wait and resume
         // after the last entry handled, so nothing that reached the inbox is skipped.
         if (failures++ === 0) this.#opts.log?.warn({ err }, 'bus inbox read failed; retrying')
@@ -127,6 +149,8 @@ export class RedisBus implements Bus {
       }
       for (const [, entries] of reply ?? []) {
         for (const [id, fields] of entries) {
+          // A Redis restarted from a snapshot older than the last read may deliver entries again.
+          if (compareEntryIds(id, lastId) <= 0) continue
           lastId = id
           if (signal.aborted) return
           const envelope = parseEnvelope(fields)
