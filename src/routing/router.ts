@@ -25,7 +25,7 @@ import { heartbeatTtl, Ownership, type BackendPool, type UpstreamLookup } from '
 import { capabilitiesOf, type Relay } from './relay.js'
 import { shortHash } from '../telemetry/logger.js'
 import { isValidSessionId, Sessions, type NewSession } from './sessions.js'
-import { ClientStreams, type OpenPostOptions, type OpenStreamOptions } from './streams.js'
+import { APPEND_RETRY_MS, ClientStreams, type OpenPostOptions, type OpenStreamOptions } from './streams.js'
 import type { StreamKind } from '../telemetry/metrics.js'
 
 export type { BackendPool } from './ownership.js'
@@ -55,6 +55,8 @@ export class Router {
   #tick: NodeJS.Timeout | undefined
   #beat: NodeJS.Timeout | undefined
   #storeDown = false
+  /** When the heartbeat first failed in the outage going on, if one is. */
+  #storeDownSince: number | undefined
   /** Requests answered directly while the store was away: their markers are taken once it is back. */
   #answeredWithoutLog: Array<{ sid: string, streamId: string, id: RequestId }> = []
   #seq = 0
@@ -518,6 +520,11 @@ export class Router {
     let beat = true
     await store.heartbeat(this.replicaId, ttlMs).catch(() => { beat = false })
     if (!beat || !store.isReady()) {
+      // A blink, a restart or a failover is a delay (issue 28): the answers on their way are
+      // tried again across the reconnect for as long (ClientStreams, APPEND_RETRY_MS). Only an
+      // outage longer than that answers the requests waiting here with an error.
+      const since = this.#storeDownSince ??= Date.now()
+      if (Date.now() - since < APPEND_RETRY_MS) return
       if (!this.#storeDown) log.warn('session store unreachable; answering waiting requests with an error')
       this.#storeDown = true
       const err = new GW_ERR_STORE_UNAVAILABLE('the session store became unreachable while this request was in flight')
@@ -525,6 +532,7 @@ export class Router {
       return
     }
     this.#storeDown = false
+    this.#storeDownSince = undefined
     // Those requests got their answer: a late one from the backend must not be written after it.
     for (const { sid, streamId, id } of this.#answeredWithoutLog.splice(0)) await this.#o.eventLog.claim(sid, streamId, id, this.#idleMs).catch(() => {})
     for (const sid of this.#streams.awaitingSessions()) {
