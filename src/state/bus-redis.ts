@@ -3,10 +3,14 @@
 // restarts (it retries with capped backoff and resumes after the last entry it saw) and close()
 // ends it at once by disconnecting the blocking connection.
 //
-// Why a consumer group with one reader (issue 28): Redis then records, in the same step as the
-// read, how far the reader got (the group's last delivered id), at no cost to the read. When the
-// replica dies, what lies past that id never reached it, nor its backends: whoever takes its
-// sessions over delivers those again (takeUnread) instead of failing them for the backend's loss.
+// Why consumer groups (issue 28): a second group, never read from, records how far the reader
+// has handed client messages on (`deliver` envelopes: the handler gives them to a backend in the
+// same turn): after each batch that held one, its last delivered id is moved there (XGROUP SETID,
+// sent behind the batch on the reader's connection, never awaited; a batch of wakes sends
+// nothing). When the replica dies, what lies past it never reached its backends, read or not:
+// whoever takes its sessions over delivers those again (takeUnread) instead of failing them for
+// the backend's loss. The reader itself reads through a group (XREADGROUP NOACK, the cost of an
+// XREAD) only so that both groups live and die with the inbox key alike.
 import { setTimeout as sleep } from 'node:timers/promises'
 import type { Bus, DeliverEnvelope, Envelope, EnvelopeHandler, PreparedWake } from './bus.js'
 import { compareEntryIds } from './event-log.js'
@@ -38,6 +42,8 @@ const FIELD = 'e'
 const BATCH = 100
 /** The consumer group (and its one consumer) an inbox is read through. */
 const GROUP = 'r'
+/** The group recording how far client messages were handed on to backends (never read from). */
+const HANDED = 'h'
 
 function parseEnvelope (fields: string[]): Envelope | null {
   const at = fields.indexOf(FIELD)
@@ -86,14 +92,14 @@ export class RedisBus implements Bus {
     // Only what arrives from now on: envelopes left in the inbox by an earlier life of this
     // replica id are stale. The group starts after the inbox's last entry, so anything sent
     // between start() resolving and the first read reaching Redis is delivered too.
-    const last = await storeCall(this.#redis.openInbox(key, GROUP, '', this.#opts.inboxTtlMs))
+    const last = await storeCall(this.#redis.openInbox(key, GROUP, HANDED, '', this.#opts.inboxTtlMs))
     this.#loop = this.#read(reader, key, last, handler)
   }
 
   async takeUnread (dead: string, sid: string, servedBy: string): Promise<DeliverEnvelope[]> {
     // The inbox and the session's markers in one step: only on one server (see the interface).
     if (!this.ordered) return []
-    const taken = await storeCall(this.#redis.takeUnread(inboxKey(this.#prefix, dead), sessionKeys(this.#prefix, sid).pending, GROUP, sid, servedBy))
+    const taken = await storeCall(this.#redis.takeUnread(inboxKey(this.#prefix, dead), sessionKeys(this.#prefix, sid).pending, HANDED, sid, servedBy))
     return taken.map(json => JSON.parse(json) as DeliverEnvelope)
   }
 
@@ -138,7 +144,7 @@ export class RedisBus implements Bus {
         // The group went with its key: the inbox expired while nobody sent to it, or Redis came
         // back without its data. It is made again after the last entry handled here.
         if (err instanceof Error && err.message.startsWith('NOGROUP')) {
-          const made = await reader.openInbox(key, GROUP, lastId, this.#opts.inboxTtlMs).then(() => true, () => false)
+          const made = await reader.openInbox(key, GROUP, HANDED, lastId, this.#opts.inboxTtlMs).then(() => true, () => false)
           if (made) continue
         }
         // Redis is away (the client reconnects by itself) or the read failed: wait and resume
@@ -147,6 +153,7 @@ export class RedisBus implements Bus {
         await sleep(reconnectDelay(failures, this.#opts.maxRetryDelayMs), undefined, { signal }).catch(() => {})
         continue
       }
+      let handed: string | undefined
       for (const [, entries] of reply ?? []) {
         for (const [id, fields] of entries) {
           // A Redis restarted from a snapshot older than the last read may deliver entries again.
@@ -158,6 +165,7 @@ export class RedisBus implements Bus {
             this.#opts.log?.warn({ id }, 'bus envelope is not valid JSON; dropped')
             continue
           }
+          if (envelope.kind === 'deliver') handed = id
           try {
             handler(envelope)
           } catch (err) {
@@ -167,6 +175,8 @@ export class RedisBus implements Bus {
           }
         }
       }
+      // Handed on: the next read leaves behind it on this connection, so it costs no wait.
+      if (handed !== undefined) reader.xgroup('SETID', key, HANDED, handed).catch((err: unknown) => { this.#opts.log?.debug({ err }, 'inbox position not recorded') })
     }
   }
 }

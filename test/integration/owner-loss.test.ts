@@ -13,8 +13,9 @@ import { join } from 'node:path'
 import t, { type Test } from 'tap'
 import { stdioFixture } from '../helpers/gateway.js'
 import { randomPrefix, startRedis, testRedis } from '../helpers/redis-server.js'
-import { startReplica, startRoundRobinProxy, type ReplicaProcess } from '../helpers/replicas.js'
+import { startReplica, startRoundRobinProxy, type ReplicaProcess, type RoundRobinProxy } from '../helpers/replicas.js'
 import { textOf } from '../helpers/wait.js'
+import type { Redis } from '../../src/state/redis/client.js'
 import { sessionKeys } from '../../src/state/redis/keys.js'
 
 function replicaIdOf (replica: ReplicaProcess): string {
@@ -28,7 +29,19 @@ async function callLog (t: Test): Promise<{ file: string, lines: () => Promise<s
   return { file, lines: async () => (await readFile(file, 'utf8').catch(() => '')).split('\n').filter(l => l !== '') }
 }
 
-t.test('calls sent right after their owner is SIGKILLed are answered by the new owner, once; only started ones get -32007', async t => {
+interface Setup {
+  prefix: string
+  calls: Awaited<ReturnType<typeof callLog>>
+  config: Record<string, unknown>
+  replicas: ReplicaProcess[]
+  proxy: RoundRobinProxy
+  inspect: Redis
+  /** SDK sessions opened through the balancer. */
+  clients: Array<{ client: Client, sid: string }>
+}
+
+/** Three replicas on one Redis behind the balancer, a stdio backend logging its echo calls, `n` SDK sessions. */
+async function setup (t: Test, n: number): Promise<Setup> {
   const redis = await startRedis(t)
   const prefix = randomPrefix()
   const calls = await callLog(t)
@@ -36,14 +49,21 @@ t.test('calls sent right after their owner is SIGKILLed are answered by the new 
   const replicas = await Promise.all(['A', 'B', 'C'].map(async name => await startReplica(t, name, config)))
   const proxy = await startRoundRobinProxy(t, replicas.map(r => r.url))
   const inspect = await testRedis(t, redis.url)
-
-  const sessions: Array<{ client: Client, owner: string }> = []
-  for (let i = 0; i < 6; i++) {
+  const clients: Setup['clients'] = []
+  for (let i = 0; i < n; i++) {
     const client = new Client({ name: `owner-loss-${i}`, version: '1' }, { capabilities: {} })
     await client.connect(new StreamableHTTPClientTransport(new URL(`${proxy.url}/mcp/full`)))
     t.teardown(async () => { await client.close().catch(() => {}) })
+    clients.push({ client, sid: (client.transport as StreamableHTTPClientTransport).sessionId ?? '' })
+  }
+  return { prefix, calls, config, replicas, proxy, inspect, clients }
+}
+
+t.test('calls sent right after their owner is SIGKILLed are answered by the new owner, once; only started ones get -32007', async t => {
+  const { prefix, calls, replicas, proxy, inspect, clients } = await setup(t, 6)
+  const sessions: Array<{ client: Client, owner: string }> = []
+  for (const [i, { client, sid }] of clients.entries()) {
     t.equal(textOf(await client.callTool({ name: 'echo', arguments: { text: `before-${i}` } })), `before-${i}`)
-    const sid = (client.transport as StreamableHTTPClientTransport).sessionId ?? ''
     sessions.push({ client, owner: String(await inspect.get(sessionKeys(prefix, sid).owner)) })
   }
   // The replica owning the most sessions dies; the balancer stops sending to it at once.
@@ -76,4 +96,46 @@ t.test('calls sent right after their owner is SIGKILLed are answered by the new 
   t.ok(redelivered.length >= 1, `calls routed to the dead owner were taken from its inbox (${redelivered.length} log lines)`)
   // And the sessions go on.
   for (const [i, s] of sessions.entries()) t.equal(textOf(await s.client.callTool({ name: 'echo', arguments: { text: `later-${i}` } })), `later-${i}`)
+})
+
+t.test('owners killed at random points of a request\'s path: one answer each; -32007 only for calls a backend had', async t => {
+  const { prefix, calls, config, replicas, proxy, inspect, clients } = await setup(t, 3)
+  const outcomes: Array<{ text: string, outcome: 'result' | 'lost' | 'other', detail: string }> = []
+  const delays: number[] = []
+  for (let round = 0; round < 3; round++) {
+    const { client, sid } = clients[round]!
+    // A call first: a session whose owner an earlier round killed is taken over by it.
+    t.equal(textOf(await client.callTool({ name: 'echo', arguments: { text: `warm-${round}` } })), `warm-${round}`, `round ${round}: the session answers`)
+    const ownerId = String(await inspect.get(sessionKeys(prefix, sid).owner))
+    const victim = replicas.find(r => replicaIdOf(r) === ownerId)
+    if (victim === undefined) { t.fail(`round ${round}: no live replica owns the session`); continue }
+    // The POSTs go to the other replicas, so each call's path crosses the victim's inbox, its
+    // backend and its append; the kill lands somewhere along it.
+    proxy.setTargets(replicas.filter(r => r !== victim).map(r => r.url))
+    const texts = [0, 1, 2, 3, 4, 5].map(k => `r${round}-${k}`)
+    const pending = texts.map(async (text, k) => {
+      await new Promise(resolve => setTimeout(resolve, k * 4))
+      try {
+        const got = textOf(await client.callTool({ name: 'echo', arguments: { text } }, undefined, { timeout: 30_000 }))
+        outcomes.push({ text, outcome: got === text ? 'result' : 'other', detail: got })
+      } catch (err) {
+        outcomes.push({ text, outcome: err instanceof McpError && err.code === -32007 ? 'lost' : 'other', detail: String(err).slice(0, 160) })
+      }
+    })
+    const delay = Math.floor(Math.random() * 40)
+    delays.push(delay)
+    await new Promise(resolve => setTimeout(resolve, delay))
+    await victim.kill()
+    await Promise.all(pending)
+    // The victim comes back under a new id; the balancer sends to all again.
+    const index = replicas.indexOf(victim)
+    replicas[index] = await startReplica(t, `${victim.name}${round}`, config)
+    proxy.setTargets(replicas.map(r => r.url))
+  }
+  t.comment(`kill delays ${delays.join(', ')} ms; ${outcomes.filter(o => o.outcome === 'result').length} results, ${outcomes.filter(o => o.outcome === 'lost').length} -32007`)
+  t.equal(outcomes.length, 18, 'every call got an answer (none timed out at the client)')
+  t.same(outcomes.filter(o => o.outcome === 'other'), [], 'each a result or -32007')
+  const log = await calls.lines()
+  t.same(outcomes.filter(o => o.outcome === 'lost' && !log.includes(o.text)), [], 'no call answered -32007 that never reached a backend')
+  t.same(outcomes.filter(o => log.filter(l => l === o.text).length > 1).map(o => o.text), [], 'no call reached a backend twice')
 })

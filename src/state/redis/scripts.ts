@@ -415,33 +415,36 @@ return dropped`
    *   returns the entry id
    */
   /*
-   * openInbox: makes the consumer group a replica's inbox is read through (XREADGROUP NOACK), so
-   * Redis itself records how far that reader got: what lies past the group's last delivered id
-   * was never read (takeUnread). Created at ARGV[2], or at the inbox's last entry when '' (what
-   * an earlier life of the replica id left is stale); an existing group is moved there. A stream
-   * made for the group alone gets the inbox TTL.
+   * openInbox: makes the two consumer groups of a replica's inbox: the one it is read through
+   * (ARGV[1], XREADGROUP NOACK) and one that only records how far the reader has handed client
+   * messages on to its backends (ARGV[2], moved with XGROUP SETID after each batch): what lies
+   * past the second was never handed on (takeUnread). Both start at ARGV[3], or at the inbox's
+   * last entry when '' (what an earlier life of the replica id left is stale); existing groups
+   * are moved there. A stream made for the groups alone gets the inbox TTL.
    *   KEYS[1] inbox
-   *   ARGV[1] group   ARGV[2] start id or ''   ARGV[3] ttl ms
-   *   returns the id the group starts after
+   *   ARGV[1] read group   ARGV[2] handed group   ARGV[3] start id or ''   ARGV[4] ttl ms
+   *   returns the id the groups start after
    */
   openInbox: {
     numberOfKeys: 1,
     lua: `
-local start = ARGV[2]
+local start = ARGV[3]
 if start == '' then
   local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
   start = last[1] and last[1][1] or '0-0'
 end
-local made = redis.pcall('XGROUP', 'CREATE', KEYS[1], ARGV[1], start, 'MKSTREAM')
-if type(made) == 'table' and made.err then redis.call('XGROUP', 'SETID', KEYS[1], ARGV[1], start) end
-if redis.call('PTTL', KEYS[1]) == -1 then redis.call('PEXPIRE', KEYS[1], ARGV[3]) end
+for g = 1, 2 do
+  local made = redis.pcall('XGROUP', 'CREATE', KEYS[1], ARGV[g], start, 'MKSTREAM')
+  if type(made) == 'table' and made.err then redis.call('XGROUP', 'SETID', KEYS[1], ARGV[g], start) end
+end
+if redis.call('PTTL', KEYS[1]) == -1 then redis.call('PEXPIRE', KEYS[1], ARGV[4]) end
 return start`
   },
 
   /*
-   * takeUnread: the client messages of one session that a dead replica never read (its inbox's
-   * entries past its reader group's last delivered id; all of them when the group is gone with
-   * the key, since that reader read nothing of them). They leave the inbox (a reader that was
+   * takeUnread: the client messages of one session that a dead replica never handed on to a
+   * backend (its inbox's entries past the last delivered id of its `handed` group, openInbox; all
+   * of them when the group is gone with the key). They leave the inbox (a reader that was
    * only frozen can no longer get them, so each is delivered once), and the pending marker of
    * each request names ARGV[3] from now on, the replica that will serve it. A request already
    * answered (a tombstone) is dropped; responses to server requests stay (they die with it).
@@ -505,7 +508,7 @@ declare module 'ioredis' {
     takeOwner (owner: RedisKey, replicaId: string, from: string, ttlMs: number): Result<string, Context>
     markPending (events: RedisKey, streams: RedisKey, pending: RedisKey, seq: RedisKey, holder: RedisKey, meta: RedisKey, maxLen: number, ttlMs: number, priming: string, streamId: string, servedBy: string, holderMs: number, holderReplica: string, ...fields: string[]): Result<string | null, Context>
     claimOrphans (pending: RedisKey, replicaId: string, except: string): Result<string[], Context>
-    openInbox (inbox: RedisKey, group: string, start: string, ttlMs: number): Result<string, Context>
+    openInbox (inbox: RedisKey, readGroup: string, handedGroup: string, start: string, ttlMs: number): Result<string, Context>
     takeUnread (inbox: RedisKey, pending: RedisKey, group: string, sid: string, servedBy: string): Result<string[], Context>
     claimOwner (owner: RedisKey, replicaId: string, ttlMs: number): Result<string, Context>
     renewLease (lease: RedisKey, replicaId: string, ttlMs: number): Result<0 | 1, Context>
