@@ -4,14 +4,19 @@
 //   does) while its inbox reader stays up: every answer A's backend gives still reaches its client;
 // - Redis killed mid-call and restarted from its append-only file: the call gets exactly one
 //   answer within seconds, and the session carries on;
-// - Redis restarted empty: the old session answers 404 and its child is stopped.
+// - Redis restarted empty: the old session answers 404 and its child is stopped;
+// - a Sentinel failover under SDK sessions calling in a loop: no call unanswered.
+import { Client } from '@modelcontextprotocol/sdk/client/index.js'
+import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
+import { McpError } from '@modelcontextprotocol/sdk/types.js'
 import { setTimeout as sleep } from 'node:timers/promises'
 import t, { type Test } from 'tap'
 import { stdioFixture } from '../helpers/gateway.js'
 import { randomPrefix, startRedis, testRedis, type RedisServer } from '../helpers/redis-server.js'
-import { startReplica, type ReplicaProcess } from '../helpers/replicas.js'
+import { startSentinelSetup } from '../helpers/redis-topologies.js'
+import { startReplica, startRoundRobinProxy, type ReplicaProcess } from '../helpers/replicas.js'
 import { SseReader } from '../helpers/sse-client.js'
-import { eventually } from '../helpers/wait.js'
+import { eventually, textOf } from '../helpers/wait.js'
 
 const HEADERS = { 'content-type': 'application/json', accept: 'application/json, text/event-stream', 'mcp-protocol-version': '2025-11-25' }
 /** The backend's deadline: an answer lost on the way would show as -32006 after this plus 5 s. */
@@ -120,4 +125,47 @@ t.test('Redis restarted empty: the old session answers 404 and its child is stop
   const alive = (): boolean => { try { process.kill(pid, 0); return true } catch { return false } }
   t.equal(await eventually('the child to stop', () => alive() ? undefined : 'stopped', 20_000, 200), 'stopped', 'the session\'s child was stopped')
   t.equal((await call(a.url, sid, 3, 'echo', { text: 'y' })).status, 404, 'on its owner too')
+})
+
+t.test('a Sentinel failover under load leaves no call unanswered', async t => {
+  const sentinel = await startSentinelSetup(t)
+  const config = {
+    redis: { url: sentinel.primary.url, sentinels: [sentinel.sentinel.url], name: sentinel.name, keyPrefix: randomPrefix(), connectTimeoutMs: 2000 },
+    servers: { full: stdioFixture('full-server', [], { requestTimeoutMs: REQUEST_TIMEOUT_MS }) }
+  }
+  const replicas = await Promise.all(['A', 'B'].map(async name => await startReplica(t, name, config)))
+  const proxy = await startRoundRobinProxy(t, replicas.map(r => r.url))
+  const clients = await Promise.all([0, 1, 2, 3, 4, 5].map(async i => {
+    const client = new Client({ name: `failover-${i}`, version: '1' }, { capabilities: {} })
+    await client.connect(new StreamableHTTPClientTransport(new URL(`${proxy.url}/mcp/full`)))
+    t.teardown(async () => { await client.close().catch(() => {}) })
+    return client
+  }))
+  const figures = { calls: 0, results: 0, unanswered: 0, wrong: 0, errors: {} as Record<string, number> }
+  let stopAt = Infinity
+  const loops = clients.map(async (client, i) => {
+    for (let n = 0; Date.now() < stopAt; n++) {
+      figures.calls++
+      try {
+        const got = textOf(await client.callTool({ name: 'echo', arguments: { text: `c${i}-${n}` } }, undefined, { timeout: 20_000 }))
+        if (got === `c${i}-${n}`) figures.results++
+        else figures.wrong++
+      } catch (err) {
+        if (err instanceof McpError && err.code === -32001 && /timed out/i.test(err.message)) figures.unanswered++
+        const code = err instanceof McpError ? String(err.code) : 'http'
+        figures.errors[code] = (figures.errors[code] ?? 0) + 1
+        await sleep(100)
+      }
+    }
+  })
+  await sleep(1_500)
+  await sentinel.primary.kill()
+  await eventually('Sentinel to promote the replica', () => sentinel.primaryPort() === sentinel.replica.port ? true : undefined, 20_000, 100)
+  stopAt = Date.now() + 3_000
+  await Promise.all(loops)
+  t.comment(JSON.stringify(figures))
+  t.ok(figures.calls >= 50, `calls made (${figures.calls})`)
+  t.equal(figures.unanswered, 0, 'no call went unanswered')
+  t.equal(figures.wrong, 0, 'no call got another call\'s answer')
+  t.ok(figures.results > figures.calls * 0.5, `most calls got their result (${figures.results} of ${figures.calls})`)
 })
