@@ -55,10 +55,13 @@ const STREAM_PREFIX = randomBytes(9).toString('base64url')
 export const APPEND_RETRY_MS = 5_000
 const APPEND_RETRY_EVERY_MS = 50
 
-/** The client refused the command while disconnected (no offline queue): it never reached Redis. */
+/**
+ * The client refused the command while disconnected (no offline queue): it never reached Redis.
+ * ioredis says so only in its message ("Stream isn't writeable …", "Cluster isn't ready …").
+ */
 function neverSent (err: unknown): boolean {
   const cause = err instanceof Error ? err.cause : undefined
-  return cause instanceof Error && cause.message.includes("isn't writeable")
+  return cause instanceof Error && cause.message.endsWith('and enableOfflineQueue options is false')
 }
 let streamSeq = 0
 
