@@ -11,7 +11,7 @@
 //   within it), so a replica killed without its shutdown path is known dead within seconds, not
 //   after a full lease; a positive answer is cached for a third of that.
 // - Takeover (routed sessions): when the owner is dead, the next request for the session, on any
-//   replica, takes the lease (takeOver), takes what the dead owner never read from its inbox
+//   replica, takes the lease (takeOver), takes what the dead owner never handed on from its inbox
 //   (those requests never reached its backend: they are delivered again to the new one, issue
 //   28), answers the rest of what was in flight on it with -32007 (its pending markers,
 //   failOrphans) and starts the backend with the client's replayed initialize, initialized, log
@@ -56,7 +56,7 @@ export interface OwnershipOptions extends Omit<ReplicaContext, 'eventLog' | 'bus
   /** A tenant's tool policy on a server (auth/tool-policy.ts): filters its tools/list answers. */
   toolPolicy?: ToolPolicyLookup
   /**
-   * Before a takeover's backend starts: what the lost owner (`from`) never read is taken from its
+   * Before a takeover's backend starts: what the lost owner (`from`) never handed on is taken from its
    * inbox and returned (for redeliver); every other request in flight on it gets -32007.
    */
   failOrphans: (sid: string, server: string, reason: string, from: string | null) => Promise<DeliverEnvelope[]>
@@ -128,7 +128,7 @@ export class Ownership {
     if (again !== undefined) return await again
     const opening = (async () => {
       // What the lost owner had in flight is answered first: its answers can no longer come.
-      // What it never read goes to the new backend, before anything sent to it meanwhile.
+      // What it never handed on goes to the new backend, before anything sent to it meanwhile.
       const unread = await this.#o.failOrphans(record.id, record.server, from === null ? 'owner lease expired' : `replica ${from} is gone`, from)
       try {
         const relay = await this.open(record, undefined, true, true)

@@ -57,6 +57,8 @@ export class Router {
   #storeDown = false
   /** When the heartbeat first failed in the outage going on, if one is. */
   #storeDownSince: number | undefined
+  /** `<sid> <replica>`: requests of a lost replica being settled now (#orphansOf). */
+  readonly #adopting = new Set<string>()
   /** Requests answered directly while the store was away: their markers are taken once it is back. */
   #answeredWithoutLog: Array<{ sid: string, streamId: string, id: RequestId }> = []
   #seq = 0
@@ -363,9 +365,9 @@ export class Router {
   }
 
   /**
-   * A takeover here (Ownership.takeOver): what the lost owner `dead` never read of the session's
-   * messages never reached its backend, so it is taken from its inbox for this replica to deliver
-   * again (its markers name this replica now); every other request recorded up to now gets -32007.
+   * A takeover here (Ownership.takeOver): what the lost owner `dead` never handed on to its backend
+   * of the session's messages is taken from its inbox for this replica to deliver again (its
+   * markers name this replica now); every other request recorded up to now gets -32007.
    */
   async #adoptOrphans (sid: string, server: string, reason: string, dead: string | null): Promise<DeliverEnvelope[]> {
     const unread = dead === null ? [] : await this.#takeUnread(dead, sid, this.replicaId)
@@ -378,7 +380,7 @@ export class Router {
       this.#o.log.warn({ err, sid: shortHash(sid) }, 'unread messages of a lost replica not taken; its requests get -32007')
       return []
     })
-    if (unread.length > 0) this.#o.log.info({ sid: shortHash(sid), from: dead, to: servedBy, messages: unread.length }, 'messages a lost replica never read are delivered again')
+    if (unread.length > 0) this.#o.log.info({ sid: shortHash(sid), from: dead, to: servedBy, messages: unread.length }, 'messages a lost replica never handed on are delivered again')
     return unread
   }
 
@@ -393,9 +395,9 @@ export class Router {
 
   /**
    * Requests served by `dead`, a replica that is gone (found by the POST streams waiting here).
-   * Those it never read (still in its inbox) never reached a backend: they go to the session's
-   * owner now (taken over here if the owner is gone too) and are answered normally. The rest may
-   * have reached its backend and get -32007. Direct sessions, and a session whose route is not
+   * Those it never handed on (still in its inbox) never reached a backend: they go to the
+   * session's owner now (taken over here if the owner is gone too) and are answered normally. The
+   * rest may have reached its backend and get -32007. Direct sessions, and a session whose route is not
    * known (gone, or the cached liveness still says `dead` is alive), only get the -32007.
    */
   async #orphansOf (sid: string, server: string, dead: string, local: Relay | undefined, record: SessionRecord | null): Promise<void> {
@@ -545,10 +547,21 @@ export class Router {
       // session's POST; a routed session's owner as routed to). Requests served by a replica that
       // is gone died with it, whoever owns the session now: a replica that kept serving a session
       // another one had taken over (its lease not yet found lost) and then died is one case.
+      let adopting = false
       for (const replica of await this.#o.eventLog.pendingReplicas(sid)) {
         if (replica === this.replicaId || await store.isAlive(replica)) continue
-        await this.#orphansOf(sid, server, replica, local, record)
+        adopting = true
+        // Not awaited: it may take the session over and start its backend, which must not hold
+        // up this replica's own heartbeat (a beat skipped for that long would look like a death).
+        const key = `${sid} ${replica}`
+        if (this.#adopting.has(key)) continue
+        this.#adopting.add(key)
+        this.#orphansOf(sid, server, replica, local, record)
+          .catch(err => log.warn({ err, sid: shortHash(sid) }, 'requests of a lost replica not settled'))
+          .finally(() => this.#adopting.delete(key))
       }
+      // Settled there, with what the lost replica never handed on delivered again (not failed below).
+      if (adopting) continue
       // A routed session whose backend runs here: its answers come from here.
       if (local !== undefined && !local.direct) continue
       if (record === null || this.#ownership.isDirect(record.server)) continue

@@ -92,7 +92,7 @@ t.test('calls sent right after their owner is SIGKILLed are answered by the new 
   t.ok(lost instanceof McpError && lost.code === -32007, 'the call the dead backend had started got -32007')
   const log = await calls.lines()
   for (let i = 0; i < 6; i++) t.equal(log.filter(l => l === `after-${i}`).length, 1, `after-${i} reached a backend exactly once`)
-  const redelivered = replicas.filter(r => r !== victim).flatMap(r => r.logs).filter(l => l.msg === 'messages a lost replica never read are delivered again')
+  const redelivered = replicas.filter(r => r !== victim).flatMap(r => r.logs).filter(l => l.msg === 'messages a lost replica never handed on are delivered again')
   t.ok(redelivered.length >= 1, `calls routed to the dead owner were taken from its inbox (${redelivered.length} log lines)`)
   // And the sessions go on.
   for (const [i, s] of sessions.entries()) t.equal(textOf(await s.client.callTool({ name: 'echo', arguments: { text: `later-${i}` } })), `later-${i}`)
