@@ -141,9 +141,10 @@ export class RedisBus implements Bus {
         failures = 0
       } catch (err) {
         if (signal.aborted) break
-        // The group went with its key: the inbox expired while nobody sent to it, or Redis came
-        // back without its data. It is made again after the last entry handled here.
-        if (err instanceof Error && err.message.startsWith('NOGROUP')) {
+        // The group went with its key: the inbox expired while nobody sent to it (a blocked read
+        // is then ended with UNBLOCKED), or Redis came back without its data. It is made again
+        // after the last entry handled here.
+        if (err instanceof Error && /^(NOGROUP|UNBLOCKED)/.test(err.message)) {
           const made = await reader.openInbox(key, GROUP, HANDED, lastId, this.#opts.inboxTtlMs).then(() => true, () => false)
           if (made) continue
         }

@@ -119,3 +119,23 @@ t.test('takeUnread: a dead replica\'s envelopes past what it handed on, once, th
   const unordered = new RedisBus(redis, newReader, prefix, { inboxTtlMs: 60_000 })
   t.same(await unordered.takeUnread('rdead', 'OTHER', 'rnew'), [], 'a bus that cannot change inbox and markers in one step takes nothing')
 })
+
+t.test('an inbox that expired under its reader is made again, groups and all, and read on at once', async t => {
+  const redis = await testRedis(t, server.url)
+  const prefix = randomPrefix()
+  const bus = new RedisBus(redis, newReader, prefix, { inboxTtlMs: 60_000, ordered: true })
+  t.teardown(() => bus.close())
+  const inbox = new Inbox()
+  await bus.start('r', inbox.handler)
+  await new Promise(resolve => setTimeout(resolve, 100)) // the reader blocks on the inbox
+  await redis.del(`${prefix}:inbox:r`) // as its TTL would
+  const sentAt = Date.now()
+  await bus.send('r', { kind: 'wake', sid: 's', streamId: 'after' })
+  t.same(await inbox.until(1), [{ kind: 'wake', sid: 's', streamId: 'after' }], 'the envelope sent after is delivered')
+  t.ok(Date.now() - sentAt < 2_000, `within the read's backoff, not a block later (${Date.now() - sentAt} ms)`)
+  const groups = await eventually('both groups again', async () => {
+    const list = (await redis.call('XINFO', 'GROUPS', `${prefix}:inbox:r`) as string[][]).map(g => g[1]).sort()
+    return list.length === 2 ? list : undefined
+  })
+  t.same(groups, ['h', 'r'], 'the read group and the handed-on group')
+})
