@@ -80,8 +80,8 @@ export interface Bus {
    */
   prepareWake (replicaId: string, sid: string, streamId: string, json: string, stamp?: { sentAt: number }): PreparedWake | undefined
   /**
-   * A replica is gone: the requests and notifications of session `sid` that it never read from its
-   * inbox (so no backend of it ever got them) leave that inbox and are returned, oldest first; the
+   * A replica is gone: the requests and notifications of session `sid` that it never handed on to
+   * a backend (still in its inbox, read or not) leave that inbox and are returned, oldest first; the
    * pending marker of each request names `servedBy` from then on (the replica that delivers them
    * again), in the same step. Requests already answered are left out. Empty when the bus cannot
    * tell what was read, or cannot change the markers in that step (not `ordered`: the memory bus,
