@@ -11,14 +11,17 @@
 //   within it), so a replica killed without its shutdown path is known dead within seconds, not
 //   after a full lease; a positive answer is cached for a third of that.
 // - Takeover (routed sessions): when the owner is dead, the next request for the session, on any
-//   replica, takes the lease (takeOver), answers what was in flight on the dead owner with
-//   -32007 (its pending markers, failOrphans) and starts the backend with the client's replayed
-//   initialize, initialized, log level and subscriptions (the supervisor's crash path). What the
-//   backend kept in its memory is lost; the client keeps its session, streams and history.
+//   replica, takes the lease (takeOver), takes what the dead owner never handed on from its inbox
+//   (those requests never reached its backend: they are delivered again to the new one, issue
+//   28), answers the rest of what was in flight on it with -32007 (its pending markers,
+//   failOrphans) and starts the backend with the client's replayed initialize, initialized, log
+//   level and subscriptions (the supervisor's crash path). What the backend kept in its memory is
+//   lost; the client keeps its session, streams and history.
 import { filterToolsListOf, type ToolPolicyLookup } from '../auth/tool-policy.js'
 import type { AggregateServerConfig, ServerConfig } from '../config/schema.js'
 import type { ServerSource } from '../config/live.js'
 import { GW_ERR_BACKEND_UNAVAILABLE, GW_ERR_SERVER_NOT_FOUND, type GatewayError } from '../core/errors.js'
+import type { DeliverEnvelope } from '../state/bus.js'
 import type { EstablishedState, SessionRecord } from '../state/session-store.js'
 import { lazyChild, shortHash } from '../telemetry/logger.js'
 import type { SupervisedHandlers, SupervisedOpenOptions } from '../backends/supervisor.js'
@@ -55,8 +58,13 @@ export interface OwnershipOptions extends Omit<ReplicaContext, 'eventLog' | 'bus
   upstream?: UpstreamLookup
   /** A tenant's tool policy on a server (auth/tool-policy.ts): filters its tools/list answers. */
   toolPolicy?: ToolPolicyLookup
-  /** Answers every request in flight on a lost owner with -32007 (its pending markers). */
-  failOrphans: (sid: string, server: string, reason: string) => Promise<void>
+  /**
+   * Before a takeover's backend starts: what the lost owner (`from`) never handed on is taken from its
+   * inbox and returned (for redeliver); every other request in flight on it gets -32007.
+   */
+  failOrphans: (sid: string, server: string, reason: string, from: string | null) => Promise<DeliverEnvelope[]>
+  /** Hands what failOrphans took to the takeover's relay, or answers its requests with `to.err`. */
+  redeliver: (envelopes: DeliverEnvelope[], to: { relay: Relay } | { err: GatewayError }) => void
   /** The pools an aggregate's pooled members run on. */
   pool: ConnectionPool
 }
@@ -125,13 +133,16 @@ export class Ownership {
     if (again !== undefined) return await again
     const opening = (async () => {
       // What the lost owner had in flight is answered first: its answers can no longer come.
-      await this.#o.failOrphans(record.id, record.server, from === null ? 'owner lease expired' : `replica ${from} is gone`)
+      // What it never handed on goes to the new backend, before anything sent to it meanwhile.
+      const unread = await this.#o.failOrphans(record.id, record.server, from === null ? 'owner lease expired' : `replica ${from} is gone`, from)
       try {
         const relay = await this.open(record, undefined, true, true)
-        relay.log.warn({ from }, 'took over a session whose owner replica is gone; backend restarted and re-initialised')
+        relay.log.warn({ from, redelivered: unread.length }, 'took over a session whose owner replica is gone; backend restarted and re-initialised')
+        this.#o.redeliver(unread, { relay })
         return relay
       } catch (err) {
         await store.releaseOwner(record.id, replicaId).catch(() => {})
+        this.#o.redeliver(unread, { err: new GW_ERR_BACKEND_UNAVAILABLE(record.server, `the takeover could not start it (${err instanceof Error ? err.message : String(err)})`) })
         throw err
       }
     })().finally(() => this.#opening.delete(record.id))

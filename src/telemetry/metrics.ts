@@ -12,7 +12,7 @@ import { performance } from 'node:perf_hooks'
 import type { Command } from 'ioredis'
 import type { Redis } from '../state/redis/client.js'
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client'
-import type { Bus, Envelope, EnvelopeHandler, PreparedWake } from '../state/bus.js'
+import type { Bus, DeliverEnvelope, Envelope, EnvelopeHandler, PreparedWake } from '../state/bus.js'
 
 /** MCP method names (semconv `mcp.method.name` values, plus the 2025-11-25 tasks methods). */
 export const MCP_METHODS: readonly string[] = [
@@ -434,6 +434,10 @@ class InstrumentedBus implements Bus {
     // Stamped like a sent envelope; counted once the event log wrote it.
     const prepared = this.bus.prepareWake(replicaId, sid, streamId, json, { sentAt: Date.now() })
     return prepared === undefined ? undefined : { ...prepared, sent: () => { this.sent('wake') } }
+  }
+
+  async takeUnread (dead: string, sid: string, servedBy: string): Promise<DeliverEnvelope[]> {
+    return await this.bus.takeUnread(dead, sid, servedBy)
   }
 
   async close (): Promise<void> { await this.bus.close() }
