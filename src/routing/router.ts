@@ -403,8 +403,12 @@ export class Router {
     if (route instanceof PooledRoute) route.release()
   }
 
-  /** `ownerRead`: the owner as prefetchOwner() started reading it. */
-  async #routeOf (record: SessionRecord, ownerRead?: Promise<string | null>): Promise<Relay | string> {
+  /**
+   * `ownerRead`: the owner as prefetchOwner() started reading it. `lost`: a replica found dead that served the session's requests. When the owner lease lapsed
+   * before that replica was known dead (a lease as short as a heartbeat), it is the owner the
+   * takeover takes over from, so what it never handed on is read from its inbox and delivered again.
+   */
+  async #routeOf (record: SessionRecord, ownerRead?: Promise<string | null>, lost?: string): Promise<Relay | string> {
     const sid = record.id
     const ownership = this.#ownership
     // A takeover starting the backend here: its relay is registered before the backend runs, so
@@ -421,7 +425,7 @@ export class Router {
       await this.#sessions.end(sid, 'owner replica gone')
       throw new GW_ERR_SESSION_NOT_FOUND()
     }
-    return await ownership.takeOver(record, owner)
+    return await ownership.takeOver(record, owner ?? lost ?? null)
   }
 
   #onOwnerLoss (server: string): 'carry-on' | 'end' {
@@ -470,7 +474,7 @@ export class Router {
     let target: Route | undefined = local
     // A pooled session's requests ran on the dead replica's own pool: nothing of them is left to take over.
     if (target === undefined && record !== null && !this.#ownership.isDirect(record.server) && !this.#pooled.isPooled(record.server)) {
-      target = await this.#routeOf(record).catch((err: unknown) => {
+      target = await this.#routeOf(record, undefined, dead).catch((err: unknown) => {
         this.#o.log.warn({ err, sid: shortHash(sid) }, 'no owner found for the requests of a lost replica')
         return undefined
       })
@@ -616,8 +620,11 @@ export class Router {
       // is gone died with it, whoever owns the session now: a replica that kept serving a session
       // another one had taken over (its lease not yet found lost) and then died is one case.
       let adopting = false
+      /** A replica serving some of these requests still has a heartbeat. */
+      let servedByLive = false
       for (const replica of await this.#o.eventLog.pendingReplicas(sid)) {
-        if (replica === this.replicaId || await store.isAlive(replica)) continue
+        if (replica === this.replicaId) continue
+        if (await store.isAlive(replica)) { servedByLive = true; continue }
         adopting = true
         // Not awaited: it may take the session over and start its backend, which must not hold
         // up this replica's own heartbeat (a beat skipped for that long would look like a death).
@@ -637,6 +644,10 @@ export class Router {
       if (this.#ownership.has(sid)) continue
       const owner = await store.getOwner(sid)
       if (owner === this.replicaId || (owner !== null && await store.isAlive(owner))) continue
+      // A lease shorter than a heartbeat (redis.leaseMs under 3 s) lapses before its dead holder
+      // is known dead: the replica serving the requests is found gone on a later beat, and what it
+      // never handed on is delivered again then (above), not failed now.
+      if (owner === null && servedByLive) continue
       await this.#failOrphans(sid, record.server, owner === null ? 'owner lease expired' : `replica ${owner} is gone`)
     }
   }

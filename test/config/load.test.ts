@@ -529,14 +529,14 @@ t.test('parseArgs', async t => {
   t.throws(() => parseArgs(['--check-config', 'a.yaml', '--config', 'b.yaml']), { code: 'GW_ERR_CONFIG_INVALID', message: /do not go together/ })
 })
 
-t.test('pooled sessions: maxSessions defaults by mode, poolSize never above poolMax', async t => {
+t.test('pooled sessions: maxSessions defaults by mode', async t => {
   const pooled = parseConfig(minimal({ x: { ...stdio, sessions: 'pooled' } }), {})
   t.equal((pooled.servers.x as StdioServerConfig).maxSessions, 10_000, 'pooled: sessions, 10000 by default')
   t.equal((pooled.servers.x as StdioServerConfig).poolMax, 16)
   const dedicated = parseConfig(minimal({ x: stdio }), {})
   t.equal((dedicated.servers.x as StdioServerConfig).maxSessions, 100, 'dedicated: children, 100 by default')
   t.equal((parseConfig(minimal({ x: { ...stdio, sessions: 'pooled', maxSessions: 50 } }), {}).servers.x as StdioServerConfig).maxSessions, 50, 'a given maxSessions stands')
-  t.throws(() => parseConfig(minimal({ x: { ...stdio, poolSize: 8, poolMax: 4 } }), {}), /poolSize.*must not be larger than poolMax/)
+  t.equal((parseConfig(minimal({ x: { ...stdio, poolMax: 2 } }), {}).servers.x as StdioServerConfig).poolSize, 4, 'a poolMax below the default poolSize is taken as it is (at most poolMax are ever kept)')
   t.throws(() => parseConfig(minimal({ x: { ...stdio, sessions: 'shared' } }), {}), /sessions.*must be one of: dedicated, pooled/)
   t.throws(() => parseConfig(minimal({ h: { transport: 'streamable-http', url: 'http://127.0.0.1:9/mcp', sessions: 'pooled' } }), {}), /sessions/, 'only stdio servers have a mode')
 })

@@ -54,7 +54,11 @@ t.test('an aggregate session through two replicas, and its owner killed', async 
   await owner.kill()
   proxy.setTargets([survivor.url])
   const started = Date.now()
-  t.equal(textOf(await client.callTool({ name: 'echo', arguments: { text: 'after' } })), 'after', 'the next request is answered: the members were started again on the survivor')
+  const after = await client.callTool({ name: 'echo', arguments: { text: 'after' } }).catch((err: Error) => {
+    t.comment(JSON.stringify(survivor.logs.filter(l => Number(l.level) >= 40 || /took over|delivered again|orphan/i.test(String(l.msg))).slice(-15)))
+    throw err
+  })
+  t.equal(textOf(after), 'after', 'the next request is answered: the members were started again on the survivor')
   t.ok(Date.now() - started < 15_000, `within seconds (${Date.now() - started} ms)`)
   t.not(textOf(await client.callTool({ name: 'pid', arguments: {} })), pidBefore, 'by a new child')
   t.equal(textOf(await client.callTool({ name: 'shared__echo', arguments: { text: 'pooled after' } })), 'pooled after')

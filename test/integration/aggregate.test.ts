@@ -135,7 +135,7 @@ t.test('a member that is down is left out; its return brings its tools back with
       full,
       flaky: { transport: 'stdio', command: process.execPath, args: ['-e', script], restart: { maxRestarts: 0 } },
       silent: stdioFixture('hostile-silent'),
-      agg: { transport: 'aggregate', memberTimeoutMs: 800, members: [{ server: 'full', prefix: '' }, { server: 'flaky' }, { server: 'silent' }] }
+      agg: { transport: 'aggregate', memberTimeoutMs: 4000, members: [{ server: 'full', prefix: '' }, { server: 'flaky' }, { server: 'silent' }] }
     }
   })
   const client = await connect(t, gw)
