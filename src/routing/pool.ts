@@ -29,9 +29,10 @@ import {
 } from '../core/errors.js'
 import { isRecord, isRequest, isResponse, type JsonRpcMessage, type JsonRpcRequest, type JsonRpcResponse } from '../core/jsonrpc.js'
 import { LATEST_VERSION } from '../core/protocol-version.js'
+import { GET_STREAM } from '../state/event-log.js'
 import type { GatewayMetrics } from '../telemetry/metrics.js'
 import type { BackendPool, UpstreamLookup } from './ownership.js'
-import { asGatewayError, Relay } from './relay.js'
+import { asGatewayError, Relay, SESSION_LEVEL } from './relay.js'
 
 /** What the client side of a pooled request hears: its answer (id = its key), and what relates to it. */
 export interface PoolSink {
@@ -124,6 +125,8 @@ interface Connection {
   subscriptions: Map<string, number>
   /** The level this connection's backend was last set to (logging/setLevel), if any. */
   logLevel: string | undefined
+  /** The key of the (one) client request running here, until its answer: what the backend sends without a request id is its. */
+  current: string | undefined
 }
 
 interface Waiter {
@@ -278,6 +281,7 @@ export class ConnectionPool {
       this.#internal(conn, 'logging/setLevel', { level })
     }
     conn.claims--
+    conn.current = key
     conn.relay.deliver(build(key), key)
     const relay = conn.relay
     return {
@@ -465,7 +469,7 @@ export class ConnectionPool {
       createdAt: Date.now(),
       ...(policyOf !== undefined ? { filterResult: (method: string, result: unknown) => filterToolsListOf(method, result, policyOf(tenant, server)) } : {})
     })
-    const conn: Connection = { id, server, tenant, relay, lastUsed: performance.now(), claims: claim ? 1 : 0, subscriptions: new Map(), logLevel: undefined }
+    const conn: Connection = { id, server, tenant, relay, lastUsed: performance.now(), claims: claim ? 1 : 0, subscriptions: new Map(), logLevel: undefined, current: undefined }
     try {
       relay.backend = await this.#o.backends.open(id, server, {
         onMessage: message => { relay.fromBackend(message).catch(err => log.error({ err }, 'backend message not routed')) },
@@ -524,10 +528,13 @@ export class ConnectionPool {
 
   /** A message the relay of a pooled connection addressed to one request's stream (its key). */
   #toSink (conn: Connection, streamId: string, message: JsonRpcMessage): void {
-    const sink = this.#sinks.get(streamId)
+    const sink = this.#sinks.get(streamId) ?? this.#currentSink(conn, streamId, message)
     if (sink !== undefined) {
       const done = isResponse(message) && message.id === streamId
-      if (done) this.#sinks.delete(streamId)
+      if (done) {
+        this.#sinks.delete(streamId)
+        if (conn.current === streamId) conn.current = undefined
+      }
       sink.onMessage(message)
       // Its request is settled in the relay before its answer comes here: the connection may be free.
       if (done) this.#released(conn)
@@ -541,6 +548,19 @@ export class ConnectionPool {
     // An answer nobody waits for: a cancelled request's end (its sink went with the cancellation).
     if (isResponse(message)) this.#released(conn)
     else this.#o.onServerEvent?.(conn.server, conn.tenant, message)
+  }
+
+  /**
+   * The relay sends what carries no request id (logs, server-to-client requests) to the one request
+   * in flight on its connection, else to the GET stream. A request of the pool's own in flight
+   * beside a client's (the logging/setLevel sent just before it, a listen stream's
+   * resources/subscribe) makes two, so the backend's first log of a tools/call went to the GET
+   * stream and was lost (conformance tools-call-with-logging, pooled sessions): it belongs to the
+   * client's request all the same, as session-level notifications never do.
+   */
+  #currentSink (conn: Connection, streamId: string, message: JsonRpcMessage): PoolSink | undefined {
+    if (streamId !== GET_STREAM || conn.current === undefined || isResponse(message) || SESSION_LEVEL.test(message.method)) return undefined
+    return this.#sinks.get(conn.current)
   }
 
   #forget (conn: Connection): void {
