@@ -8,7 +8,7 @@ import type { Bus } from './state/bus.js'
 import type { Config } from './config/schema.js'
 import { LiveConfig } from './config/live.js'
 import {
-  GW_ERR_INTERNAL, GW_ERR_PAYLOAD_TOO_LARGE, GW_ERR_PARSE, GW_ERR_UNSUPPORTED_MEDIA_TYPE, GW_ERR_BAD_REQUEST,
+  GW_ERR_INTERNAL, GW_ERR_PAYLOAD_TOO_LARGE, GW_ERR_PARSE, GW_ERR_UNSUPPORTED_MEDIA_TYPE, GW_ERR_BAD_REQUEST, GW_ERR_SHUTTING_DOWN,
   errorHeaders, isGatewayError, toJsonRpcError, type GatewayError
 } from './core/errors.js'
 import { MemoryEventLog } from './state/event-log-memory.js'
@@ -18,12 +18,14 @@ import httpGuard from './http/guard.js'
 import httpAuthenticate from './http/authenticate.js'
 import { TenantDirectory } from './auth/tenants.js'
 import { JwtVerifier } from './auth/jwt.js'
+import { AuthFailureBudget } from './auth/failure-budget.js'
 import httpOauthMetadata from './http/oauth-metadata.js'
 import httpLegacySse from './http/legacy-sse.js'
 import httpMetrics from './http/metrics.js'
 import httpLimits from './http/limits.js'
 import httpOps from './http/ops.js'
 import httpStreamable from './http/streamable.js'
+import { clientErrorHandler, drainBody, frameworkError } from './http/edge.js'
 import { createLogger, requestChildLogger } from './telemetry/logger.js'
 import { startTracing, stopTracing } from './telemetry/tracing.js'
 import { createMetrics, type GatewayMetrics } from './telemetry/metrics.js'
@@ -48,6 +50,9 @@ import { MemorySessionQuotas, QuotaGate, RedisSessionQuotas, type SessionQuotas 
 
 /** After the shutdown path has answered everything: connections still open are closed this much later. */
 const CLOSE_STRAGGLERS_MS = 1000
+
+/** A request (its body included) must arrive within this time (slowloris). */
+const REQUEST_TIMEOUT_MS = 30_000
 
 /** How long a call parked for an input_required round waits for the client's retry. */
 const PARKED_CALL_TTL_MS = 60_000
@@ -137,9 +142,11 @@ async function redisServices (config: Readonly<Config>, log: Logger, replicaId: 
   }
 }
 
-/** Maps Fastify's own errors (body parsing, limits) onto the gateway's typed errors. */
-function asGatewayError (err: Error & { code?: string, statusCode?: number }, bodyLimit: number): GatewayError {
+/** Maps Fastify's own errors (body parsing, limits, routing) onto the gateway's typed errors. */
+function asGatewayError (err: Error & { code?: string, statusCode?: number }, bodyLimit: number, url: string): GatewayError {
   if (isGatewayError(err)) return err
+  const routing = frameworkError(err, url)
+  if (routing !== undefined) return routing
   switch (err.code) {
     case 'FST_ERR_CTP_BODY_TOO_LARGE': return new GW_ERR_PAYLOAD_TOO_LARGE(bodyLimit)
     case 'FST_ERR_CTP_INVALID_MEDIA_TYPE': return new GW_ERR_UNSUPPORTED_MEDIA_TYPE('Content-Type must be application/json')
@@ -178,14 +185,19 @@ function countingChildren (factory: BackendFactory, metrics: GatewayMetrics): Ba
  */
 function errorHandler (config: Readonly<Config>, metrics: GatewayMetrics) {
   return (error: FastifyError, req: FastifyRequest, reply: FastifyReply): void => {
-    const err = asGatewayError(error, config.http.bodyLimit)
+    const err = asGatewayError(error, config.http.bodyLimit, req.raw.url ?? '')
     const status = err.statusCode ?? 500
     metrics.httpRefusal(status, err.code)
     if (status >= 500 && status !== 503) req.log.error({ err: error }, 'request failed')
     else if (status === 503) req.log.warn({ code: err.code, status }, 'request refused (unavailable)')
     else req.log.info({ code: err.code, status }, 'request rejected')
     reply.headers(errorHeaders(err))
-    reply.code(status).type('application/json').send(toJsonRpcError(err, req.jsonRpcId ?? null))
+    reply.code(status).type('application/json')
+    const body = toJsonRpcError(err, req.jsonRpcId ?? null)
+    // A refusal that closes the connection while the body is still arriving (413): the body is
+    // read first, within a bound, or the close resets the connection and the answer is lost.
+    if (reply.getHeader('connection') === 'close' && !req.raw.complete) drainBody(req.raw, () => { reply.send(body) })
+    else reply.send(body)
   }
 }
 
@@ -293,6 +305,7 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
     if (ended > 0) log.info({ servers: change.servers.removed, sessions: ended }, 'sessions of removed servers ended')
   })
 
+  const handleError = errorHandler(config, metrics)
   const app = Fastify({
     loggerInstance: log as FastifyBaseLogger,
     childLoggerFactory: requestChildLogger(),
@@ -300,12 +313,19 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
     exposeHeadRoutes: false,
     // Request lines are logged by the hook below, without query strings (legacy session ids).
     logController: new LogController({ disableRequestLogging: true }),
-    return503OnClosing: true,
+    // Closing: the hook below answers 503 in the gateway's format (Fastify's own has no Retry-After).
+    return503OnClosing: false,
+    // Errors before any route runs (bad percent-encoding, an over-long name) and the HTTP parser's
+    // answer in the gateway's format too (issue 28).
+    frameworkErrors: (err, req, reply) => { handleError(err, req, reply) },
+    clientErrorHandler: clientErrorHandler(metrics, log as FastifyBaseLogger, REQUEST_TIMEOUT_MS),
     // A request body must arrive within this time (slowloris); responses, SSE included, are not limited.
-    requestTimeout: 30_000
+    requestTimeout: REQUEST_TIMEOUT_MS
   })
   registerJsonParser(app)
-  app.setErrorHandler(errorHandler(config, metrics))
+  app.setErrorHandler(handleError)
+  let closing = false
+  app.addHook('onRequest', (_req, _reply, done) => { done(closing ? new GW_ERR_SHUTTING_DOWN() : undefined) })
   app.setNotFoundHandler((req, reply) => {
     metrics.httpRefusal(404, '')
     reply.code(404).type('application/json').send({ jsonrpc: '2.0', id: null, error: { code: -32000, message: `Not Found: ${req.method} ${req.url.split('?')[0] ?? ''}`, data: { source: 'gateway' } } })
@@ -322,7 +342,7 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
   }
 
   await app.register(httpGuard, { config })
-  await app.register(httpAuthenticate, { tenants, jwt: new JwtVerifier(tenants).check })
+  await app.register(httpAuthenticate, { tenants, jwt: new JwtVerifier(tenants).check, failures: new AuthFailureBudget(services.limiter, config.auth.failures) })
   await app.register(httpOauthMetadata, { tenants })
   let draining = false
   await app.register(httpOps, { router, store: services.store, draining: () => draining })
@@ -336,6 +356,7 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
 
   // SSE responses end in preClose, before Fastify waits for open requests (STYLE.md habit 8).
   app.addHook('preClose', async () => {
+    closing = true
     modern.endListeners()
     parked.clear()
     await pool.stop()

@@ -3,21 +3,85 @@
 // its resource URL), an allowed algorithm (never `none`), a valid exp/nbf and the tenant's extra
 // claims. Keys rotate: a token naming an unknown `kid` refetches the key set, at most once per
 // `jwksCooldownMs` (jose's cooldown). A key set that cannot be fetched is 503 with Retry-After,
-// not 401: the token may well be good.
-import { createRemoteJWKSet, decodeJwt, decodeProtectedHeader, errors, jwtVerify, type JWTPayload, type JWTVerifyGetKey } from 'jose'
+// not 401: the token may well be good. While it cannot be fetched, the keys already held still
+// verify tokens, and a token needing a fetch is refused at once until the backoff allows the next
+// attempt (issue 28): no request waits out the fetch deadline behind a failed one. `typ` is
+// checked where the issuer's config names one (RFC 9068: `at+jwt`).
+import {
+  createLocalJWKSet, createRemoteJWKSet, decodeJwt, decodeProtectedHeader, errors, jwtVerify,
+  type JSONWebKeySet, type JWTPayload, type JWTVerifyGetKey
+} from 'jose'
 import { GW_ERR_AUTH_UNAVAILABLE, withRetryAfter } from '../core/errors.js'
 import { AuthRefusal, invalidToken, type Endpoint } from './authenticate.js'
 import type { TenantDirectory, TenantIssuer } from './tenants.js'
 
-/** Seconds a client is told to wait when an issuer's key set cannot be fetched. */
-export const JWKS_RETRY_AFTER_S = 5
 /** Deadline of one key-set fetch. */
 export const JWKS_TIMEOUT_MS = 5000
+/** After a failed fetch, no other is tried for this long, doubling per failure up to the max. */
+export const JWKS_BACKOFF_BASE_MS = 1000
+export const JWKS_BACKOFF_MAX_MS = 30_000
 /** Clock skew tolerated on exp and nbf. */
 export const CLOCK_TOLERANCE_S = 5
 
 /** The key set could not be fetched (network, status, body): not the token's fault. */
-class KeysUnavailable extends Error {}
+class KeysUnavailable extends Error {
+  constructor (readonly retryAfterS: number, options?: { cause?: unknown }) {
+    super('key set unavailable', options)
+  }
+}
+
+/** A token's own problem with a key set that was read: no fetch could change the answer. */
+const isTokenProblem = (err: unknown): boolean =>
+  err instanceof errors.JWKSNoMatchingKey || err instanceof errors.JWKSMultipleMatchingKeys || err instanceof errors.JOSENotSupported
+
+/**
+ * One issuer's remote key set, with what jose leaves to its caller when fetches fail: the keys
+ * already held keep verifying (also once jose's cache age has passed), and after a failed fetch
+ * the next is not tried before a backoff (1 s, doubling to 30 s) runs out; meanwhile a token that
+ * needs a fetch (no keys held yet, or an unknown kid) is refused at once.
+ */
+export class IssuerKeys {
+  readonly #remote: ReturnType<typeof createRemoteJWKSet>
+  readonly #now: () => number
+  #held: { set: JSONWebKeySet, verify: JWTVerifyGetKey } | undefined
+  #retryAt = 0
+  #backoffMs = 0
+
+  constructor (uri: string, cooldownMs: number, now: () => number = Date.now) {
+    this.#remote = createRemoteJWKSet(new URL(uri), { cooldownDuration: cooldownMs, timeoutDuration: JWKS_TIMEOUT_MS })
+    this.#now = now
+  }
+
+  readonly getKey: JWTVerifyGetKey = async (header, token) => {
+    const now = this.#now()
+    if (now < this.#retryAt) return await this.#fromHeld(header, token, undefined)
+    try {
+      const key = await this.#remote(header, token)
+      this.#backoffMs = 0
+      return key
+    } catch (err) {
+      if (isTokenProblem(err)) throw err
+      this.#backoffMs = Math.min(JWKS_BACKOFF_MAX_MS, this.#backoffMs === 0 ? JWKS_BACKOFF_BASE_MS : this.#backoffMs * 2)
+      this.#retryAt = this.#now() + this.#backoffMs
+      return await this.#fromHeld(header, token, err)
+    }
+  }
+
+  /** Verifies with the keys held from the last good fetch; none fits: KeysUnavailable. */
+  async #fromHeld (...[header, token, cause]: [...Parameters<JWTVerifyGetKey>, unknown]): Promise<Awaited<ReturnType<JWTVerifyGetKey>>> {
+    const retryAfterS = Math.max(1, Math.ceil((this.#retryAt - this.#now()) / 1000))
+    const set = this.#remote.jwks()
+    if (set === undefined) throw new KeysUnavailable(retryAfterS, { cause })
+    // jose copies the set on every jwks() call: the local verifier is rebuilt only when it changed.
+    if (this.#held === undefined || JSON.stringify(this.#held.set) !== JSON.stringify(set)) this.#held = { set, verify: createLocalJWKSet(set) }
+    try {
+      return await this.#held.verify(header, token)
+    } catch (err) {
+      if (err instanceof errors.JWKSNoMatchingKey) throw new KeysUnavailable(retryAfterS, { cause })
+      throw err
+    }
+  }
+}
 
 /** A URL compared the way RFC 3986 normalises it: scheme and host in lower case, no trailing slash. */
 export function canonicalUrl (value: string): string {
@@ -87,11 +151,13 @@ export class JwtVerifier {
         issuer: jwt.issuer,
         algorithms: jwt.algorithms,
         requiredClaims: ['exp'],
-        clockTolerance: CLOCK_TOLERANCE_S
+        clockTolerance: CLOCK_TOLERANCE_S,
+        // Absent: no check (several providers issue `JWT`; the audience keeps ID tokens out).
+        ...(jwt.typ !== undefined ? { typ: jwt.typ } : {})
       }))
     } catch (err) {
       if (err instanceof KeysUnavailable) {
-        const unavailable = withRetryAfter(new GW_ERR_AUTH_UNAVAILABLE('the token issuer\'s keys cannot be fetched', { cause: err.cause }), JWKS_RETRY_AFTER_S)
+        const unavailable = withRetryAfter(new GW_ERR_AUTH_UNAVAILABLE('the token issuer\'s keys cannot be fetched', { cause: err.cause }), err.retryAfterS)
         throw new AuthRefusal(unavailable, 'jwt: key set unavailable', 'jwt')
       }
       return { reason: reasonOf(err) }
@@ -110,17 +176,7 @@ export class JwtVerifier {
   #keySet (uri: string, cooldownMs: number): JWTVerifyGetKey {
     let keys = this.#keySets.get(uri)
     if (keys === undefined) {
-      const remote = createRemoteJWKSet(new URL(uri), { cooldownDuration: cooldownMs, timeoutDuration: JWKS_TIMEOUT_MS })
-      keys = async (header, token) => {
-        try {
-          return await remote(header, token)
-        } catch (err) {
-          // A key missing from a set that was fetched is the token's problem; anything else
-          // (timeout, status, JSON, network) is the issuer's.
-          if (err instanceof errors.JWKSNoMatchingKey || err instanceof errors.JWKSMultipleMatchingKeys || err instanceof errors.JOSENotSupported) throw err
-          throw new KeysUnavailable('key set unavailable', { cause: err })
-        }
-      }
+      keys = new IssuerKeys(uri, cooldownMs).getKey
       this.#keySets.set(uri, keys)
     }
     return keys

@@ -263,6 +263,8 @@ function checkSemantics (config: Config, problems: Problems): void {
   if (config.tracing !== undefined && !isUrl(config.tracing.otlpEndpoint)) problems.add('/tracing/otlpEndpoint', 'must be a valid URL')
   for (const [name, server] of Object.entries(config.servers)) {
     const base = pointer('/servers', name)
+    // Warm children beyond the most the pool may have could never all be kept.
+    if (server.poolSize !== undefined && server.poolMax !== undefined && server.poolSize > server.poolMax) problems.add(`${base}/poolSize`, 'must not be larger than poolMax')
     if (server.transport === 'stdio') {
       checkDelays(`${base}/restart`, server.restart, problems)
       // spawn() throws on these at the first session; better to say so at boot.

@@ -74,8 +74,8 @@ const httpServerSchema = {
     maxSessions: { type: 'integer', minimum: 1, default: 1000 },
     /** Initialised backend sessions kept for 2026-07-28 (stateless) requests, per tenant. */
     poolSize: { type: 'integer', minimum: 1, maximum: 64, default: 4 },
-    /** Most backend sessions of the 2026-07-28 pool per tenant on one replica. */
-    poolMax: { type: 'integer', minimum: 1, maximum: 1024, default: 16 },
+    /** Most backend sessions of the 2026-07-28 pool per tenant on one replica (cheap: no process each). */
+    poolMax: { type: 'integer', minimum: 1, maximum: 1024, default: 256 },
     /** Longest a 2026-07-28 request waits for a pooled backend session when all poolMax are busy. */
     poolWaitMs: { type: 'integer', minimum: 0, maximum: 600_000, default: 10_000 },
     connectTimeoutMs: { type: 'integer', minimum: 1, default: 10_000 },
@@ -174,7 +174,9 @@ const tenantSchema = {
           /** Claim whose value is the subject. */
           subjectClaim: { type: 'string', default: 'sub' },
           /** Least time between two fetches of the key set for tokens naming an unknown key (kid). */
-          jwksCooldownMs: { type: 'integer', minimum: 0, default: 30_000 }
+          jwksCooldownMs: { type: 'integer', minimum: 0, default: 30_000 },
+          /** The `typ` header tokens must carry (RFC 9068: `at+jwt`; `application/` may be left off); absent: not checked. */
+          typ: { type: 'string', minLength: 1 }
         }
       }
     },
@@ -361,7 +363,20 @@ export const configSchema = {
         /** The origin clients use (scheme://host[:port]); resource URLs derive from it. */
         publicUrl: { type: 'string', pattern: '^https?://[^/?#]+/?$' },
         /** Without tenants, allow listening on a non-loopback address with no authentication. */
-        anonymous: { type: 'boolean', default: false }
+        anonymous: { type: 'boolean', default: false },
+        /**
+         * Failed authentication is charged per client address: `burst` failures at once,
+         * `ratePerSecond` sustained, then 429 with Retry-After. Successes cost nothing. `burst: 0`: off.
+         */
+        failures: {
+          type: 'object',
+          additionalProperties: false,
+          default: {},
+          properties: {
+            burst: { type: 'integer', minimum: 0, default: 20 },
+            ratePerSecond: { type: 'number', exclusiveMinimum: 0, default: 1 }
+          }
+        }
       }
     },
     /** Who may call: with tenants, every MCP endpoint needs a credential. */
@@ -399,7 +414,7 @@ type RawTenant = FromSchema<typeof tenantSchema>
 type RawTenantServer = FromSchema<typeof tenantServerSchema>
 export type ToolPolicyConfig = FromSchema<typeof toolPolicySchema>
 export type TenantServerConfig = { tools?: ToolPolicyConfig, upstream: { headers: Record<string, string>, env: Record<string, string> } } & Omit<RawTenantServer, 'tools' | 'upstream'>
-export type TenantJwtConfig = Required<NonNullable<RawTenant['jwt']>[number]>
+export type TenantJwtConfig = Defaulted<NonNullable<RawTenant['jwt']>[number], 'typ'>
 export type TenantLimitsConfig = NonNullable<RawTenant['limits']>
 export interface TenantConfig {
   apiKeys: Array<{ id: string, sha256: string }>
@@ -418,7 +433,7 @@ export interface MetricsConfig {
 /** The validated configuration: defaults applied, so every defaulted key is present. */
 export type Config = Required<Omit<RawConfig, 'servers' | 'redis' | 'tenants' | 'auth' | 'tracing' | 'metrics'>> & {
   metrics: MetricsConfig
-  auth: { publicUrl?: string, anonymous: boolean }
+  auth: { publicUrl?: string, anonymous: boolean, failures: { burst: number, ratePerSecond: number } }
   tenants?: Record<string, TenantConfig>
   listen: Required<NonNullable<RawConfig['listen']>>
   log: Required<NonNullable<RawConfig['log']>>

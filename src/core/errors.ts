@@ -28,10 +28,15 @@ export const GW_ERR_UNAUTHORIZED = createError('GW_ERR_UNAUTHORIZED', 'Unauthori
 export const GW_ERR_INVALID_TOKEN = createError('GW_ERR_INVALID_TOKEN', 'Unauthorized: invalid credential (%s)', 401)
 export const GW_ERR_SERVER_NOT_ALLOWED = createError('GW_ERR_SERVER_NOT_ALLOWED', "Forbidden: server '%s' is not available to this tenant", 403)
 export const GW_ERR_AUTH_UNAVAILABLE = createError('GW_ERR_AUTH_UNAVAILABLE', 'Credential cannot be checked now: %s', 503)
+/** The HTTP parser's refusals (http/edge.ts): a request too slow to arrive, headers too large. */
+export const GW_ERR_REQUEST_TIMEOUT = createError('GW_ERR_REQUEST_TIMEOUT', 'Request Timeout: the request did not arrive within %d ms', 408)
+export const GW_ERR_HEADERS_TOO_LARGE = createError('GW_ERR_HEADERS_TOO_LARGE', 'Request Header Fields Too Large', 431)
 export const GW_ERR_METHOD_NOT_ALLOWED = createError('GW_ERR_METHOD_NOT_ALLOWED', 'Method Not Allowed', 405)
 export const GW_ERR_CONFLICT = createError('GW_ERR_CONFLICT', 'Conflict: %s', 409)
 /** A tenant's (or subject's) request budget is spent; carries retryAfter (integer seconds). */
 export const GW_ERR_RATE_LIMITED = createError('GW_ERR_RATE_LIMITED', 'Too Many Requests: request rate limit reached; retry after %d s', 429)
+/** Too many failed authentications from one client address (auth/failure-budget.ts); carries retryAfter. */
+export const GW_ERR_AUTH_THROTTLED = createError('GW_ERR_AUTH_THROTTLED', 'Too Many Requests: too many failed authentications from this address; retry after %d s', 429)
 /** initialize beyond the tenant's (or subject's) open-session quota; a DELETE or expiry frees a slot. */
 export const GW_ERR_SESSION_QUOTA = createError('GW_ERR_SESSION_QUOTA', 'Too Many Requests: the %s quota of %d open sessions is reached', 429)
 /**
@@ -82,9 +87,12 @@ export const JSONRPC_CODE: Record<string, number> = {
   GW_ERR_INVALID_TOKEN: -32000,
   GW_ERR_SERVER_NOT_ALLOWED: -32000,
   GW_ERR_AUTH_UNAVAILABLE: -32000,
+  GW_ERR_REQUEST_TIMEOUT: -32000,
+  GW_ERR_HEADERS_TOO_LARGE: -32000,
   GW_ERR_METHOD_NOT_ALLOWED: -32000,
   GW_ERR_CONFLICT: -32000,
   GW_ERR_RATE_LIMITED: -32000,
+  GW_ERR_AUTH_THROTTLED: -32000,
   GW_ERR_SESSION_QUOTA: -32000,
   GW_ERR_UNKNOWN_TOOL: -32602,
   GW_ERR_BACKEND_CAPACITY: -32007,
@@ -133,10 +141,19 @@ export function isGatewayError (err: unknown): err is GatewayError {
   return err instanceof Error && typeof (err as GatewayError).code === 'string' && (err as GatewayError).code.startsWith('GW_ERR_')
 }
 
+/** Retry-After of a 503 whose error names none: every 503 says when to come back (issue 28). */
+export const DEFAULT_RETRY_AFTER_S = 1
+
+/** When to come back (whole seconds): the error's own, else DEFAULT_RETRY_AFTER_S for any 503. */
+export function retryAfterOf (err: GatewayError): number | undefined {
+  return err.retryAfter ?? (err.statusCode === 503 ? DEFAULT_RETRY_AFTER_S : undefined)
+}
+
 /** The HTTP headers an error answer carries (Retry-After, WWW-Authenticate), for every path that writes one. */
 export function errorHeaders (err: GatewayError): Record<string, string> {
   const headers: Record<string, string> = {}
-  if (err.retryAfter !== undefined) headers['retry-after'] = String(err.retryAfter)
+  const retryAfter = retryAfterOf(err)
+  if (retryAfter !== undefined) headers['retry-after'] = String(retryAfter)
   if (err.wwwAuthenticate !== undefined) headers['www-authenticate'] = err.wwwAuthenticate
   return headers
 }
@@ -151,7 +168,8 @@ export function jsonRpcCodeOf (err: GatewayError): number {
  * which makes its Retry-After header from it (http/modern-response.ts).
  */
 export function toJsonRpcError (err: GatewayError, id: RequestId | null): JsonRpcFailure {
-  const retry = err.retryAfter !== undefined ? { retryAfter: err.retryAfter } : {}
+  const retryAfter = retryAfterOf(err)
+  const retry = retryAfter !== undefined ? { retryAfter } : {}
   return errorResponse(id, jsonRpcCodeOf(err), err.message, { ...err.data, ...retry, source: 'gateway', code: err.code })
 }
 

@@ -6,12 +6,15 @@ import type { FastifyInstance, FastifyRequest } from 'fastify'
 import fp from 'fastify-plugin'
 import { authenticate, AuthRefusal, type Endpoint, type JwtCheck } from '../auth/authenticate.js'
 import type { EndpointKind, TenantDirectory } from '../auth/tenants.js'
-import { GW_ERR_SERVER_NOT_ALLOWED, GW_ERR_SERVER_NOT_FOUND } from '../core/errors.js'
+import type { AuthFailureBudget } from '../auth/failure-budget.js'
+import { GW_ERR_AUTH_THROTTLED, GW_ERR_SERVER_NOT_ALLOWED, GW_ERR_SERVER_NOT_FOUND, withRetryAfter } from '../core/errors.js'
 import { audit } from '../telemetry/audit.js'
 
 export interface HttpAuthenticateOptions {
   tenants: TenantDirectory
   jwt?: JwtCheck
+  /** Failed authentication charged per client address (issue 28); absent: not charged. */
+  failures?: AuthFailureBudget
 }
 
 /** Route patterns of the MCP endpoints, and which protected resource each belongs to. */
@@ -28,7 +31,7 @@ export function isMcpRoute (url: string | undefined): boolean {
 }
 
 export default fp<HttpAuthenticateOptions>(async function httpAuthenticate (app: FastifyInstance, opts) {
-  const { tenants, jwt } = opts
+  const { tenants, jwt, failures } = opts
   app.addHook('onRequest', (req: FastifyRequest, _reply, done) => {
     // Callback-style: with tenants off, a request costs no promise here.
     if (!tenants.enabled) { done(); return }
@@ -42,12 +45,20 @@ export default fp<HttpAuthenticateOptions>(async function httpAuthenticate (app:
     // A name no server can have is 404 at once: it would otherwise end up in the challenge header.
     if (!SERVER_NAME.test(server)) throw new GW_ERR_SERVER_NOT_FOUND(server.slice(0, 64))
     const endpoint: Endpoint = { kind, server }
+    const wait = failures?.blocked(req.ip) ?? 0
+    if (wait > 0) throw throttled(req, server, wait)
     let principal
     try {
       principal = await authenticate(req.headers, endpoint, tenants, jwt)
     } catch (err) {
       if (!(err instanceof AuthRefusal)) throw err
       audit(req.log, 'request.refused', { server, method: req.method, status: err.error.statusCode, reason: err.reason, via: err.via })
+      // A credential that failed is charged (no credential at all is discovery's first step, and a
+      // 503 is the issuer's fault, not the client's); once the address's budget is spent: 429.
+      if (failures !== undefined && err.via !== 'none' && err.error.statusCode === 401) {
+        const spent = await failures.charge(req.ip)
+        if (spent > 0) throw throttled(req, server, spent)
+      }
       throw err.error
     }
     if (principal.tenant === null || tenants.server(principal.tenant, server) === undefined) {
@@ -57,3 +68,8 @@ export default fp<HttpAuthenticateOptions>(async function httpAuthenticate (app:
     req.principal = principal
   }
 }, { name: 'gateway-authenticate', fastify: '5.x' })
+
+function throttled (req: FastifyRequest, server: string, retryAfter: number): Error {
+  audit(req.log, 'request.refused', { server, method: req.method, status: 429, reason: 'failed authentication budget', retryAfter })
+  return withRetryAfter(new GW_ERR_AUTH_THROTTLED(retryAfter), retryAfter)
+}

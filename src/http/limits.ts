@@ -15,6 +15,7 @@ import type { ConcurrencyLimiter } from '../auth/concurrency.js'
 import type { TenantDirectory } from '../auth/tenants.js'
 import { GW_ERR_INVALID_REQUEST, GW_ERR_RATE_LIMITED, isGatewayError, withRetryAfter } from '../core/errors.js'
 import { audit } from '../telemetry/audit.js'
+import { readableId } from '../core/jsonrpc.js'
 import { isMcpRoute } from './authenticate.js'
 
 export interface HttpLimitsOptions {
@@ -87,6 +88,8 @@ async function httpLimits (app: FastifyInstance, opts: HttpLimitsOptions): Promi
       try {
         release = opts.concurrency.acquire(tenant, subjectDigest, opts.tenants.limits(tenant), count)
       } catch (err) {
+        // The refusal answers the request it names (the route has not decoded the body yet).
+        if (!Array.isArray(req.body)) req.jsonRpcId = readableId(req.body)
         audit(req.log, 'request.refused', { tenant, subject: subjectDigest, server: (req.params as { server?: string }).server, method: req.method, status: 429, reason: 'concurrent requests' })
         done(err as Error)
         return

@@ -233,7 +233,7 @@ export class StreamWriter {
     res.writeHead(200, {
       'content-type': 'text/event-stream',
       'cache-control': 'no-cache, no-transform',
-      connection: 'keep-alive',
+      // No `connection` header: Node sets it, honouring a client's `Connection: close` (issue 28).
       'x-accel-buffering': 'no',
       ...this.#o.headers
     })

@@ -29,10 +29,9 @@ import {
 } from '../core/errors.js'
 import { isRecord, isRequest, isResponse, type JsonRpcMessage, type JsonRpcRequest, type JsonRpcResponse } from '../core/jsonrpc.js'
 import { LATEST_VERSION } from '../core/protocol-version.js'
-import { GET_STREAM } from '../state/event-log.js'
 import type { GatewayMetrics } from '../telemetry/metrics.js'
 import type { BackendPool, UpstreamLookup } from './ownership.js'
-import { asGatewayError, Relay, SESSION_LEVEL } from './relay.js'
+import { asGatewayError, Relay } from './relay.js'
 
 /** What the client side of a pooled request hears: its answer (id = its key), and what relates to it. */
 export interface PoolSink {
@@ -125,8 +124,8 @@ interface Connection {
   subscriptions: Map<string, number>
   /** The level this connection's backend was last set to (logging/setLevel), if any. */
   logLevel: string | undefined
-  /** The key of the (one) client request running here, until its answer: what the backend sends without a request id is its. */
-  current: string | undefined
+  /** Requests of the pool's own waiting for the connection to be idle (#whenIdle). */
+  deferred: Array<() => void>
 }
 
 interface Waiter {
@@ -217,7 +216,7 @@ export class ConnectionPool {
     for (const uri of uris) {
       const count = conn.subscriptions.get(uri) ?? 0
       conn.subscriptions.set(uri, count + 1)
-      if (count === 0) this.#internal(conn, 'resources/subscribe', { uri })
+      if (count === 0) this.#whenIdle(conn, 'resources/subscribe', { uri })
     }
   }
 
@@ -226,16 +225,38 @@ export class ConnectionPool {
       const count = (conn.subscriptions.get(uri) ?? 1) - 1
       if (count > 0) { conn.subscriptions.set(uri, count); continue }
       conn.subscriptions.delete(uri)
-      if (group(this.#groups, conn)?.connections.includes(conn) === true) this.#internal(conn, 'resources/unsubscribe', { uri })
+      if (group(this.#groups, conn)?.connections.includes(conn) === true) this.#whenIdle(conn, 'resources/unsubscribe', { uri })
     }
   }
 
-  /** A request of the pool's own on one connection; its answer is logged if it is an error. */
-  #internal (conn: Connection, method: string, params: Record<string, unknown>): void {
+  /**
+   * A request of the pool's own, run while the connection runs nothing else (now, or as soon as
+   * its request ends, before anyone waiting): a second request in flight would make what the
+   * backend sends without an id ambiguous for the one running.
+   */
+  #whenIdle (conn: Connection, method: string, params: Record<string, unknown>): void {
+    const run = (): void => {
+      conn.claims++
+      this.#internal(conn, method, params, () => {
+        conn.claims--
+        this.#released(conn)
+      })
+    }
+    if (busy(conn) === 0) run()
+    else conn.deferred.push(run)
+  }
+
+  /**
+   * A request of the pool's own on one connection; its answer is logged if it is an error. `then`
+   * runs once it is answered (or failed).
+   */
+  #internal (conn: Connection, method: string, params: Record<string, unknown>, then?: () => void): void {
     const key = `${INIT_KEY_PREFIX}${++this.#seq}`
     this.#sinks.set(key, {
       onMessage: message => {
-        if (isResponse(message) && 'error' in message) conn.relay.log.warn({ method, code: message.error.code }, 'pooled backend refused a request of the gateway')
+        if (!isResponse(message)) return
+        if ('error' in message) conn.relay.log.warn({ method, code: message.error.code }, 'pooled backend refused a request of the gateway')
+        then?.()
       }
     })
     conn.relay.deliver({ jsonrpc: '2.0', id: key, method, params }, key)
@@ -276,15 +297,22 @@ export class ConnectionPool {
     const key = `m${++this.#seq}`
     this.#sinks.set(key, sink)
     conn.lastUsed = performance.now()
+    const send = (): void => {
+      conn.claims--
+      // Cancelled (or its session ended) while the level was set: the connection is free again.
+      if (!this.#sinks.has(key)) { this.#released(conn); return }
+      conn.relay.deliver(build(key), key)
+    }
     const level = options?.logLevel
     if (typeof level === 'string' && level !== conn.logLevel) {
-      // The session's own level, for its request only: the backend hears it before the request (stdio keeps order).
+      // The session's own level, for its request only. The request waits for the backend's answer:
+      // while two requests are in flight on a connection, what it sends without an id cannot be
+      // told apart (a roots/list asked at once by a tool would be refused).
       conn.logLevel = level
-      this.#internal(conn, 'logging/setLevel', { level })
+      this.#internal(conn, 'logging/setLevel', { level }, send)
+    } else {
+      send()
     }
-    conn.claims--
-    conn.current = key
-    conn.relay.deliver(build(key), key)
     const relay = conn.relay
     return {
       key,
@@ -311,6 +339,8 @@ export class ConnectionPool {
   /** A request on `conn` ended: the connection goes to the first request waiting in line, if any. */
   #released (conn: Connection): void {
     if (busy(conn) !== 0) return
+    const own = conn.deferred.shift()
+    if (own !== undefined) { own(); return }
     const group = this.#groups.get(`${conn.server}\0${conn.tenant ?? ''}`)
     if (group === undefined || !group.connections.includes(conn)) return
     const waiter = group.waiters.shift()
@@ -477,7 +507,7 @@ export class ConnectionPool {
       createdAt: Date.now(),
       ...(policyOf !== undefined ? { filterResult: (method: string, result: unknown) => filterToolsListOf(method, result, policyOf(tenant, server)) } : {})
     })
-    const conn: Connection = { id, server, tenant, relay, lastUsed: performance.now(), claims: claim ? 1 : 0, subscriptions: new Map(), logLevel: undefined, current: undefined }
+    const conn: Connection = { id, server, tenant, relay, lastUsed: performance.now(), claims: claim ? 1 : 0, subscriptions: new Map(), logLevel: undefined, deferred: [] }
     try {
       relay.backend = await this.#o.backends.open(id, server, {
         onMessage: message => { relay.fromBackend(message).catch(err => log.error({ err }, 'backend message not routed')) },
@@ -536,13 +566,10 @@ export class ConnectionPool {
 
   /** A message the relay of a pooled connection addressed to one request's stream (its key). */
   #toSink (conn: Connection, streamId: string, message: JsonRpcMessage): void {
-    const sink = this.#sinks.get(streamId) ?? this.#currentSink(conn, streamId, message)
+    const sink = this.#sinks.get(streamId)
     if (sink !== undefined) {
       const done = isResponse(message) && message.id === streamId
-      if (done) {
-        this.#sinks.delete(streamId)
-        if (conn.current === streamId) conn.current = undefined
-      }
+      if (done) this.#sinks.delete(streamId)
       sink.onMessage(message)
       // Its request is settled in the relay before its answer comes here: the connection may be free.
       if (done) this.#released(conn)
@@ -556,19 +583,6 @@ export class ConnectionPool {
     // An answer nobody waits for: a cancelled request's end (its sink went with the cancellation).
     if (isResponse(message)) this.#released(conn)
     else this.#o.onServerEvent?.(conn.server, conn.tenant, message)
-  }
-
-  /**
-   * The relay sends what carries no request id (logs, server-to-client requests) to the one request
-   * in flight on its connection, else to the GET stream. A request of the pool's own in flight
-   * beside a client's (the logging/setLevel sent just before it, a listen stream's
-   * resources/subscribe) makes two, so the backend's first log of a tools/call went to the GET
-   * stream and was lost (conformance tools-call-with-logging, pooled sessions): it belongs to the
-   * client's request all the same, as session-level notifications never do.
-   */
-  #currentSink (conn: Connection, streamId: string, message: JsonRpcMessage): PoolSink | undefined {
-    if (streamId !== GET_STREAM || conn.current === undefined || isResponse(message) || SESSION_LEVEL.test(message.method)) return undefined
-    return this.#sinks.get(conn.current)
   }
 
   #forget (conn: Connection): void {

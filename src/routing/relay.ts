@@ -113,7 +113,7 @@ interface PendingClientRequest {
 }
 
 /** Session-level notifications always go to the GET stream, never a request's stream. */
-export const SESSION_LEVEL = /\/list_changed$|^notifications\/resources\/updated$/
+const SESSION_LEVEL = /\/list_changed$|^notifications\/resources\/updated$/
 /** Server-to-client requests and the client capability each needs (SPEC.md L-4). */
 const NEEDS_CAPABILITY: Record<string, string> = {
   'sampling/createMessage': 'sampling',

@@ -24,7 +24,9 @@ const secrets: string[] = [acmeKey.key]
 async function gateway (t: Test, issuer?: TestIssuer, extra: Record<string, unknown> = {}): Promise<RunningGateway> {
   const log = createLogger('debug', 'attacks', { write: (line: string) => { logLines.push(line) } })
   return await startGateway(t, {
-    auth: { publicUrl: PUBLIC_URL },
+    // These cases are about what verification answers, from one address: no failure budget
+    // (failure-budget.test.ts covers it).
+    auth: { publicUrl: PUBLIC_URL, failures: { burst: 0 } },
     tenants: {
       acme: {
         apiKeys: [acmeKey.entry],

@@ -4,6 +4,8 @@ import t, { type Test } from 'tap'
 import { startGateway, stdioFixture, type RunningGateway } from '../helpers/gateway.js'
 import { bearer, initMessage, openSession, post, PUBLIC_URL } from '../helpers/auth.js'
 import { newIssuerKey, startIssuer, unsignedToken, type TestIssuer } from '../helpers/jwks.js'
+import { JWKS_BACKOFF_BASE_MS } from '../../src/auth/jwt.js'
+import { setTimeout as sleep } from 'node:timers/promises'
 
 const ISSUER = 'https://login.acme.test/'
 const AUD = `${PUBLIC_URL}/mcp/full`
@@ -148,13 +150,53 @@ t.test('an unreachable key set is 503 with Retry-After, not 401', async t => {
     const r = await refused(gw, await issuer.mint())
     t.equal(r.status, 503, mode)
     t.equal(r.code, 'GW_ERR_AUTH_UNAVAILABLE', mode)
-    t.equal(r.retryAfter, '5', mode)
+    t.equal(r.retryAfter, String(JWKS_BACKOFF_BASE_MS / 1000), `${mode}: Retry-After is the backoff before the next fetch`)
     t.equal(r.challenge, null, mode)
     if (mode !== 'stopped') {
       issuer.mode = 'ok'
+      await sleep(JWKS_BACKOFF_BASE_MS + 50)
       t.ok((await openSession(gw.url, 'full', bearer(await issuer.mint()))).sid, `${mode}: works once the key set is back`)
     }
   }
+})
+
+t.test('while the key set cannot be fetched: held keys still verify, unknown kids fail fast', async t => {
+  const issuer = await startIssuer(t, ISSUER, { sub: 'alice', aud: AUD, org: 'acme' })
+  const gw = await gateway(t, issuer, { jwksCooldownMs: 0 })
+  t.ok((await openSession(gw.url, 'full', bearer(await issuer.mint()))).sid, 'keys fetched once')
+  issuer.mode = 'error'
+  const rogue = await newIssuerKey('k-new')
+  const first = await refused(gw, await issuer.mint({}, { key: rogue }))
+  t.equal(first.status, 503, 'an unknown kid needs a fetch, which fails: 503')
+  const fetches = issuer.fetches
+  const started = Date.now()
+  for (let i = 0; i < 10; i++) {
+    const r = await refused(gw, await issuer.mint({}, { key: rogue }))
+    t.equal(r.status, 503)
+    t.ok(Number(r.retryAfter) >= 1, 'with Retry-After')
+  }
+  t.equal(issuer.fetches, fetches, 'no fetch is tried during the backoff')
+  t.ok(Date.now() - started < 2000, 'and nobody waits for one')
+  t.ok((await openSession(gw.url, 'full', bearer(await issuer.mint()))).sid, 'a token of a held key is still accepted')
+  // The backoff ends: the next fetch is tried, and the new key works once published.
+  issuer.mode = 'ok'
+  issuer.keys.push(rogue)
+  await sleep(JWKS_BACKOFF_BASE_MS * 2 + 100)
+  t.ok((await openSession(gw.url, 'full', bearer(await issuer.mint({}, { key: rogue })))).sid, 'after the backoff: fetched, accepted')
+})
+
+t.test('typ: checked where the issuer config names it (RFC 9068), not otherwise', async t => {
+  const issuer = await startIssuer(t, ISSUER, { sub: 'alice', aud: AUD, org: 'acme' })
+  const strict = await gateway(t, issuer, { typ: 'at+jwt' })
+  t.ok((await openSession(strict.url, 'full', bearer(await issuer.mint()))).sid, 'typ at+jwt: accepted')
+  t.ok((await openSession(strict.url, 'full', bearer(await issuer.mint({}, { header: { typ: 'application/at+jwt' } })))).sid, 'application/at+jwt: the same media type')
+  for (const typ of ['JWT', undefined]) {
+    const r = await refused(strict, await issuer.mint({}, { header: { typ } }))
+    t.equal(r.status, 401, `typ ${String(typ)}: refused`)
+    t.match(r.challenge, /error="invalid_token", error_description="claim typ not accepted"/)
+  }
+  const lax = await gateway(t, issuer)
+  t.ok((await openSession(lax.url, 'full', bearer(await issuer.mint({}, { header: { typ: 'JWT' } })))).sid, 'no typ in the config: JWT accepted')
 })
 
 t.test('protected resource metadata, one document per endpoint (RFC 9728)', async t => {

@@ -53,8 +53,11 @@ t.test('defaults are applied everywhere the schema has one', async t => {
     args: [],
     env: {},
     inheritEnv: [],
+    sessions: 'dedicated',
     maxSessions: 100,
     poolSize: 4,
+    poolMax: 16,
+    poolWaitMs: 10_000,
     requestTimeoutMs: 60_000,
     maxLineBytes: 10_485_760,
     stopGraceMs: 2000,
@@ -69,6 +72,8 @@ t.test('defaults are applied everywhere the schema has one', async t => {
     forwardHeaders: [],
     maxSessions: 1000,
     poolSize: 4,
+    poolMax: 256,
+    poolWaitMs: 10_000,
     protocol: 'auto',
     connectTimeoutMs: 10_000,
     requestTimeoutMs: 60_000,
@@ -521,4 +526,16 @@ t.test('parseArgs', async t => {
   t.same(parseArgs(['--check-config', 'mine.yaml']), { configPath: 'mine.yaml', help: false, checkOnly: true })
   t.throws(() => parseArgs(['--check-config=']), { code: 'GW_ERR_CONFIG_INVALID', message: /--check-config needs a file name/ })
   t.throws(() => parseArgs(['--check-config', 'a.yaml', '--config', 'b.yaml']), { code: 'GW_ERR_CONFIG_INVALID', message: /do not go together/ })
+})
+
+t.test('pooled sessions: maxSessions defaults by mode, poolSize never above poolMax', async t => {
+  const pooled = parseConfig(minimal({ x: { ...stdio, sessions: 'pooled' } }), {})
+  t.equal((pooled.servers.x as StdioServerConfig).maxSessions, 10_000, 'pooled: sessions, 10000 by default')
+  t.equal((pooled.servers.x as StdioServerConfig).poolMax, 16)
+  const dedicated = parseConfig(minimal({ x: stdio }), {})
+  t.equal((dedicated.servers.x as StdioServerConfig).maxSessions, 100, 'dedicated: children, 100 by default')
+  t.equal((parseConfig(minimal({ x: { ...stdio, sessions: 'pooled', maxSessions: 50 } }), {}).servers.x as StdioServerConfig).maxSessions, 50, 'a given maxSessions stands')
+  t.throws(() => parseConfig(minimal({ x: { ...stdio, poolSize: 8, poolMax: 4 } }), {}), /poolSize.*must not be larger than poolMax/)
+  t.throws(() => parseConfig(minimal({ x: { ...stdio, sessions: 'shared' } }), {}), /sessions.*must be one of: dedicated, pooled/)
+  t.throws(() => parseConfig(minimal({ h: { transport: 'streamable-http', url: 'http://127.0.0.1:9/mcp', sessions: 'pooled' } }), {}), /sessions/, 'only stdio servers have a mode')
 })
