@@ -36,6 +36,7 @@ import { RedisEventLog } from './state/event-log-redis.js'
 import { closeRedis, createRedis, redisReady } from './state/redis/client.js'
 import { Router } from './routing/router.js'
 import { ConnectionPool } from './routing/pool.js'
+import { StatelessAggregates } from './routing/aggregate-stateless.js'
 import { ParkedCalls } from './routing/mrtr.js'
 import { ModernFace } from './http/modern.js'
 import { RedisSessionStore } from './state/session-store-redis.js'
@@ -281,6 +282,7 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
     forwardTimeoutMs: PARKED_CALL_TTL_MS * 2,
     keepAliveMs: config.http.keepAliveMs,
     listenRegistry: services.store,
+    aggregates: new StatelessAggregates({ live, pool, toolPolicy, metrics, log }),
     log
   })
   router.onModernEnvelope(envelope => {

@@ -17,7 +17,7 @@ import { extname } from 'node:path'
 import { parseArgs as parseNodeArgs } from 'node:util'
 import { Ajv, type ErrorObject } from 'ajv'
 import { parseDocument } from 'yaml'
-import { configSchema, type Config } from './schema.js'
+import { configSchema, type AggregateServerConfig, type Config } from './schema.js'
 import { GW_ERR_CONFIG_INVALID } from '../core/errors.js'
 import { isLoopbackAddress } from '../core/loopback.js'
 import { deepFreeze } from '../core/freeze.js'
@@ -272,6 +272,8 @@ function checkSemantics (config: Config, problems: Problems): void {
       if (server.cwd?.includes('\0') === true) problems.add(`${base}/cwd`, 'must not contain NUL')
       server.args.forEach((arg, i) => { if (arg.includes('\0')) problems.add(`${base}/args/${i}`, 'must not contain NUL') })
       checkEnv(`${base}/env`, server.env, problems)
+    } else if (server.transport === 'aggregate') {
+      checkMembers(base, server, config.servers, problems)
     } else {
       checkDelays(`${base}/reconnect`, server.reconnect, problems)
       if (!isUrl(server.url)) problems.add(`${base}/url`, 'must be a valid URL')
@@ -285,6 +287,19 @@ function checkSemantics (config: Config, problems: Problems): void {
     }
   }
   checkAuth(config, problems)
+}
+
+/** An aggregate's members: configured servers, none an aggregate, each once. */
+function checkMembers (base: string, server: AggregateServerConfig, servers: Config['servers'], problems: Problems): void {
+  const seen = new Set<string>()
+  server.members.forEach((member, i) => {
+    const at = `${base}/members/${i}/server`
+    const target = Object.hasOwn(servers, member.server) ? servers[member.server] : undefined
+    if (target === undefined) problems.add(at, 'names no configured server')
+    else if (target.transport === 'aggregate') problems.add(at, 'names an aggregate server: an aggregate cannot be a member of another')
+    if (seen.has(member.server)) problems.add(at, 'names a server that is already a member')
+    seen.add(member.server)
+  })
 }
 
 /**
@@ -324,7 +339,9 @@ function checkAuth (config: Config, problems: Problems): void {
       const target = Object.hasOwn(config.servers, server) ? config.servers[server] : undefined
       if (target === undefined) { problems.add(at, 'names no configured server'); continue }
       const { headers, env } = settings.upstream
-      if (target.transport === 'stdio') {
+      if (target.transport === 'aggregate') {
+        if (Object.keys(headers).length + Object.keys(env).length > 0) problems.add(`${at}/upstream`, 'applies to the members (set it under their own names in this tenant)')
+      } else if (target.transport === 'stdio') {
         if (Object.keys(headers).length > 0) problems.add(`${at}/upstream/headers`, 'applies to HTTP servers only (use upstream.env for a stdio server)')
         checkEnv(`${at}/upstream/env`, env, problems)
       } else {

@@ -115,6 +115,45 @@ const toolPolicySchema = {
   }
 } as const
 
+/**
+ * An aggregate server (issue 27): one endpoint in front of several configured servers, its
+ * members, whose tools and prompts it exposes under prefixed names (routing/aggregate.ts).
+ */
+const aggregateServerSchema = {
+  type: 'object',
+  additionalProperties: false,
+  required: ['transport', 'members'],
+  properties: {
+    transport: { const: 'aggregate' },
+    /** In priority order: the first member that lists a resource URI serves it. */
+    members: {
+      type: 'array',
+      minItems: 1,
+      maxItems: 64,
+      items: {
+        type: 'object',
+        additionalProperties: false,
+        required: ['server'],
+        properties: {
+          server: { type: 'string', pattern: serverName },
+          /** Prefix of its tool and prompt names; default the member's server name; "" for none. */
+          prefix: { type: 'string', pattern: '^[A-Za-z0-9_.-]{0,32}$' },
+          /** Globs on the member's own tool names. */
+          tools: toolPolicySchema
+        }
+      }
+    },
+    /** Between a prefix and a name. */
+    separator: { type: 'string', pattern: '^[A-Za-z0-9_.-]{1,8}$', default: '__' },
+    /** Aggregate sessions at once on one replica (each holds a backend connection per dedicated member). */
+    maxSessions: { type: 'integer', minimum: 1, default: 1000 },
+    /** Deadline of a request routed to a member (the member's own requestTimeoutMs applies too). */
+    requestTimeoutMs: { type: 'integer', minimum: 1, default: 60_000 },
+    /** A member that does not start, or list, within this is left out (down or slow) until it does. */
+    memberTimeoutMs: { type: 'integer', minimum: 100, maximum: 600_000, default: 5000 }
+  }
+} as const
+
 const tenantServerSchema = {
   type: 'object',
   additionalProperties: false,
@@ -392,10 +431,14 @@ export const configSchema = {
       additionalProperties: {
         type: 'object',
         required: ['transport'],
-        properties: { transport: { enum: ['stdio', 'streamable-http', 'sse'] } },
+        properties: { transport: { enum: ['stdio', 'streamable-http', 'sse', 'aggregate'] } },
         if: { properties: { transport: { const: 'stdio' } } },
         then: stdioServerSchema,
-        else: httpServerSchema
+        else: {
+          if: { properties: { transport: { const: 'aggregate' } } },
+          then: aggregateServerSchema,
+          else: httpServerSchema
+        }
       }
     }
   }
@@ -408,7 +451,12 @@ type RawStdio = FromSchema<typeof stdioServerSchema>
 type RawHttp = FromSchema<typeof httpServerSchema>
 export type StdioServerConfig = Defaulted<Omit<RawStdio, 'restart'>, 'cwd' | 'onOwnerLoss' | 'poolSize' | 'poolMax' | 'poolWaitMs' | 'sessions'> & { restart: Required<NonNullable<RawStdio['restart']>> }
 export type HttpServerConfig = Defaulted<Omit<RawHttp, 'reconnect'>, 'onOwnerLoss' | 'poolSize' | 'poolMax' | 'poolWaitMs' | 'protocol'> & { reconnect: Required<NonNullable<RawHttp['reconnect']>> }
-export type ServerConfig = StdioServerConfig | HttpServerConfig
+type RawAggregate = FromSchema<typeof aggregateServerSchema>
+export type AggregateMemberConfig = RawAggregate['members'][number]
+export type AggregateServerConfig = Defaulted<RawAggregate> & { poolSize?: undefined, poolMax?: undefined, poolWaitMs?: undefined }
+export type ServerConfig = StdioServerConfig | HttpServerConfig | AggregateServerConfig
+/** A server a client session's backend connection can be opened to (not an aggregate). */
+export type BackendServerConfig = StdioServerConfig | HttpServerConfig
 
 type RawTenant = FromSchema<typeof tenantSchema>
 type RawTenantServer = FromSchema<typeof tenantServerSchema>

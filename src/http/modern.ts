@@ -20,7 +20,8 @@ import type { Logger } from 'pino'
 import { filterToolsList, refusedCall, type ToolPolicyLookup } from '../auth/tool-policy.js'
 import { GW_ERR_BACKEND_LOST, GW_ERR_BACKEND_UNAVAILABLE, GW_ERR_INVALID_PARAMS, GW_ERR_INTERNAL, isGatewayError } from '../core/errors.js'
 import { isNotification, isRecord, isRequest, type JsonRpcMessage, type JsonRpcRequest, type RequestId } from '../core/jsonrpc.js'
-import { LISTEN_REGISTRATION_MS, listenTopic, type ConnectionPool } from '../routing/pool.js'
+import { LISTEN_REGISTRATION_MS, listenTopic, type BackendInfo, type ConnectionPool } from '../routing/pool.js'
+import type { StatelessAggregates } from '../routing/aggregate-stateless.js'
 import type { ParkedCall, ParkedCalls } from '../routing/mrtr.js'
 import type { Envelope } from '../state/bus.js'
 import type { SessionStore } from '../state/session-store.js'
@@ -62,6 +63,8 @@ export interface ModernFaceOptions {
   keepAliveMs: number
   /** Which replicas hold listen streams of a server and tenant (the session store). */
   listenRegistry: Pick<SessionStore, 'addListener' | 'listeners'>
+  /** Aggregate servers' routing for requests without a session (issue 27). */
+  aggregates: StatelessAggregates
   log: Logger
 }
 
@@ -266,8 +269,12 @@ export class ModernFace {
   /** Registers this replica for the topics it holds listen streams of (renewed by the face's tick). */
   #register (key: string): void {
     const [server = '', tenant = ''] = key.split('\0')
-    this.#o.listenRegistry.addListener(listenTopic(server, tenant === '' ? null : tenant), this.#o.peers.replicaId, LISTEN_REGISTRATION_MS)
-      .catch(err => { this.#o.log.warn({ err, server }, 'listen registration failed') })
+    // An aggregate's listeners hear its members' events, which other replicas send by member.
+    const topics = this.#o.aggregates.isAggregate(server) ? this.#o.aggregates.membersOf(server) : [server]
+    for (const topic of topics) {
+      this.#o.listenRegistry.addListener(listenTopic(topic, tenant === '' ? null : tenant), this.#o.peers.replicaId, LISTEN_REGISTRATION_MS)
+        .catch(err => { this.#o.log.warn({ err, server }, 'listen registration failed') })
+    }
   }
 
   /** Keeps this replica registered for every topic it holds listen streams of. */
@@ -276,6 +283,17 @@ export class ModernFace {
   }
 
   #deliverEvent (server: string, tenant: string | null, message: JsonRpcMessage): void {
+    if (!isNotification(message)) return
+    const aggregates = this.#o.aggregates.aggregatesOf(server)
+    if (aggregates.length > 0) {
+      // The member's lists changed: the aggregates' merged lists are made again, and their listeners told.
+      if (message.method.endsWith('/list_changed')) this.#o.aggregates.invalidate(server)
+      for (const aggregate of aggregates) this.#deliverTo(aggregate, tenant, message)
+    }
+    this.#deliverTo(server, tenant, message)
+  }
+
+  #deliverTo (server: string, tenant: string | null, message: JsonRpcMessage): void {
     if (!isNotification(message)) return
     const uri = message.method === 'notifications/resources/updated' && isRecord(message.params) ? message.params.uri : undefined
     for (const listener of this.#listeners.get(`${server}\0${tenant ?? ''}`) ?? []) {
@@ -302,7 +320,8 @@ export class ModernFace {
   /** `subscriptions/listen`: the acknowledgement first, then the notifications the filter names. */
   async #listen (req: FastifyRequest, reply: FastifyReply, server: string, request: JsonRpcRequest): Promise<void> {
     const tenant = req.principal.tenant
-    const info = await this.#o.pool.info(server, tenant)
+    const aggregate = this.#o.aggregates.isAggregate(server)
+    const info = await this.#infoOf(server, tenant)
     const params = isRecord(request.params) ? request.params : {}
     const filter = isRecord(params.notifications) ? params.notifications : {}
     const honoured: Record<string, unknown> = {}
@@ -317,12 +336,13 @@ export class ModernFace {
     // Resource subscriptions, when the backend supports them: subscribed upstream while the stream lasts.
     const resources = info.capabilities.resources
     const wanted = Array.isArray(filter.resourceSubscriptions) ? filter.resourceSubscriptions.filter((u): u is string => typeof u === 'string' && u.length > 0 && u.length <= 2048).slice(0, MAX_LISTEN_URIS) : []
-    const uris = isRecord(resources) && resources.subscribe === true ? [...new Set(wanted)] : []
+    // An aggregate honours list_changed only (its members' subscriptions are not routed yet).
+    const uris = !aggregate && isRecord(resources) && resources.subscribe === true ? [...new Set(wanted)] : []
     if (uris.length > 0) {
       honoured.resourceSubscriptions = uris
       methods.add('notifications/resources/updated')
     }
-    const release = await this.#o.pool.hold(server, tenant, uris)
+    const release = aggregate ? await this.#holdMembers(server, tenant) : await this.#o.pool.hold(server, tenant, uris)
     const subscriptionId = request.id
     const tag = (message: JsonRpcMessage): JsonRpcMessage => {
       const p = 'params' in message && isRecord(message.params) ? message.params : {}
@@ -402,6 +422,21 @@ export class ModernFace {
       reply.type('application/json').send({ jsonrpc: '2.0', id: message.id, result: await this.#discover(server, tenant) })
       return
     }
+    // An aggregate (issue 27): lists are answered here; anything else goes on to the member that
+    // serves it, under the member's own name, and runs on that member's pool.
+    let outgoingParams = message.params
+    let shownServerInfo: Record<string, unknown> | undefined
+    if (this.#o.aggregates.isAggregate(server)) {
+      const routed = await this.#o.aggregates.route(server, tenant, message)
+      shownServerInfo = (await this.#o.aggregates.info(server, tenant)).serverInfo
+      if (routed.kind === 'answer') {
+        const answer = routed.response
+        reply.type('application/json').send('result' in answer ? { ...answer, result: completeResult(message.method, answer.result, shownServerInfo) } : answer)
+        return
+      }
+      server = routed.server
+      outgoingParams = routed.request.params
+    }
     const params = isRecord(message.params) ? message.params : {}
     const holder = params.requestState !== undefined ? this.#o.parked.replicaOf(params.requestState) : undefined
     if (holder !== undefined && holder !== this.#o.peers.replicaId) {
@@ -416,12 +451,12 @@ export class ModernFace {
     const out = new ModernResponse(reply.raw, replyHeaders(reply), this.#o.keepAliveMs)
     // inputResponses on a first call (no requestState) answer the backend's asks by key as they come.
     const preAnswers = parked === null && isRecord(params.inputResponses) ? params.inputResponses : {}
-    const exchange = new Exchange(this.#o.parked, out, message, envelope, server, req.principal.key, info.serverInfo, preAnswers)
+    const exchange = new Exchange(this.#o.parked, out, message, envelope, server, req.principal.key, shownServerInfo ?? info.serverInfo, preAnswers)
     if (parked !== null) {
       exchange.resume(parked, params.inputResponses)
       return
     }
-    const base = legacyParams(isRecord(message.params) ? message.params : undefined)
+    const base = legacyParams(isRecord(outgoingParams) ? outgoingParams : undefined)
     try {
       const call = await this.#o.pool.call(server, tenant, key => {
         const outgoing: Record<string, unknown> = { ...base }
@@ -450,8 +485,19 @@ export class ModernFace {
     return parked
   }
 
+  /** What a server said of itself: its pool's first connection, or an aggregate's members united. */
+  async #infoOf (server: string, tenant: string | null): Promise<BackendInfo> {
+    return this.#o.aggregates.isAggregate(server) ? await this.#o.aggregates.info(server, tenant) : await this.#o.pool.info(server, tenant)
+  }
+
+  /** An aggregate's listen stream keeps its members' pools open (what it hears comes from them). */
+  async #holdMembers (server: string, tenant: string | null): Promise<() => void> {
+    const held = await Promise.allSettled(this.#o.aggregates.membersOf(server).map(async m => await this.#o.pool.hold(m, tenant)))
+    return () => { for (const h of held) if (h.status === 'fulfilled') h.value() }
+  }
+
   async #discover (server: string, tenant: string | null): Promise<Record<string, unknown>> {
-    const info = await this.#o.pool.info(server, tenant)
+    const info = await this.#infoOf(server, tenant)
     const result: Record<string, unknown> = {
       supportedVersions: [...MODERN_VERSIONS],
       capabilities: modernCapabilities(info.capabilities),

@@ -11,14 +11,17 @@
 //   within it), so a replica killed without its shutdown path is known dead within seconds, not
 //   after a full lease; a positive answer is cached for a third of that.
 // - Takeover (routed sessions): when the owner is dead, the next request for the session, on any
-//   replica, takes the lease (takeOver), answers what was in flight on the dead owner with
-//   -32007 (its pending markers, failOrphans) and starts the backend with the client's replayed
-//   initialize, initialized, log level and subscriptions (the supervisor's crash path). What the
-//   backend kept in its memory is lost; the client keeps its session, streams and history.
+//   replica, takes the lease (takeOver), takes what the dead owner never handed on from its inbox
+//   (those requests never reached its backend: they are delivered again to the new one, issue
+//   28), answers the rest of what was in flight on it with -32007 (its pending markers,
+//   failOrphans) and starts the backend with the client's replayed initialize, initialized, log
+//   level and subscriptions (the supervisor's crash path). What the backend kept in its memory is
+//   lost; the client keeps its session, streams and history.
 import { filterToolsListOf, type ToolPolicyLookup } from '../auth/tool-policy.js'
-import type { ServerConfig } from '../config/schema.js'
+import type { AggregateServerConfig, ServerConfig } from '../config/schema.js'
 import type { ServerSource } from '../config/live.js'
 import { GW_ERR_BACKEND_UNAVAILABLE, GW_ERR_SERVER_NOT_FOUND, type GatewayError } from '../core/errors.js'
+import type { DeliverEnvelope } from '../state/bus.js'
 import type { EstablishedState, SessionRecord } from '../state/session-store.js'
 import { lazyChild, shortHash } from '../telemetry/logger.js'
 import type { SupervisedHandlers, SupervisedOpenOptions } from '../backends/supervisor.js'
@@ -26,6 +29,9 @@ import type { TenantUpstream } from '../backends/backend.js'
 import type { ReplicaContext } from './context.js'
 import { principalOfRecord } from '../auth/principal.js'
 import { capabilitiesOf, Relay, type BackendSessionHandle, type RelayHost } from './relay.js'
+import { AggregateRelay } from './aggregate.js'
+import type { ConnectionPool } from './pool.js'
+import { GW_ERR_BACKEND_CAPACITY, withRetryAfter } from '../core/errors.js'
 import { breathe } from './upkeep.js'
 
 /** How long a replica's heartbeat lives (at most the lease): a killed replica is dead after this. */
@@ -52,8 +58,15 @@ export interface OwnershipOptions extends Omit<ReplicaContext, 'eventLog' | 'bus
   upstream?: UpstreamLookup
   /** A tenant's tool policy on a server (auth/tool-policy.ts): filters its tools/list answers. */
   toolPolicy?: ToolPolicyLookup
-  /** Answers every request in flight on a lost owner with -32007 (its pending markers). */
-  failOrphans: (sid: string, server: string, reason: string) => Promise<void>
+  /**
+   * Before a takeover's backend starts: what the lost owner (`from`) never handed on is taken from its
+   * inbox and returned (for redeliver); every other request in flight on it gets -32007.
+   */
+  failOrphans: (sid: string, server: string, reason: string, from: string | null) => Promise<DeliverEnvelope[]>
+  /** Hands what failOrphans took to the takeover's relay, or answers its requests with `to.err`. */
+  redeliver: (envelopes: DeliverEnvelope[], to: { relay: Relay } | { err: GatewayError }) => void
+  /** The pools an aggregate's pooled members run on. */
+  pool: ConnectionPool
 }
 
 export type UpstreamLookup = (tenant: string | null | undefined, server: string) => TenantUpstream
@@ -120,13 +133,16 @@ export class Ownership {
     if (again !== undefined) return await again
     const opening = (async () => {
       // What the lost owner had in flight is answered first: its answers can no longer come.
-      await this.#o.failOrphans(record.id, record.server, from === null ? 'owner lease expired' : `replica ${from} is gone`)
+      // What it never handed on goes to the new backend, before anything sent to it meanwhile.
+      const unread = await this.#o.failOrphans(record.id, record.server, from === null ? 'owner lease expired' : `replica ${from} is gone`, from)
       try {
         const relay = await this.open(record, undefined, true, true)
-        relay.log.warn({ from }, 'took over a session whose owner replica is gone; backend restarted and re-initialised')
+        relay.log.warn({ from, redelivered: unread.length }, 'took over a session whose owner replica is gone; backend restarted and re-initialised')
+        this.#o.redeliver(unread, { relay })
         return relay
       } catch (err) {
         await store.releaseOwner(record.id, replicaId).catch(() => {})
+        this.#o.redeliver(unread, { err: new GW_ERR_BACKEND_UNAVAILABLE(record.server, `the takeover could not start it (${err instanceof Error ? err.message : String(err)})`) })
         throw err
       }
     })().finally(() => this.#opening.delete(record.id))
@@ -171,6 +187,7 @@ export class Ownership {
   async open (record: SessionRecord, forwardedHeaders?: Record<string, string>, isOwner = true, takeOver = false): Promise<Relay> {
     const direct = this.isDirect(record.server)
     const server = this.#serverConfig(record.server)
+    if (server.transport === 'aggregate') return await this.#openAggregate(record, server)
     const store = this.#o.store
     const policyOf = this.#o.toolPolicy
     // The closures below outlive this call (they are the backend's handlers and the relay's
@@ -254,6 +271,52 @@ export class Ownership {
     return relay
   }
 
+  /**
+   * An aggregate session (issue 27): its relay opens a connection per dedicated member (a takeover
+   * starts them all again) and routes to pooled members' pools.
+   */
+  async #openAggregate (record: SessionRecord, aggregate: AggregateServerConfig): Promise<Relay> {
+    let open = 0
+    for (const relay of this.#relays.values()) if (relay.server === record.server) open++
+    if (open >= aggregate.maxSessions) throw withRetryAfter(new GW_ERR_BACKEND_CAPACITY(record.server, aggregate.maxSessions), 5)
+    const relay = new AggregateRelay({
+      sid: record.id,
+      server: record.server,
+      legacy: record.transport === 'legacy',
+      protocolVersion: record.protocolVersion,
+      clientCapabilities: capabilitiesOf(record.initializeParams),
+      requestTimeoutMs: aggregate.requestTimeoutMs,
+      metrics: this.#o.metrics.forSession(record.server, record.tenant),
+      gatewayMetrics: this.#o.metrics,
+      createdAt: record.createdAt,
+      host: this.#o.host,
+      principal: principalOfRecord(record),
+      log: lazyChild(this.#o.log, { sid: shortHash(record.id), backend: record.server }),
+      config: this.#o.config,
+      aggregate,
+      live: this.#o.live,
+      backends: this.#o.backends,
+      pool: this.#o.pool,
+      tenant: record.tenant ?? null,
+      upstream: this.#o.upstream,
+      toolPolicy: this.#o.toolPolicy
+    })
+    this.#relays.set(record.id, relay)
+    try {
+      await relay.open()
+    } catch (err) {
+      this.#relays.delete(record.id)
+      await relay.close()
+      throw err
+    }
+    return relay
+  }
+
+  /** The aggregate sessions here with `server` as a pooled member (its pool's events concern them). */
+  * aggregatesWithPooledMember (server: string): IterableIterator<AggregateRelay> {
+    for (const relay of this.#relays.values()) if (relay instanceof AggregateRelay && relay.hasPooledMember(server)) yield relay
+  }
+
   /** Forgets a session's relay: its requests in flight get `err`, its backend stops. */
   async drop (sid: string, err: GatewayError): Promise<boolean> {
     const relay = this.#relays.get(sid)
@@ -261,7 +324,8 @@ export class Ownership {
     this.#relays.delete(sid)
     relay.failAll(err)
     if (relay.isOwner) relay.metrics.sessionEnded(relay.createdAt)
-    await this.#o.backends.stop(sid)
+    if (relay instanceof AggregateRelay) await relay.close()
+    else await this.#o.backends.stop(sid)
     return true
   }
 
@@ -329,7 +393,7 @@ export class Ownership {
     await this.#o.backends.stopAll({ detach: this.#o.config.redis !== undefined })
   }
 
-  #serverConfig (server: string): ServerConfig & { requestTimeoutMs: number } {
+  #serverConfig (server: string): ServerConfig {
     const servers = this.#o.live.servers
     const config = Object.hasOwn(servers, server) ? servers[server] : undefined
     // Removed by a reload since the session was looked up (live reload): the client sees 404.

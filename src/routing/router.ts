@@ -10,13 +10,13 @@
 import { refusedCall, type ToolPolicyLookup } from '../auth/tool-policy.js'
 import {
   GW_ERR_BACKEND_LOST, GW_ERR_SERVER_NOT_FOUND, GW_ERR_SESSION_NOT_FOUND, GW_ERR_SHUTTING_DOWN, GW_ERR_STORE_UNAVAILABLE,
-  toJsonRpcError
+  toJsonRpcError, type GatewayError
 } from '../core/errors.js'
 import type { ServerSource } from '../config/live.js'
 import type { IncomingHttpHeaders } from 'node:http'
 import { cancelledRequestOf, isRequest, isResponse, type JsonRpcMessage, type JsonRpcRequest, type RequestId } from '../core/jsonrpc.js'
 import type { StreamWriter } from '../http/sse.js'
-import type { Envelope } from '../state/bus.js'
+import type { DeliverEnvelope, Envelope } from '../state/bus.js'
 import { LEGACY_STREAM } from '../state/event-log.js'
 import type { SessionRecord } from '../state/session-store.js'
 import { tracing, type TraceCarrier } from '../telemetry/tracing.js'
@@ -25,7 +25,7 @@ import { heartbeatTtl, Ownership, type BackendPool, type UpstreamLookup } from '
 import { capabilitiesOf, type Relay } from './relay.js'
 import { shortHash } from '../telemetry/logger.js'
 import { isValidSessionId, Sessions, type NewSession } from './sessions.js'
-import { ClientStreams, type OpenPostOptions, type OpenStreamOptions } from './streams.js'
+import { APPEND_RETRY_MS, ClientStreams, type OpenPostOptions, type OpenStreamOptions } from './streams.js'
 import type { ConnectionPool } from './pool.js'
 import { PooledRoute, PooledSessions } from './pooled-sessions.js'
 import type { StreamKind } from '../telemetry/metrics.js'
@@ -63,6 +63,10 @@ export class Router {
   #tick: NodeJS.Timeout | undefined
   #beat: NodeJS.Timeout | undefined
   #storeDown = false
+  /** When the heartbeat first failed in the outage going on, if one is. */
+  #storeDownSince: number | undefined
+  /** `<sid> <replica>`: requests of a lost replica being settled now (#orphansOf). */
+  readonly #adopting = new Set<string>()
   /** Requests answered directly while the store was away: their markers are taken once it is back. */
   #answeredWithoutLog: Array<{ sid: string, streamId: string, id: RequestId }> = []
   #seq = 0
@@ -81,6 +85,7 @@ export class Router {
       store,
       backends: options.backends,
       live: options.live,
+      pool: options.pool,
       ...(options.upstream !== undefined ? { upstream: options.upstream } : {}),
       ...(options.toolPolicy !== undefined ? { toolPolicy: options.toolPolicy } : {}),
       log,
@@ -90,7 +95,8 @@ export class Router {
         endSession,
         nextServerRequestId: () => `s.${replicaId}.${++this.#seq}`
       },
-      failOrphans: async (sid, server, reason) => { await this.#failOrphans(sid, server, reason) }
+      failOrphans: async (sid, server, reason, from) => await this.#adoptOrphans(sid, server, reason, from),
+      redeliver: (envelopes, to) => { this.#redeliver(envelopes, to) }
     })
     this.#streams = new ClientStreams({ replicaId, config, store, eventLog, bus, log, metrics, isAlive: async r => await this.#ownership.isAlive(r), endSession })
     this.#pooled = new PooledSessions({
@@ -174,6 +180,8 @@ export class Router {
    */
   poolEvent (server: string, tenant: string | null, message: JsonRpcMessage, forwarded: boolean): void {
     this.#pooled.onServerEvent(server, tenant, message, forwarded)
+    // Aggregate sessions owned here whose pooled member it is (their own replica's pool only).
+    if (!forwarded) for (const aggregate of this.#ownership.aggregatesWithPooledMember(server)) aggregate.poolEvent(server, tenant, message)
   }
 
   /** Client streams this replica writes, by kind (read when metrics are scraped). */
@@ -399,6 +407,10 @@ export class Router {
   async #routeOf (record: SessionRecord, ownerRead?: Promise<string | null>): Promise<Relay | string> {
     const sid = record.id
     const ownership = this.#ownership
+    // A takeover starting the backend here: its relay is registered before the backend runs, so
+    // a request handed to it now would find no backend ("not connected"). Wait for the start.
+    const opening = ownership.opening(sid)
+    if (opening !== undefined) return await opening
     const local = ownership.local(sid)
     if (local !== undefined) return local
     const owner = await (ownerRead ?? this.#o.store.getOwner(sid))
@@ -417,9 +429,68 @@ export class Router {
     return config !== undefined && 'onOwnerLoss' in config && config.onOwnerLoss === 'end' ? 'end' : 'carry-on'
   }
 
+  /**
+   * A takeover here (Ownership.takeOver): what the lost owner `dead` never handed on to its backend
+   * of the session's messages is taken from its inbox for this replica to deliver again (its
+   * markers name this replica now); every other request recorded up to now gets -32007.
+   */
+  async #adoptOrphans (sid: string, server: string, reason: string, dead: string | null): Promise<DeliverEnvelope[]> {
+    const unread = dead === null ? [] : await this.#takeUnread(dead, sid, this.replicaId)
+    await this.#failOrphans(sid, server, reason, undefined, this.replicaId)
+    return unread
+  }
+
+  async #takeUnread (dead: string, sid: string, servedBy: string): Promise<DeliverEnvelope[]> {
+    const unread = await this.#o.bus.takeUnread(dead, sid, servedBy).catch((err: unknown) => {
+      this.#o.log.warn({ err, sid: shortHash(sid) }, 'unread messages of a lost replica not taken; its requests get -32007')
+      return []
+    })
+    if (unread.length > 0) this.#o.log.info({ sid: shortHash(sid), from: dead, to: servedBy, messages: unread.length }, 'messages a lost replica never handed on are delivered again')
+    return unread
+  }
+
+  #redeliver (envelopes: DeliverEnvelope[], to: { relay: Relay } | { err: GatewayError }): void {
+    for (const { sid, streamId, message, trace, holder } of envelopes) {
+      if ('relay' in to) this.#deliverLocal(to.relay, message, streamId, trace, holder)
+      else if (isRequest(message) && streamId !== null) {
+        this.#streams.append(sid, streamId, toJsonRpcError(to.err, message.id)).catch(err => this.#o.log.warn({ err, sid: shortHash(sid) }, 'error answer not appended'))
+      }
+    }
+  }
+
+  /**
+   * Requests served by `dead`, a replica that is gone (found by the POST streams waiting here).
+   * Those it never handed on (still in its inbox) never reached a backend: they go to the
+   * session's owner now (taken over here if the owner is gone too) and are answered normally. The
+   * rest may have reached its backend and get -32007. Direct sessions, and a session whose route is not
+   * known (gone, or the cached liveness still says `dead` is alive), only get the -32007.
+   */
+  async #orphansOf (sid: string, server: string, dead: string, local: Relay | undefined, record: SessionRecord | null): Promise<void> {
+    const reason = `replica ${dead} is gone`
+    let target: Route | undefined = local
+    // A pooled session's requests ran on the dead replica's own pool: nothing of them is left to take over.
+    if (target === undefined && record !== null && !this.#ownership.isDirect(record.server) && !this.#pooled.isPooled(record.server)) {
+      target = await this.#routeOf(record).catch((err: unknown) => {
+        this.#o.log.warn({ err, sid: shortHash(sid) }, 'no owner found for the requests of a lost replica')
+        return undefined
+      })
+    }
+    if (target === undefined || target === dead || (typeof target !== 'string' && target.direct)) {
+      await this.#failOrphans(sid, server, reason, dead)
+      return
+    }
+    const unread = await this.#takeUnread(dead, sid, typeof target === 'string' ? target : this.replicaId)
+    await this.#failOrphans(sid, server, reason, dead)
+    for (const envelope of unread) {
+      if (typeof target !== 'string') this.#deliverLocal(target, envelope.message, envelope.streamId, envelope.trace, envelope.holder)
+      // Its marker names the owner now: should that one die too, it is found again from there.
+      else await this.#o.bus.send(target, envelope).catch(err => this.#o.log.warn({ err, sid: shortHash(sid) }, 'unread message not delivered again'))
+    }
+  }
+
   /** Answers every request that was in flight on a lost owner with -32007 (exactly once: claimed). */
-  async #failOrphans (sid: string, server: string, reason: string, of?: string): Promise<void> {
-    const orphans = await this.#o.eventLog.claimOrphans(sid, of)
+  async #failOrphans (sid: string, server: string, reason: string, of?: string, except?: string): Promise<void> {
+    const orphans = await this.#o.eventLog.claimOrphans(sid, of, except)
     if (orphans.length === 0) return
     this.#o.log.warn({ sid: shortHash(sid), requests: orphans.length, reason }, 'requests in flight on a lost owner answered with an error')
     const err = new GW_ERR_BACKEND_LOST(server, reason)
@@ -474,16 +545,17 @@ export class Router {
   #onEnvelope (envelope: Envelope): void {
     switch (envelope.kind) {
       case 'deliver': {
+        // A takeover in progress here (its relay is registered before its backend runs): the
+        // message waits for the backend it starts.
+        const opening = this.#ownership.opening(envelope.sid)
+        if (opening !== undefined) {
+          opening.then(r => { this.#deliverLocal(r, envelope.message, envelope.streamId, envelope.trace, envelope.holder) }, () => { this.#onEnvelope(envelope) })
+          return
+        }
         const relay = this.#ownership.local(envelope.sid)
         if (relay !== undefined) { this.#deliverLocal(relay, envelope.message, envelope.streamId, envelope.trace, envelope.holder); return }
         // A pooled session's cancellation or server-request answer, for a call running here.
         if (envelope.streamId === null && this.#pooled.fromEnvelope(envelope.sid, envelope.message)) return
-        const opening = this.#ownership.opening(envelope.sid)
-        if (opening !== undefined) {
-          // A takeover in progress here: the message waits for the backend it starts.
-          opening.then(r => { this.#deliverLocal(r, envelope.message, envelope.streamId, envelope.trace, envelope.holder) }, () => { this.#onEnvelope(envelope) })
-          return
-        }
         const message = envelope.message
         if (isRequest(message) && envelope.streamId !== null) {
           this.#streams.append(envelope.sid, envelope.streamId, toJsonRpcError(new GW_ERR_SESSION_NOT_FOUND(), message.id)).catch(() => {})
@@ -518,6 +590,11 @@ export class Router {
     let beat = true
     await store.heartbeat(this.replicaId, ttlMs).catch(() => { beat = false })
     if (!beat || !store.isReady()) {
+      // A blink, a restart or a failover is a delay (issue 28): the answers on their way are
+      // tried again across the reconnect for as long (ClientStreams, APPEND_RETRY_MS). Only an
+      // outage longer than that answers the requests waiting here with an error.
+      const since = this.#storeDownSince ??= Date.now()
+      if (Date.now() - since < APPEND_RETRY_MS) return
       if (!this.#storeDown) log.warn('session store unreachable; answering waiting requests with an error')
       this.#storeDown = true
       const err = new GW_ERR_STORE_UNAVAILABLE('the session store became unreachable while this request was in flight')
@@ -525,6 +602,7 @@ export class Router {
       return
     }
     this.#storeDown = false
+    this.#storeDownSince = undefined
     // Those requests got their answer: a late one from the backend must not be written after it.
     for (const { sid, streamId, id } of this.#answeredWithoutLog.splice(0)) await this.#o.eventLog.claim(sid, streamId, id, this.#idleMs).catch(() => {})
     for (const sid of this.#streams.awaitingSessions()) {
@@ -537,10 +615,21 @@ export class Router {
       // session's POST; a routed session's owner as routed to). Requests served by a replica that
       // is gone died with it, whoever owns the session now: a replica that kept serving a session
       // another one had taken over (its lease not yet found lost) and then died is one case.
+      let adopting = false
       for (const replica of await this.#o.eventLog.pendingReplicas(sid)) {
         if (replica === this.replicaId || await store.isAlive(replica)) continue
-        await this.#failOrphans(sid, server, `replica ${replica} is gone`, replica)
+        adopting = true
+        // Not awaited: it may take the session over and start its backend, which must not hold
+        // up this replica's own heartbeat (a beat skipped for that long would look like a death).
+        const key = `${sid} ${replica}`
+        if (this.#adopting.has(key)) continue
+        this.#adopting.add(key)
+        this.#orphansOf(sid, server, replica, local, record)
+          .catch(err => log.warn({ err, sid: shortHash(sid) }, 'requests of a lost replica not settled'))
+          .finally(() => this.#adopting.delete(key))
       }
+      // Settled there, with what the lost replica never handed on delivered again (not failed below).
+      if (adopting) continue
       // A routed session whose backend runs here: its answers come from here.
       if (local !== undefined && !local.direct) continue
       // Direct and pooled sessions have no owner whose loss ends their requests (pending markers above).

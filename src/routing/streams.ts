@@ -4,6 +4,7 @@
 // Local first: when this replica holds the stream, the wake is a method call, not a bus envelope,
 // and a stream's last answer is written before its append (docs/design-notes.md, the request path).
 import { randomBytes } from 'node:crypto'
+import { setTimeout as sleep } from 'node:timers/promises'
 import type { ServerResponse } from 'node:http'
 import type { FastifyBaseLogger } from 'fastify'
 import { GW_ERR_BACKEND_TIMEOUT, GW_ERR_CONFLICT, GW_ERR_SESSION_NOT_FOUND, GW_ERR_SHUTTING_DOWN, GW_ERR_STORE_UNAVAILABLE, isGatewayError, toJsonRpcError, type GatewayError } from '../core/errors.js'
@@ -45,6 +46,23 @@ export const PRUNE_SAMPLE = 2 * PRUNE_EVERY
 
 /** A per-process random prefix: stream ids are unique across replicas and restarts without a syscall each. */
 const STREAM_PREFIX = randomBytes(9).toString('base64url')
+
+/**
+ * How long an append that failed because the store's connection is away is tried again (issue
+ * 28): across a blink of the connection, a Redis restart or a Sentinel failover (seconds), not a
+ * long outage, which the holders' own watch answers (Router #onBeat).
+ */
+export const APPEND_RETRY_MS = 5_000
+const APPEND_RETRY_EVERY_MS = 50
+
+/**
+ * The client refused the command while disconnected (no offline queue): it never reached Redis.
+ * ioredis says so only in its message ("Stream isn't writeable …", "Cluster isn't ready …").
+ */
+function neverSent (err: unknown): boolean {
+  const cause = err instanceof Error ? err.cause : undefined
+  return cause instanceof Error && cause.message.endsWith('and enableOfflineQueue options is false')
+}
 let streamSeq = 0
 
 /**
@@ -197,7 +215,7 @@ export class ClientStreams {
         json ??= JSON.stringify(message)
         if (json.length <= WAKE_ENTRY_MAX_CHARS) wake = this.#o.bus.prepareWake(expectedHolder, sid, streamId, json)
       }
-      appended = await this.#o.eventLog.append(sid, streamId, message, ttlMs, answers, json, wake)
+      appended = await this.#appendRetrying(sid, streamId, message, ttlMs, answers, json, wake)
     } finally {
       if (local !== undefined) local.appending--
     }
@@ -216,6 +234,28 @@ export class ClientStreams {
       })
     }
     return entryId
+  }
+
+  /**
+   * EventLog.append, tried again while the store's connection comes back (bounded,
+   * APPEND_RETRY_MS): an answer the backend gave is not dropped for a blink of Redis (issue 28).
+   * An answer (`answers`) is safe to send again: a try that was applied after all took its marker
+   * and left it in the log, so the next one writes nothing. Any other entry is sent again only
+   * when the try never left (refused while disconnected), so a notification is not written twice.
+   */
+  async #appendRetrying (sid: string, streamId: string, message: JsonRpcMessage | null, ttlMs: number, answers: RequestId | undefined, json: string | undefined, wake: PreparedWake | undefined): Promise<AppendResult> {
+    const until = Date.now() + APPEND_RETRY_MS
+    for (let attempt = 0; ; attempt++) {
+      try {
+        return await this.#o.eventLog.append(sid, streamId, message, ttlMs, answers, json, wake)
+      } catch (err) {
+        const retry = isGatewayError(err) && err.code === 'GW_ERR_STORE_UNAVAILABLE' && (answers !== undefined || neverSent(err))
+        if (!retry || Date.now() >= until || this.#o.config.redis === undefined) throw err
+        if (attempt === 0) this.#o.log.warn({ err, sid: shortHash(sid) }, 'append failed; trying again while the store reconnects')
+        do await sleep(APPEND_RETRY_EVERY_MS)
+        while (!this.#o.store.isReady() && Date.now() < until)
+      }
+    }
   }
 
   /** Opens a client stream on this replica: claims the holder lease, then tails the log. */

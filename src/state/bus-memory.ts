@@ -29,6 +29,8 @@ export class MemoryBus implements Bus {
   readonly ordered = false
 
   prepareWake (): undefined { return undefined }
+  /** One process: no replica of this hub dies while another reads on. */
+  async takeUnread (): Promise<[]> { return [] }
   readonly #hub: MemoryBusHub
   readonly #onHandlerError: MemoryBusOptions['onHandlerError']
   #replicaId: string | null = null

@@ -1,12 +1,22 @@
 // Redis twin of the bus: each replica reads its own inbox stream `<prefix>:inbox:<id>` with
-// XREAD BLOCK on a connection of its own. Envelopes are JSON. The loop outlives Redis restarts
-// (it retries with capped backoff and resumes after the last entry it saw) and close() ends it
-// at once by disconnecting the blocking connection.
+// XREADGROUP BLOCK NOACK on a connection of its own. Envelopes are JSON. The loop outlives Redis
+// restarts (it retries with capped backoff and resumes after the last entry it saw) and close()
+// ends it at once by disconnecting the blocking connection.
+//
+// Why consumer groups (issue 28): a second group, never read from, records how far the reader
+// has handed client messages on (`deliver` envelopes: the handler gives them to a backend in the
+// same turn): after each batch that held one, its last delivered id is moved there (XGROUP SETID,
+// sent behind the batch on the reader's connection, never awaited; a batch of wakes sends
+// nothing). When the replica dies, what lies past it never reached its backends, read or not:
+// whoever takes its sessions over delivers those again (takeUnread) instead of failing them for
+// the backend's loss. The reader itself reads through a group (XREADGROUP NOACK, the cost of an
+// XREAD) only so that both groups live and die with the inbox key alike.
 import { setTimeout as sleep } from 'node:timers/promises'
-import type { Bus, Envelope, EnvelopeHandler, PreparedWake } from './bus.js'
+import type { Bus, DeliverEnvelope, Envelope, EnvelopeHandler, PreparedWake } from './bus.js'
+import { compareEntryIds } from './event-log.js'
 import type { Logger } from '../telemetry/logger.js'
 import { reconnectDelay, redisReady, storeCall, type Redis } from './redis/client.js'
-import { inboxKey } from './redis/keys.js'
+import { inboxKey, sessionKeys } from './redis/keys.js'
 import { defineScripts } from './redis/scripts.js'
 
 export interface RedisBusOptions {
@@ -30,6 +40,10 @@ export interface RedisBusOptions {
 /** The field holding the envelope JSON. */
 const FIELD = 'e'
 const BATCH = 100
+/** The consumer group (and its one consumer) an inbox is read through. */
+const GROUP = 'r'
+/** The group recording how far client messages were handed on to backends (never read from). */
+const HANDED = 'h'
 
 function parseEnvelope (fields: string[]): Envelope | null {
   const at = fields.indexOf(FIELD)
@@ -73,12 +87,20 @@ export class RedisBus implements Bus {
     const key = inboxKey(this.#prefix, replicaId)
     const reader = this.#newReader()
     this.#reader = reader
+    defineScripts(reader)
     await redisReady(reader, this.#opts.readyTimeoutMs)
     // Only what arrives from now on: envelopes left in the inbox by an earlier life of this
-    // replica id are stale. Reading the last id here, rather than XREAD from `$`, also delivers
-    // anything sent between start() resolving and the first XREAD reaching Redis.
-    const last = await storeCall(this.#redis.xrevrange(key, '+', '-', 'COUNT', 1))
-    this.#loop = this.#read(reader, key, last[0]?.[0] ?? '0-0', handler)
+    // replica id are stale. The group starts after the inbox's last entry, so anything sent
+    // between start() resolving and the first read reaching Redis is delivered too.
+    const last = await storeCall(this.#redis.openInbox(key, GROUP, HANDED, '', this.#opts.inboxTtlMs))
+    this.#loop = this.#read(reader, key, last, handler)
+  }
+
+  async takeUnread (dead: string, sid: string, servedBy: string): Promise<DeliverEnvelope[]> {
+    // The inbox and the session's markers in one step: only on one server (see the interface).
+    if (!this.ordered) return []
+    const taken = await storeCall(this.#redis.takeUnread(inboxKey(this.#prefix, dead), sessionKeys(this.#prefix, sid).pending, HANDED, sid, servedBy))
+    return taken.map(json => JSON.parse(json) as DeliverEnvelope)
   }
 
   async send (replicaId: string, envelope: Envelope): Promise<void> {
@@ -115,18 +137,28 @@ export class RedisBus implements Bus {
     while (!signal.aborted) {
       let reply: Array<[string, Array<[string, string[]]>]> | null
       try {
-        reply = await reader.xread('COUNT', BATCH, 'BLOCK', this.#opts.blockMs, 'STREAMS', key, lastId)
+        reply = await reader.xreadgroup('GROUP', GROUP, GROUP, 'COUNT', BATCH, 'BLOCK', this.#opts.blockMs, 'NOACK', 'STREAMS', key, '>') as typeof reply
         failures = 0
       } catch (err) {
         if (signal.aborted) break
+        // The group went with its key: the inbox expired while nobody sent to it (a blocked read
+        // is then ended with UNBLOCKED), or Redis came back without its data. It is made again
+        // after the last entry handled here.
+        if (err instanceof Error && /^(NOGROUP|UNBLOCKED)/.test(err.message)) {
+          const made = await reader.openInbox(key, GROUP, HANDED, lastId, this.#opts.inboxTtlMs).then(() => true, () => false)
+          if (made) continue
+        }
         // Redis is away (the client reconnects by itself) or the read failed: wait and resume
         // after the last entry handled, so nothing that reached the inbox is skipped.
         if (failures++ === 0) this.#opts.log?.warn({ err }, 'bus inbox read failed; retrying')
         await sleep(reconnectDelay(failures, this.#opts.maxRetryDelayMs), undefined, { signal }).catch(() => {})
         continue
       }
+      let handed: string | undefined
       for (const [, entries] of reply ?? []) {
         for (const [id, fields] of entries) {
+          // A Redis restarted from a snapshot older than the last read may deliver entries again.
+          if (compareEntryIds(id, lastId) <= 0) continue
           lastId = id
           if (signal.aborted) return
           const envelope = parseEnvelope(fields)
@@ -134,6 +166,7 @@ export class RedisBus implements Bus {
             this.#opts.log?.warn({ id }, 'bus envelope is not valid JSON; dropped')
             continue
           }
+          if (envelope.kind === 'deliver') handed = id
           try {
             handler(envelope)
           } catch (err) {
@@ -143,6 +176,8 @@ export class RedisBus implements Bus {
           }
         }
       }
+      // Handed on: the next read leaves behind it on this connection, so it costs no wait.
+      if (handed !== undefined) reader.xgroup('SETID', key, HANDED, handed).catch((err: unknown) => { this.#opts.log?.debug({ err }, 'inbox position not recorded') })
     }
   }
 }

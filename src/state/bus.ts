@@ -54,6 +54,9 @@ export interface PreparedWake {
   sent: () => void
 }
 
+/** A client message for a backend, as sent to the session's owner. */
+export type DeliverEnvelope = Extract<Envelope, { kind: 'deliver' }>
+
 export type EnvelopeHandler = (envelope: Envelope) => void
 
 export interface Bus {
@@ -76,5 +79,14 @@ export interface Bus {
    * envelope carries besides (metrics: its send time).
    */
   prepareWake (replicaId: string, sid: string, streamId: string, json: string, stamp?: { sentAt: number }): PreparedWake | undefined
+  /**
+   * A replica is gone: the requests and notifications of session `sid` that it never handed on to
+   * a backend (still in its inbox, read or not) leave that inbox and are returned, oldest first; the
+   * pending marker of each request names `servedBy` from then on (the replica that delivers them
+   * again), in the same step. Requests already answered are left out. Empty when the bus cannot
+   * tell what was read, or cannot change the markers in that step (not `ordered`: the memory bus,
+   * where no replica dies alone, and Redis Cluster).
+   */
+  takeUnread (dead: string, sid: string, servedBy: string): Promise<DeliverEnvelope[]>
   close (): Promise<void>
 }

@@ -53,8 +53,8 @@ export class RedisEventLog implements EventLog {
     return entryId === '' ? null : entryId
   }
 
-  async claimOrphans (sid: string, of?: string): Promise<PendingRequest[]> {
-    const fields = await storeCall(this.#redis.claimOrphans(sessionKeys(this.#prefix, sid).pending, of ?? ''))
+  async claimOrphans (sid: string, of?: string, except?: string): Promise<PendingRequest[]> {
+    const fields = await storeCall(this.#redis.claimOrphans(sessionKeys(this.#prefix, sid).pending, of ?? '', except ?? ''))
     return fields.map(parsePendingField).filter((p): p is PendingRequest => p !== null)
   }
 

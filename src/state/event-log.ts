@@ -69,9 +69,11 @@ export interface EventLog {
   /**
    * Takes the pending markers of requests whose answers can no longer come: every marker recorded
    * up to now (the session's owner is gone), or those naming one serving replica (`of`, gone: its
-   * requests died with it). The caller answers each; no later answer is written.
+   * requests died with it). The caller answers each; no later answer is written. Without `of`,
+   * markers naming `except` stay: requests a takeover took from the lost owner's inbox and
+   * delivers again (Bus.takeUnread).
    */
-  claimOrphans (sid: string, of?: string): Promise<PendingRequest[]>
+  claimOrphans (sid: string, of?: string, except?: string): Promise<PendingRequest[]>
   /** The replicas the session's pending markers name (each serves its requests). */
   pendingReplicas (sid: string): Promise<string[]>
   /** Settles one request (it was answered without the log, while that was unreachable). */

@@ -12,7 +12,7 @@ import { performance } from 'node:perf_hooks'
 import type { Command } from 'ioredis'
 import type { Redis } from '../state/redis/client.js'
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client'
-import type { Bus, Envelope, EnvelopeHandler, PreparedWake } from '../state/bus.js'
+import type { Bus, DeliverEnvelope, Envelope, EnvelopeHandler, PreparedWake } from '../state/bus.js'
 
 /** MCP method names (semconv `mcp.method.name` values, plus the 2025-11-25 tasks methods). */
 export const MCP_METHODS: readonly string[] = [
@@ -103,6 +103,8 @@ export interface GatewayMetrics {
   eventLogLost (kind: StreamKind, count: number): void
   /** A resume whose Last-Event-ID was no longer in the log: an unknown number of messages lost. */
   resumeCursorMissing (kind: StreamKind): void
+  /** An aggregate's member left out of its lists: `down` (not started or gone), `slow` or `error` (a list failed). */
+  aggregateMemberLeftOut (aggregate: string, member: string, why: 'down' | 'slow' | 'error'): void
   observe (sources: MetricSources): void
   /** Live reload: the configured server and tenant names (the only label values allowed). */
   reconfigure (servers: Iterable<string>, tenants: Iterable<string>): void
@@ -129,6 +131,7 @@ export const NO_METRICS: GatewayMetrics = {
   httpRefusal () {},
   eventLogLost () {},
   resumeCursorMissing () {},
+  aggregateMemberLeftOut () {},
   observe () {},
   reconfigure () {},
   instrumentRedis () {},
@@ -217,6 +220,7 @@ class PromMetrics implements GatewayMetrics {
   readonly #refusals: Counter<string>
   readonly #lost: Counter<string>
   readonly #cursorMissing: Counter<string>
+  readonly #memberLeftOut: Counter<string>
   readonly #busSent: Bound<Inc>
   readonly #busReceived: Bound<Inc>
   readonly #busLag: Observe
@@ -250,6 +254,7 @@ class PromMetrics implements GatewayMetrics {
     this.#started = new Bound(server => { const c = started.labels({ server }); return () => { c.inc() } })
     this.#crashed = new Bound(server => { const c = crashed.labels({ server }); return () => { c.inc() } })
     this.#refusals = new Counter({ name: 'mcpgw_http_refusals_total', help: 'HTTP requests answered with an error status, by status, reason and gateway error code', labelNames: ['status', 'reason', 'code'], registers })
+    this.#memberLeftOut = new Counter({ name: 'mcpgw_aggregate_member_left_out_total', help: 'Times an aggregate server left a member out: down (not started, gone), slow (a list past memberTimeoutMs) or error (a list failed)', labelNames: ['aggregate', 'member', 'reason'], registers })
     this.#lost = new Counter({ name: 'mcpgw_event_log_lost_total', help: 'Messages trimmed from a client stream\'s bounded log before they were delivered (a slow or absent client lost them)', labelNames: ['stream'], registers })
     this.#cursorMissing = new Counter({ name: 'mcpgw_event_log_resume_cursor_missing_total', help: 'Resumes whose Last-Event-ID was already trimmed from the log (an unknown number of messages lost)', labelNames: ['stream'], registers })
     const sent = new Counter({ name: 'mcpgw_bus_envelopes_sent_total', help: 'Envelopes sent to other replicas, by kind', labelNames: ['kind'], registers })
@@ -358,6 +363,9 @@ class PromMetrics implements GatewayMetrics {
 
   eventLogLost (kind: StreamKind, count: number): void { this.#lost.inc({ stream: kind }, count) }
   resumeCursorMissing (kind: StreamKind): void { this.#cursorMissing.inc({ stream: kind }) }
+  aggregateMemberLeftOut (aggregate: string, member: string, why: 'down' | 'slow' | 'error'): void {
+    this.#memberLeftOut.inc({ aggregate: this.#server(aggregate), member: this.#server(member), reason: why })
+  }
   observe (sources: MetricSources): void { this.#sources = sources }
 
   reconfigure (servers: Iterable<string>, tenants: Iterable<string>): void {
@@ -426,6 +434,10 @@ class InstrumentedBus implements Bus {
     // Stamped like a sent envelope; counted once the event log wrote it.
     const prepared = this.bus.prepareWake(replicaId, sid, streamId, json, { sentAt: Date.now() })
     return prepared === undefined ? undefined : { ...prepared, sent: () => { this.sent('wake') } }
+  }
+
+  async takeUnread (dead: string, sid: string, servedBy: string): Promise<DeliverEnvelope[]> {
+    return await this.bus.takeUnread(dead, sid, servedBy)
   }
 
   async close (): Promise<void> { await this.bus.close() }

@@ -7,6 +7,9 @@
 import { Client } from '@modelcontextprotocol/sdk/client/index.js'
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
 import { CreateMessageRequestSchema, McpError, type JSONRPCMessage } from '@modelcontextprotocol/sdk/types.js'
+import { mkdtemp, readFile, rm } from 'node:fs/promises'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
 import { setTimeout as sleep } from 'node:timers/promises'
 import type { Test } from 'tap'
 import { startStreamableUpstream } from '../fixtures/http-upstreams.js'
@@ -36,6 +39,11 @@ export interface ChaosFigures {
   misrouted: number
   /** Error answers by JSON-RPC code (or 'transport' for a failed HTTP exchange). */
   errorCodes: Record<string, number>
+  /**
+   * Calls answered -32007 (lost with the replica running their backend) that never reached a
+   * backend (stdio echo calls, whose text the backend logs on arrival): issue 28 says none.
+   */
+  lostUnreached: number
   /** Sessions that had to be created again (their old one answered 404). */
   sessionsRenewed: number
   /** Sessions created before the first kill that still answered at the end. */
@@ -60,6 +68,11 @@ export async function runChaos (t: Test, options: ChaosOptions): Promise<ChaosFi
   const log = options.log ?? (() => {})
   const callTimeoutMs = options.callTimeoutMs ?? 30_000
   const sentinel = await startSentinelSetup(t)
+  const callDir = await mkdtemp(join(tmpdir(), 'mcpgw-chaos-'))
+  t.teardown(async () => { await rm(callDir, { recursive: true, force: true }) })
+  const callLog = join(callDir, 'calls.log')
+  /** Texts of stdio echo calls answered -32007: each must be in the backends' call log. */
+  const lostTexts: string[] = []
   const upstream = await startStreamableUpstream({ record: false })
   t.teardown(async () => { await upstream.close() })
   const config = {
@@ -67,13 +80,13 @@ export async function runChaos (t: Test, options: ChaosOptions): Promise<ChaosFi
     // The gateway's own deadline is shorter than the clients': a call whose answer is lost
     // upstream (e.g. a sampling answer POSTed to a replica that died) still gets one, -32006.
     servers: {
-      full: stdioFixture('full-server', [], { requestTimeoutMs: 10_000 }),
+      full: stdioFixture('full-server', ['--call-log', callLog], { requestTimeoutMs: 10_000 }),
       remote: { transport: 'streamable-http', url: upstream.url, requestTimeoutMs: 10_000 }
     }
   }
   const replicas: ReplicaProcess[] = await Promise.all(['A', 'B', 'C'].map(async name => await startReplica(t, name, config)))
   const proxy = await startRoundRobinProxy(t, replicas.map(r => r.url))
-  const figures: ChaosFigures = { calls: 0, correct: 0, errors: 0, neverAnswered: 0, duplicated: 0, misrouted: 0, errorCodes: {}, sessionsRenewed: 0, survivors: 0, before: 0, events: [] }
+  const figures: ChaosFigures = { calls: 0, correct: 0, errors: 0, neverAnswered: 0, duplicated: 0, misrouted: 0, errorCodes: {}, lostUnreached: 0, sessionsRenewed: 0, survivors: 0, before: 0, events: [] }
   const event = (what: string): void => { figures.events.push(`${new Date().toISOString()} ${what}`); log(what) }
 
   async function open (index: number, createdBeforeChaos: boolean): Promise<Session> {
@@ -153,6 +166,7 @@ export async function runChaos (t: Test, options: ChaosOptions): Promise<ChaosFi
         return true
       }
       figures.errors++
+      if (err instanceof McpError && err.code === -32007 && kind === 'echo' && !s.http) lostTexts.push(text)
       // The SDK reports an HTTP error answer with its JSON-RPC body: classify by that code.
       const code = err instanceof McpError ? String(err.code) : /404|Session not found/.test(String(err)) ? '404' : `http ${/"code":(-?\d+)/.exec(String(err))?.[1] ?? 'transport'}`
       figures.errorCodes[code] = (figures.errorCodes[code] ?? 0) + 1
@@ -189,7 +203,9 @@ export async function runChaos (t: Test, options: ChaosOptions): Promise<ChaosFi
     const slice = options.durationMs / (steps + 1)
     let killed = 0
     for (let step = 1; step <= steps && Date.now() < stopAt; step++) {
-      await sleep(Math.max(0, slice - 0))
+      // Kills at random points of the calls' paths (issue 28): the calls run back to back, so a
+      // random offset lands before, in or after the owner's inbox, backend or append.
+      await sleep(Math.max(0, slice * (0.75 + Math.random() / 2)))
       if (step === Math.ceil(steps / 2)) {
         event(`Redis primary (port ${sentinel.primaryPort()}) SIGKILLed`)
         await sentinel.primary.kill()
@@ -198,7 +214,8 @@ export async function runChaos (t: Test, options: ChaosOptions): Promise<ChaosFi
         continue
       }
       if (killed >= options.kills) continue
-      const index = killed++ % replicas.length
+      killed++
+      const index = Math.floor(Math.random() * replicas.length)
       const victim = replicas[index]!
       event(`replica ${victim.name} SIGKILLed`)
       await victim.kill()
@@ -230,6 +247,12 @@ export async function runChaos (t: Test, options: ChaosOptions): Promise<ChaosFi
       await s.client.callTool(s.http ? { name: 'echo', arguments: { message: 'final' } } : { name: 'echo', arguments: { text: 'final' } }, undefined, { timeout: callTimeoutMs })
       figures.survivors++
     } catch { /* counted by its absence */ }
+  }
+  const reached = new Set((await readFile(callLog, 'utf8').catch(() => '')).split('\n'))
+  for (const text of lostTexts) {
+    if (reached.has(text)) continue
+    figures.lostUnreached++
+    event(`-32007 for a call that never reached a backend: ${text}`)
   }
   event(`done: ${JSON.stringify({ ...figures, events: undefined })}`)
   return figures

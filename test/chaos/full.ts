@@ -10,5 +10,6 @@ t.test('full chaos run', async t => {
   t.equal(figures.neverAnswered, 0, 'never answered: 0')
   t.equal(figures.duplicated, 0, 'duplicated: 0')
   t.equal(figures.misrouted, 0, 'misrouted: 0')
+  t.equal(figures.lostUnreached, 0, 'no call answered -32007 that never reached a backend', { calls: figures.events.filter(e => /never reached/.test(e)).slice(0, 10) })
   t.equal(figures.survivors + figures.sessionsRenewed, figures.before, 'every session from before the chaos still works')
 })

@@ -243,7 +243,7 @@ t.test('stdio and HTTP servers each have their own shape', async t => {
   t.test('a missing or unknown transport is the only problem reported for that server', async t => {
     t.same(problemsOf(() => parseConfig(minimal({ a: { command: 'node' }, b: { transport: 'websocket', url: 'ws://x' } }), {})), [
       '/servers/a/transport: is required',
-      '/servers/b/transport: must be one of: stdio, streamable-http, sse'
+      '/servers/b/transport: must be one of: stdio, streamable-http, sse, aggregate'
     ])
   })
 
@@ -468,7 +468,7 @@ t.test('the shipped configs validate', async t => {
     const dir = t.testdir({ 'all.yaml': enable(await readFile(shipped('gateway.example.yaml'), 'utf8')) })
     const env = { REDIS_URL: 'redis://127.0.0.1:6379/0', REMOTE_TOKEN: 'r', LEGACY_API_KEY: 'l', METRICS_TOKEN: 'metrics-token-0123456789' }
     const config = await loadConfig(join(dir, 'all.yaml'), env)
-    t.same(Object.keys(config.servers), ['everything', 'remote', 'legacy'])
+    t.same(Object.keys(config.servers), ['everything', 'remote', 'legacy', 'workspace'])
     t.equal(config.redis?.url, env.REDIS_URL)
     t.equal((config.servers.remote as HttpServerConfig).headers.Authorization, 'Bearer r')
     t.equal(config.servers.legacy?.transport, 'sse')
@@ -494,7 +494,8 @@ t.test('the shipped configs validate', async t => {
     const servers = raw.servers as Record<string, unknown>
     const serverSchema = root.properties?.servers?.additionalProperties as Node
     walk(serverSchema.then as Node, servers.everything, '/servers/everything')
-    walk(serverSchema.else as Node, servers.remote, '/servers/remote')
+    walk((serverSchema.else as Node).else as Node, servers.remote, '/servers/remote')
+    walk((serverSchema.else as Node).then as Node, servers.workspace, '/servers/workspace')
     // A tenant: its own keys, one JWT issuer and one server's settings. Tool policy and limits
     // are documented by their own part of issue 8.
     const tenantSchema = root.properties?.tenants?.additionalProperties as Node

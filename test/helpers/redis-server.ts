@@ -2,7 +2,10 @@
 import { spawn, type ChildProcess } from 'node:child_process'
 import { randomBytes } from 'node:crypto'
 import { once } from 'node:events'
+import { mkdtemp, rm } from 'node:fs/promises'
 import { createConnection } from 'node:net'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
 import { setTimeout as sleep } from 'node:timers/promises'
 import type { Test } from 'tap'
 import { reap } from './reaper.js'
@@ -12,10 +15,17 @@ import { createRedis, redisReady, type CreateRedisOptions, type Redis } from '..
 export interface RedisServer {
   url: string
   port: number
-  /** Stops the server (SIGTERM, then SIGKILL); its data is gone (no persistence). */
+  /** Stops the server (SIGTERM, then SIGKILL); its data is gone unless it persists (startRedis). */
   stop: () => Promise<void>
-  /** Starts it again on the same port, empty. */
+  /** SIGKILL: dies at once (with `persist`, what it acknowledged is in its AOF). */
+  kill: () => Promise<void>
+  /** Starts it again on the same port: empty, or from its AOF with `persist`. */
   restart: () => Promise<void>
+}
+
+export interface StartRedisOptions {
+  /** An append-only file fsynced on every write, in a temporary directory: a restart keeps the data. */
+  persist?: boolean
 }
 
 /** True once the server answers PING on a raw socket. */
@@ -43,8 +53,9 @@ async function stopChild (child: ChildProcess): Promise<void> {
   clearTimeout(timer)
 }
 
-async function spawnRedis (port: number): Promise<ChildProcess> {
-  const child = reap(spawn('redis-server', ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--loglevel', 'warning'], { stdio: ['ignore', 'ignore', 'pipe'] }))
+async function spawnRedis (port: number, dir?: string): Promise<ChildProcess> {
+  const persistence = dir === undefined ? ['--appendonly', 'no'] : ['--appendonly', 'yes', '--appendfsync', 'always', '--dir', dir]
+  const child = reap(spawn('redis-server', ['--port', String(port), '--bind', '127.0.0.1', '--save', '', ...persistence, '--loglevel', 'warning'], { stdio: ['ignore', 'ignore', 'pipe'] }))
   let stderr = ''
   child.stderr?.on('data', chunk => { stderr += String(chunk) })
   for (let i = 0; i < 200; i++) {
@@ -56,13 +67,19 @@ async function spawnRedis (port: number): Promise<ChildProcess> {
   throw new Error(`redis-server on port ${port} did not answer PING`)
 }
 
-export async function startRedis (t: Test): Promise<RedisServer> {
+export async function startRedis (t: Test, options: StartRedisOptions = {}): Promise<RedisServer> {
   let child: ChildProcess | null = null
   let port = 0
+  let dir: string | undefined
+  if (options.persist === true) {
+    const made = await mkdtemp(join(tmpdir(), 'mcpgw-redis-'))
+    dir = made
+    t.teardown(async () => { await rm(made, { recursive: true, force: true }) })
+  }
   for (let attempt = 0; child === null; attempt++) {
     port = await freePort()
     try {
-      child = await spawnRedis(port)
+      child = await spawnRedis(port, dir)
     } catch (err) {
       // Another process may have taken the port between our probe and the bind.
       if (attempt >= 2) throw err
@@ -76,9 +93,15 @@ export async function startRedis (t: Test): Promise<RedisServer> {
     url: `redis://127.0.0.1:${port}`,
     port,
     stop,
+    kill: async () => {
+      if (child === null || child.exitCode !== null || child.signalCode !== null) return
+      const exited = once(child, 'exit')
+      child.kill('SIGKILL')
+      await exited
+    },
     restart: async () => {
       await stop()
-      child = await spawnRedis(port)
+      child = await spawnRedis(port, dir)
     }
   }
 }

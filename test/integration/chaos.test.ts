@@ -10,6 +10,7 @@ t.test('chaos: nothing unanswered, duplicated or misrouted while replicas and Re
   t.ok(figures.calls >= 100, `calls made (${figures.calls})`)
   t.equal(figures.neverAnswered, 0, 'no call went unanswered', { wrong: figures.events.filter(e => /never answered/.test(e)).slice(0, 10) })
   t.equal(figures.duplicated, 0, 'no call was answered twice')
+  t.equal(figures.lostUnreached, 0, 'no call answered -32007 that never reached a backend', { calls: figures.events.filter(e => /never reached/.test(e)).slice(0, 10) })
   // What went wrong, in the failure's own report (comments are not shown for a failed run).
   const wrong = figures.events.filter(e => /wrong answer|never answered|misrouted/.test(e)).slice(0, 10)
   t.equal(figures.misrouted, 0, 'no answer reached the wrong caller', { wrong })

@@ -312,6 +312,14 @@ remember(KEYS[2], ARGV[4], ARGV[2])
 return id`
   },
 
+  /*
+   * claimOrphans: takes the pending markers of requests whose answers can no longer come (each
+   * becomes a tombstone; the caller answers it): those naming ARGV[1], or with ARGV[1] '' every
+   * one recorded up to now except those naming ARGV[2] (requests a takeover re-delivers).
+   *   KEYS[1] pending
+   *   ARGV[1] serving replica or ''   ARGV[2] replica whose markers stay, or ''
+   *   returns the fields taken
+   */
   claimOrphans: {
     numberOfKeys: 1,
     lua: `
@@ -321,7 +329,7 @@ local all = redis.call('HGETALL', KEYS[1])
 local taken = {}
 for i = 1, #all, 2 do
   local at, by = string.match(all[i + 1], '^(%d+)|(.*)$')
-  if at and ((ARGV[1] == '' and tonumber(at) <= now) or (ARGV[1] ~= '' and by == ARGV[1])) then
+  if at and ((ARGV[1] == '' and tonumber(at) <= now and by ~= ARGV[2]) or (ARGV[1] ~= '' and by == ARGV[1])) then
     redis.call('HSET', KEYS[1], all[i], 'done')
     taken[#taken + 1] = all[i]
   end
@@ -406,6 +414,82 @@ return dropped`
    *   ARGV[1] max length (approximate)   ARGV[2] ttl ms   ARGV[3] envelope json
    *   returns the entry id
    */
+  /*
+   * openInbox: makes the two consumer groups of a replica's inbox: the one it is read through
+   * (ARGV[1], XREADGROUP NOACK) and one that only records how far the reader has handed client
+   * messages on to its backends (ARGV[2], moved with XGROUP SETID after each batch): what lies
+   * past the second was never handed on (takeUnread). Both start at ARGV[3], or at the inbox's
+   * last entry when '' (what an earlier life of the replica id left is stale); existing groups
+   * are moved there. A stream made for the groups alone gets the inbox TTL.
+   *   KEYS[1] inbox
+   *   ARGV[1] read group   ARGV[2] handed group   ARGV[3] start id or ''   ARGV[4] ttl ms
+   *   returns the id the groups start after
+   */
+  openInbox: {
+    numberOfKeys: 1,
+    lua: `
+local start = ARGV[3]
+if start == '' then
+  local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+  start = last[1] and last[1][1] or '0-0'
+end
+for g = 1, 2 do
+  local made = redis.pcall('XGROUP', 'CREATE', KEYS[1], ARGV[g], start, 'MKSTREAM')
+  if type(made) == 'table' and made.err then redis.call('XGROUP', 'SETID', KEYS[1], ARGV[g], start) end
+end
+if redis.call('PTTL', KEYS[1]) == -1 then redis.call('PEXPIRE', KEYS[1], ARGV[4]) end
+return start`
+  },
+
+  /*
+   * takeUnread: the client messages of one session that a dead replica never handed on to a
+   * backend (its inbox's entries past the last delivered id of its `handed` group, openInbox; all
+   * of them when the group is gone with the key). They leave the inbox (a reader that was
+   * only frozen can no longer get them, so each is delivered once), and the pending marker of
+   * each request names ARGV[3] from now on, the replica that will serve it. A request already
+   * answered (a tombstone) is dropped; responses to server requests stay (they die with it).
+   *   KEYS[1] inbox   KEYS[2] pending
+   *   ARGV[1] group   ARGV[2] session id   ARGV[3] new serving replica
+   *   returns the envelopes' JSON, oldest first
+   */
+  takeUnread: {
+    numberOfKeys: 2,
+    lua: `
+if redis.call('EXISTS', KEYS[1]) == 0 then return {} end
+local from = '-'
+for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
+  local name, last
+  for i = 1, #g, 2 do
+    if g[i] == 'name' then name = g[i + 1] elseif g[i] == 'last-delivered-id' then last = g[i + 1] end
+  end
+  if name == ARGV[1] and last then from = '(' .. last end
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local taken = {}
+for _, entry in ipairs(redis.call('XRANGE', KEYS[1], from, '+')) do
+  local json = entry[2][2]
+  if json and string.find(json, ARGV[2], 1, true) then
+    local ok, env = pcall(cjson.decode, json)
+    if ok and type(env) == 'table' and env.kind == 'deliver' and env.sid == ARGV[2] and type(env.message) == 'table' and env.message.method ~= nil then
+      redis.call('XDEL', KEYS[1], entry[1])
+      local id = env.message.id
+      if id ~= nil and id ~= cjson.null and type(env.streamId) == 'string' then
+        local field = env.streamId .. ' ' .. (type(id) == 'number' and 'n' or 's') .. tostring(id)
+        local marker = redis.call('HGET', KEYS[2], field)
+        if marker ~= 'done' then
+          if marker then redis.call('HSET', KEYS[2], field, now .. '|' .. ARGV[3]) end
+          taken[#taken + 1] = json
+        end
+      else
+        taken[#taken + 1] = json
+      end
+    end
+  end
+end
+return taken`
+  },
+
   sendEnvelope: {
     numberOfKeys: 1,
     lua: `
@@ -423,7 +507,9 @@ declare module 'ioredis' {
     deleteEvents (numberOfKeys: number, ...keysThenStreamIds: string[]): Result<number, Context>
     takeOwner (owner: RedisKey, replicaId: string, from: string, ttlMs: number): Result<string, Context>
     markPending (events: RedisKey, streams: RedisKey, pending: RedisKey, seq: RedisKey, holder: RedisKey, meta: RedisKey, maxLen: number, ttlMs: number, priming: string, streamId: string, servedBy: string, holderMs: number, holderReplica: string, ...fields: string[]): Result<string | null, Context>
-    claimOrphans (pending: RedisKey, replicaId: string): Result<string[], Context>
+    claimOrphans (pending: RedisKey, replicaId: string, except: string): Result<string[], Context>
+    openInbox (inbox: RedisKey, readGroup: string, handedGroup: string, start: string, ttlMs: number): Result<string, Context>
+    takeUnread (inbox: RedisKey, pending: RedisKey, group: string, sid: string, servedBy: string): Result<string[], Context>
     claimOwner (owner: RedisKey, replicaId: string, ttlMs: number): Result<string, Context>
     renewLease (lease: RedisKey, replicaId: string, ttlMs: number): Result<0 | 1, Context>
     renewHolder (holder: RedisKey, streams: RedisKey, replicaId: string, ttlMs: number): Result<0 | 1, Context>

@@ -1,0 +1,198 @@
+// The merged lists of an aggregate server and the routing they give (issue 27): which member
+// serves an exposed tool or prompt name, a resource URI, a template. Shared by aggregate sessions
+// (aggregate.ts, lists fetched over the session's member links) and 2026-07-28 requests to an
+// aggregate (http/modern.ts, lists fetched over the members' pools): `fetch` says how.
+import type { Logger } from 'pino'
+import { filterToolsListOf, type ToolPolicy } from '../auth/tool-policy.js'
+import { GW_ERR_BACKEND_TIMEOUT, isGatewayError } from '../core/errors.js'
+import { isRecord } from '../core/jsonrpc.js'
+import type { GatewayMetrics } from '../telemetry/metrics.js'
+import { exposeNames, templateMatches, type Exposed } from './aggregate-names.js'
+
+/** Entries of a merged list per page (the cursor is the gateway's). */
+export const AGGREGATE_PAGE_SIZE = 100
+/** Pages of one member's list read for a merged list, at most. */
+const MAX_MEMBER_PAGES = 50
+/** `_meta` key naming the member an entry comes from. */
+export const META_MEMBER = 'io.mcp-gateway/member'
+
+export type ListKind = 'tools' | 'prompts' | 'resources' | 'resourceTemplates'
+export const LIST_METHOD: Record<ListKind, string> = {
+  tools: 'tools/list',
+  prompts: 'prompts/list',
+  resources: 'resources/list',
+  resourceTemplates: 'resources/templates/list'
+}
+const KIND_CAPABILITY: Record<ListKind, string> = { tools: 'tools', prompts: 'prompts', resources: 'resources', resourceTemplates: 'resources' }
+export const ALL_KINDS: ListKind[] = ['tools', 'prompts', 'resources', 'resourceTemplates']
+
+/** What the catalogue needs of a member. */
+export interface CatalogueMember {
+  server: string
+  prefix: string
+  /** The member's own tool filter (members[].tools). */
+  tools: ToolPolicy | undefined
+  /** Why it is out of lists, while it is; null when up. */
+  down: string | null
+  /** What it said of itself when initialised (its capabilities say which lists it has). */
+  info: { capabilities: Record<string, unknown> } | null
+}
+
+export interface CatalogueOptions<M extends CatalogueMember> {
+  aggregate: string
+  separator: string
+  memberTimeoutMs: number
+  members: readonly M[]
+  /** One request to a member; its result, or throws. */
+  fetch: (member: M, method: string, params: Record<string, unknown>) => Promise<Record<string, unknown>>
+  /** The tenant's tool policy on the aggregate (exposed names), if any. */
+  toolPolicy: () => ToolPolicy | null
+  log: Logger
+  metrics: GatewayMetrics
+}
+
+type Entry<M> = Exposed<Record<string, unknown>> & { member: M }
+
+export class AggregateCatalogue<M extends CatalogueMember> {
+  readonly #o: CatalogueOptions<M>
+  /** The last merged lists (made again on a list, or when a name or URI is not in them). */
+  readonly #lists = new Map<ListKind, Array<Entry<M>>>()
+
+  constructor (options: CatalogueOptions<M>) {
+    this.#o = options
+  }
+
+  /** One page of a merged list; null for a cursor the gateway did not make for this list. */
+  async page (kind: ListKind, cursor: unknown): Promise<Record<string, unknown> | null> {
+    let offset = 0
+    if (cursor !== undefined) {
+      const decoded = decodeCursor(cursor, kind)
+      if (decoded === null) return null
+      offset = decoded
+    }
+    const all = offset === 0 || !this.#lists.has(kind) ? await this.#merge(kind) : this.#lists.get(kind) ?? []
+    const slice = all.slice(offset, offset + AGGREGATE_PAGE_SIZE)
+    let items: unknown = slice.map(e => kind === 'tools' || kind === 'prompts'
+      ? { ...e.entry, name: e.exposed, _meta: { ...(isRecord(e.entry._meta) ? e.entry._meta : {}), [META_MEMBER]: e.server } }
+      : e.entry)
+    if (kind === 'tools') items = (filterToolsListOf('tools/list', { tools: items }, this.#o.toolPolicy()) as { tools: unknown[] }).tools
+    const next = offset + AGGREGATE_PAGE_SIZE < all.length ? { nextCursor: encodeCursor(kind, offset + AGGREGATE_PAGE_SIZE) } : {}
+    return { [kind]: items, ...next }
+  }
+
+  /** The member and its own name behind an exposed tool or prompt name; null when none has it. */
+  async byName (kind: 'tools' | 'prompts', exposed: string): Promise<{ member: M, name: string } | null> {
+    const find = (): { member: M, name: string } | null => {
+      const hit = this.#lists.get(kind)?.find(e => e.exposed === exposed)
+      return hit === undefined ? null : { member: hit.member, name: hit.name }
+    }
+    const cached = find()
+    if (cached !== null) return cached
+    await this.#merge(kind)
+    return find()
+  }
+
+  /** The member serving a URI: the first that listed it, else the first whose template matches it. */
+  async byUri (uri: string): Promise<M | null> {
+    const find = (): M | null => {
+      const listed = this.#lists.get('resources')?.find(e => e.exposed === uri)
+      if (listed !== undefined) return listed.member
+      const templated = this.#lists.get('resourceTemplates')?.find(e => templateMatches(e.exposed, uri))
+      return templated?.member ?? null
+    }
+    let member = find()
+    if (member !== null) return member
+    await Promise.all([this.#merge('resources'), this.#merge('resourceTemplates')])
+    member = find()
+    if (member !== null) return member
+    // Listed nowhere (a server may serve URIs it does not list): the only member with resources, if one.
+    const withResources = this.#o.members.filter(m => m.down === null && m.info?.capabilities.resources !== undefined)
+    return withResources.length === 1 ? withResources[0] ?? null : null
+  }
+
+  invalidate (kinds: readonly ListKind[] = ALL_KINDS): void {
+    for (const kind of kinds) this.#lists.delete(kind)
+  }
+
+  /** Every up member's whole list, merged under exposed names. */
+  async #merge (kind: ListKind): Promise<Array<Entry<M>>> {
+    const { members, memberTimeoutMs, aggregate, log, metrics } = this.#o
+    const lists = await Promise.all(members.map(async m => {
+      if (m.down !== null || m.info === null || m.info.capabilities[KIND_CAPABILITY[kind]] === undefined) return { member: m, entries: [] as Array<Record<string, unknown>> }
+      try {
+        const entries = await withTimeout(this.#listAll(m, kind), memberTimeoutMs, () => new GW_ERR_BACKEND_TIMEOUT(m.server, memberTimeoutMs))
+        return { member: m, entries }
+      } catch (err) {
+        log.warn({ member: m.server, list: kind, reason: err instanceof Error ? err.message : String(err) }, 'aggregate member left out of a list (slow or failing)')
+        metrics.aggregateMemberLeftOut(aggregate, m.server, isGatewayError(err) && err.code === 'GW_ERR_BACKEND_TIMEOUT' ? 'slow' : 'error')
+        return { member: m, entries: [] as Array<Record<string, unknown>> }
+      }
+    }))
+    let merged: Array<Entry<M>>
+    if (kind === 'tools' || kind === 'prompts') {
+      const named = lists.map(l => ({
+        server: l.member.server,
+        prefix: l.member.prefix,
+        entries: l.entries.filter((e): e is Record<string, unknown> & { name: string } => typeof e.name === 'string' && (kind !== 'tools' || l.member.tools === undefined || l.member.tools.allows(e.name)))
+      }))
+      const exposed = exposeNames(named, this.#o.separator, (e, plain) => {
+        log.warn({ [kind === 'tools' ? 'tool' : 'prompt']: plain, member: e.server, exposedAs: e.exposed }, 'aggregate name collision: the later member\'s entry is exposed under another name')
+      })
+      const byServer = new Map(members.map(m => [m.server, m]))
+      merged = exposed.map(e => ({ ...e, member: byServer.get(e.server) as M }))
+    } else {
+      // Resources keep their URIs (templates their uriTemplate): the first member to list one serves it.
+      const key = kind === 'resources' ? 'uri' : 'uriTemplate'
+      const seen = new Set<string>()
+      merged = []
+      for (const l of lists) {
+        for (const entry of l.entries) {
+          const id = entry[key]
+          if (typeof id !== 'string' || seen.has(id)) continue
+          seen.add(id)
+          merged.push({ exposed: id, server: l.member.server, name: id, entry, member: l.member })
+        }
+      }
+    }
+    this.#lists.set(kind, merged)
+    return merged
+  }
+
+  /** A member's whole list (every page). */
+  async #listAll (member: M, kind: ListKind): Promise<Array<Record<string, unknown>>> {
+    const out: Array<Record<string, unknown>> = []
+    let cursor: string | undefined
+    for (let page = 0; page < MAX_MEMBER_PAGES; page++) {
+      const result = await this.#o.fetch(member, LIST_METHOD[kind], cursor !== undefined ? { cursor } : {})
+      const items = result[kind]
+      if (Array.isArray(items)) for (const item of items) if (isRecord(item)) out.push(item)
+      if (typeof result.nextCursor !== 'string' || result.nextCursor === '') break
+      cursor = result.nextCursor
+    }
+    return out
+  }
+}
+
+function encodeCursor (kind: ListKind, offset: number): string {
+  return Buffer.from(JSON.stringify({ k: kind, o: offset })).toString('base64url')
+}
+
+function decodeCursor (cursor: unknown, kind: ListKind): number | null {
+  if (typeof cursor !== 'string' || cursor.length > 200) return null
+  try {
+    const value: unknown = JSON.parse(Buffer.from(cursor, 'base64url').toString('utf8'))
+    if (!isRecord(value) || value.k !== kind || typeof value.o !== 'number' || !Number.isInteger(value.o) || value.o < 0) return null
+    return value.o
+  } catch {
+    return null
+  }
+}
+
+export async function withTimeout<T> (work: Promise<T>, ms: number, error: () => Error): Promise<T> {
+  let timer: NodeJS.Timeout | undefined
+  try {
+    return await Promise.race([work, new Promise<never>((_resolve, reject) => { timer = setTimeout(() => { reject(error()) }, ms); timer.unref() })])
+  } finally {
+    clearTimeout(timer)
+  }
+}
