@@ -41,7 +41,7 @@ async function sampleMemory (gateway: GatewayProcess): Promise<MemorySample & { 
 }
 
 /** Opens `count` raw sessions into `open`, `concurrency` at a time; failures are counted, not thrown. */
-async function openMany (url: string, count: number, concurrency: number, onDrop: (s: RawSession) => void, open = new Set<RawSession>()): Promise<{ open: Set<RawSession>, failed: number, firstError: string | null }> {
+export async function openMany (url: string, count: number, concurrency: number, onDrop: (s: RawSession) => void, open = new Set<RawSession>()): Promise<{ open: Set<RawSession>, failed: number, firstError: string | null }> {
   let failed = 0
   let firstError: string | null = null
   await mapLimit(Array.from({ length: count }), concurrency, async () => {

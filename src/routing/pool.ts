@@ -153,6 +153,8 @@ interface Group {
   opening: number
   /** Requests waiting for a connection, first come first served. */
   waiters: Waiter[]
+  /** The connection being opened for whoever needs any (discover, a pooled initialize, listen) while the group has none. */
+  first: Promise<Connection> | null
 }
 
 export class ConnectionPool {
@@ -403,7 +405,7 @@ export class ConnectionPool {
     const k = `${server}\0${tenant ?? ''}`
     let group = this.#groups.get(k)
     if (group === undefined) {
-      group = { server, tenant, connections: [], info: null, holds: 0, opening: 0, waiters: [] }
+      group = { server, tenant, connections: [], info: null, holds: 0, opening: 0, waiters: [], first: null }
       this.#groups.set(k, group)
     }
     return group
@@ -435,21 +437,27 @@ export class ConnectionPool {
     const group = this.#group(server, tenant)
     const first = group.connections[0]
     if (!claim && first !== undefined) return first
+    if (!claim) {
+      // One connection for all of them: a burst of new pooled sessions (each initialize asks for
+      // the backend's description) opened a child each, past poolMax, until the first was ready.
+      group.first ??= this.#open(server, tenant, config, group, false).finally(() => { group.first = null })
+      return await group.first
+    }
     const idle = group.connections.find(c => busy(c) === 0)
     if (idle !== undefined) {
       idle.claims++
       return idle
     }
-    if (!claim || group.connections.length + group.opening < (config.poolMax ?? 16)) {
-      if (claim) group.opening++
+    if (group.connections.length + group.opening < (config.poolMax ?? 16)) {
+      group.opening++
       try {
-        return await this.#open(server, tenant, config, group, claim)
+        return await this.#open(server, tenant, config, group, true)
       } catch (err) {
         // The supervisor's own limit (a dedicated server's maxSessions counts these children too):
         // wait for one of the pool's connections, as past poolMax.
-        if (!claim || !isGatewayError(err) || err.code !== 'GW_ERR_BACKEND_CAPACITY' || group.connections.length === 0) throw err
+        if (!isGatewayError(err) || err.code !== 'GW_ERR_BACKEND_CAPACITY' || group.connections.length === 0) throw err
       } finally {
-        if (claim) group.opening--
+        group.opening--
       }
     }
     return await this.#wait(group, config)

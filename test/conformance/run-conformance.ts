@@ -1,14 +1,17 @@
 // Runs the official MCP conformance suite (SPEC.md section 11) against the gateway, with our
 // conformance fixture as the only backend, reached over stdio or over Streamable HTTP:
 // `npm run test:conformance` runs each backend (stdio, http, modern) at the 2025-11-25
-// requirements (sessions) and at the 2026-07-28 ones (stateless requests), one after the other.
+// requirements (sessions) and at the 2026-07-28 ones (stateless requests), one after the other,
+// and stdio-pooled at the 2025-11-25 ones (issue 26: a pooled session must score what a dedicated
+// one does; 2026-07-28 requests take the pool whichever mode the server has).
 // Exit status follows the suite's: only scored scenarios count (tasks-* and the pending header
 // scenarios run but are not scored at 2026-07-28).
 //
-//   node dist/test/conformance/run-conformance.js [--backend stdio|http|modern]
+//   node dist/test/conformance/run-conformance.js [--backend stdio|stdio-pooled|http|modern]
 //
 // 1. backend stdio (default): the config fronts `node dist/test/fixtures/conformance-server.js`
-//    as stdio server `conformance`; backend http: starts dist/test/fixtures/conformance-http.js,
+//    as stdio server `conformance`; backend stdio-pooled: the same with `sessions: pooled` (each
+//    session borrows a pooled child per request, issue 26); backend http: starts dist/test/fixtures/conformance-http.js,
 //    reads the URL it prints and fronts it as streamable-http server `conformance`; backend
 //    modern: the same with dist/test/fixtures/conformance-modern.js, a 2026-07-28 server (v2 SDK),
 //    fronted with `protocol: modern`. Either way
@@ -24,7 +27,7 @@
 // limitation of one backend transport only), else tools/conformance/expected-failures.yml.
 //
 // Knobs (environment; --backend wins over CONFORMANCE_BACKEND):
-//   CONFORMANCE_BACKEND       stdio (default) or http: how the gateway reaches the fixture
+//   CONFORMANCE_BACKEND       stdio (default), stdio-pooled, http or modern: how the gateway reaches the fixture
 //   CONFORMANCE_REQUIREMENTS  revision whose frozen requirement set runs (default 2025-11-25)
 //   CONFORMANCE_SCENARIO      run one scenario instead (at the requirements' wire version)
 //   CONFORMANCE_URL           test an already running endpoint; no gateway is started
@@ -51,7 +54,7 @@ const GATEWAY = join(ROOT, 'dist/src/main.js')
 const FIXTURE_STDIO = join(ROOT, 'dist/test/fixtures/conformance-server.js')
 const FIXTURE_HTTP = join(ROOT, 'dist/test/fixtures/conformance-http.js')
 const FIXTURE_MODERN = join(ROOT, 'dist/test/fixtures/conformance-modern.js')
-const BACKENDS = ['stdio', 'http', 'modern'] as const
+const BACKENDS = ['stdio', 'stdio-pooled', 'http', 'modern'] as const
 type Backend = typeof BACKENDS[number]
 const SERVER_NAME = 'conformance'
 const READY_TIMEOUT_MS = 30_000
@@ -254,7 +257,7 @@ async function main (): Promise<number> {
         server = { transport: 'streamable-http', url: started.url, ...(backend === 'modern' ? { protocol: 'modern' } : {}) }
         say(`HTTP fixture pid ${String(fixture.pid)} at ${started.url}, log ${join(resultsDir, 'fixture.log')}`)
       } else {
-        server = { transport: 'stdio', command: process.execPath, args: [FIXTURE_STDIO] }
+        server = { transport: 'stdio', command: process.execPath, args: [FIXTURE_STDIO], ...(backend === 'stdio-pooled' ? { sessions: 'pooled' } : {}) }
       }
       const port = await freePort()
       tmp = await mkdtemp(join(tmpdir(), 'mcp-gw-conformance-'))
