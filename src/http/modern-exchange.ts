@@ -232,7 +232,7 @@ function validInputResponse (method: string, value: unknown): value is Record<st
  * A backend's error in this era: a resource that does not exist is -32602 (2025's -32002) and
  * names its uri in `data` (SEP-2164).
  */
-function modernError (request: JsonRpcRequest, error: JsonRpcErrorObject): JsonRpcErrorObject {
+export function modernError (request: JsonRpcRequest, error: JsonRpcErrorObject): JsonRpcErrorObject {
   if (request.method !== 'resources/read' || (error.code !== -32002 && error.code !== -32602)) return error
   const uri = isRecord(request.params) ? request.params.uri : undefined
   const data = isRecord(error.data) ? error.data : {}

@@ -31,7 +31,7 @@ import {
 } from './modern-rules.js'
 import { clientHeaders, header, replyHeaders } from './request.js'
 import { ModernResponse, RemoteResponse, type Peers } from './modern-response.js'
-import { Exchange } from './modern-exchange.js'
+import { Exchange, modernError } from './modern-exchange.js'
 import type { ServerSource } from '../config/live.js'
 import type { HttpServerConfig } from '../config/schema.js'
 import type { UpstreamLookup } from '../routing/ownership.js'
@@ -431,7 +431,12 @@ export class ModernFace {
       shownServerInfo = (await this.#o.aggregates.info(server, tenant)).serverInfo
       if (routed.kind === 'answer') {
         const answer = routed.response
-        reply.type('application/json').send('result' in answer ? { ...answer, result: completeResult(message.method, answer.result, shownServerInfo) } : answer)
+        if ('result' in answer) {
+          reply.type('application/json').send({ ...answer, result: completeResult(message.method, answer.result, shownServerInfo) })
+        } else {
+          // As a member's own would be (modern-exchange.ts): an unknown method is 404 in this era (H-26-1).
+          reply.code(answer.error.code === -32601 ? 404 : 200).type('application/json').send({ ...answer, error: modernError(message, answer.error) })
+        }
         return
       }
       server = routed.server

@@ -89,7 +89,22 @@ export class AggregateCatalogue<M extends CatalogueMember> {
     const cached = find()
     if (cached !== null) return cached
     await this.#merge(kind)
-    return find()
+    return find() ?? this.#unlisted(kind, exposed)
+  }
+
+  /**
+   * A name no member listed: a server may serve names it does not list (some only to clients that
+   * declared an extension). Its prefix says the member; else the first member whose names pass
+   * through unchanged (`prefix: ""`) gets it. A member's own tool filter still applies.
+   */
+  #unlisted (kind: 'tools' | 'prompts', exposed: string): { member: M, name: string } | null {
+    const { members, separator } = this.#o
+    const byPrefix = members.find(m => m.prefix !== '' && exposed.startsWith(`${m.prefix}${separator}`) && exposed.length > m.prefix.length + separator.length)
+    const hit = byPrefix !== undefined
+      ? { member: byPrefix, name: exposed.slice(byPrefix.prefix.length + separator.length) }
+      : (() => { const m = members.find(m => m.prefix === ''); return m === undefined ? null : { member: m, name: exposed } })()
+    if (hit === null || (kind === 'tools' && hit.member.tools !== undefined && !hit.member.tools.allows(hit.name))) return null
+    return hit
   }
 
   /** The member serving a URI: the first that listed it, else the first whose template matches it. */

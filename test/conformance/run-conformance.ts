@@ -14,7 +14,9 @@
 //    session borrows a pooled child per request, issue 26); backend http: starts dist/test/fixtures/conformance-http.js,
 //    reads the URL it prints and fronts it as streamable-http server `conformance`; backend
 //    modern: the same with dist/test/fixtures/conformance-modern.js, a 2026-07-28 server (v2 SDK),
-//    fronted with `protocol: modern`. Either way
+//    fronted with `protocol: modern`; backend aggregate (issue 27): the stdio fixture as the first
+//    member of aggregate `workspace` with `prefix: ""`, the full-server fixture as the second
+//    (its names prefixed `other__`), and the suite pointed at /mcp/workspace. Either way
 //    the gateway listens on 127.0.0.1 and a free port (loopback, no auth: C-1, C-2);
 // 2. starts the gateway and waits for GET /readyz to answer 200;
 // 3. runs `npx conformance server --url …/mcp/conformance --requirements 2025-11-25` from
@@ -54,7 +56,10 @@ const GATEWAY = join(ROOT, 'dist/src/main.js')
 const FIXTURE_STDIO = join(ROOT, 'dist/test/fixtures/conformance-server.js')
 const FIXTURE_HTTP = join(ROOT, 'dist/test/fixtures/conformance-http.js')
 const FIXTURE_MODERN = join(ROOT, 'dist/test/fixtures/conformance-modern.js')
-const BACKENDS = ['stdio', 'stdio-pooled', 'http', 'modern'] as const
+const BACKENDS = ['stdio', 'stdio-pooled', 'http', 'modern', 'aggregate'] as const
+/** Backend aggregate: the fixture as the first member (names unchanged) of this aggregate, beside the full-server fixture. */
+const AGGREGATE_NAME = 'workspace'
+const FIXTURE_OTHER = join(ROOT, 'dist/test/fixtures/full-server.js')
 type Backend = typeof BACKENDS[number]
 const SERVER_NAME = 'conformance'
 const READY_TIMEOUT_MS = 30_000
@@ -259,6 +264,11 @@ async function main (): Promise<number> {
       } else {
         server = { transport: 'stdio', command: process.execPath, args: [FIXTURE_STDIO], ...(backend === 'stdio-pooled' ? { sessions: 'pooled' } : {}) }
       }
+      const servers: Record<string, unknown> = { [SERVER_NAME]: server }
+      if (backend === 'aggregate') {
+        servers.other = { transport: 'stdio', command: process.execPath, args: [FIXTURE_OTHER] }
+        servers[AGGREGATE_NAME] = { transport: 'aggregate', members: [{ server: SERVER_NAME, prefix: '' }, { server: 'other' }] }
+      }
       const port = await freePort()
       tmp = await mkdtemp(join(tmpdir(), 'mcp-gw-conformance-'))
       const configPath = join(tmp, 'gateway.yaml')
@@ -268,7 +278,7 @@ async function main (): Promise<number> {
         listen: { host: '127.0.0.1', port },
         log: { level: 'info' },
         shutdown: { drainMs: 0 },
-        servers: { [SERVER_NAME]: server }
+        servers
       }
       await writeFile(configPath, JSON.stringify(config, null, 2))
       logPath = join(resultsDir, 'gateway.log')
@@ -278,7 +288,7 @@ async function main (): Promise<number> {
       gateway.stderr?.pipe(logFile)
       say(`gateway pid ${String(gateway.pid)} on 127.0.0.1:${port}, log ${logPath}`)
       await waitReady(`http://127.0.0.1:${port}/readyz`, gateway)
-      url = `http://127.0.0.1:${port}/mcp/${SERVER_NAME}`
+      url = `http://127.0.0.1:${port}/mcp/${backend === 'aggregate' ? AGGREGATE_NAME : SERVER_NAME}`
     }
 
     const args = ['--no-install', 'conformance', 'server', '--url', url, '-o', resultsDir]

@@ -56,8 +56,9 @@ t.test('one endpoint, two members: names, routing, and what the gateway answers 
   t.equal(textOf(await client.callTool({ name: 'other__echo', arguments: { text: 'two' } })), 'two')
   const pids = [textOf(await client.callTool({ name: 'pid', arguments: {} })), textOf(await client.callTool({ name: 'other__pid', arguments: {} }))]
   t.not(pids[0], pids[1], 'each name reaches its own member')
-  const unknown = await settle(client.callTool({ name: 'nope', arguments: {} }))
-  t.equal((unknown.error as McpError | undefined)?.code, -32602, 'an unknown name is the spec\'s unknown tool')
+  // A name nobody listed goes to the member whose names pass through, which answers as it would directly.
+  const unlisted = await client.callTool({ name: 'nope', arguments: {} })
+  t.equal(unlisted.isError, true, 'an unlisted name reaches the prefix-less member, whose own answer comes back')
 
   const prompts = (await client.listPrompts()).prompts.map(p => p.name)
   t.ok(prompts.some(p => p.startsWith('other__')), 'prompts are prefixed too')
@@ -122,6 +123,11 @@ t.test('long names are shortened within 64 characters and stay callable; list_ch
   t.equal(textOf(await client.callTool({ name: exposed, arguments: {} })), `${longName} called`, 'and calls the member\'s tool')
   await new Promise(resolve => setTimeout(resolve, 200))
   t.equal(changed, 1, 'list_changed once')
+  const unknown = await settle(client.callTool({ name: 'nope', arguments: {} }))
+  t.equal((unknown.error as McpError | undefined)?.code, -32602, 'a name no member can have is the spec\'s unknown tool, from the gateway')
+  t.match((unknown.error as McpError | undefined)?.message, /Unknown tool: nope/)
+  const unlisted = await client.callTool({ name: 'a-long-prefix-for-this-member0__nope', arguments: {} })
+  t.equal(unlisted.isError, true, 'an unlisted name with a member\'s prefix reaches that member')
 })
 
 t.test('a member that is down is left out; its return brings its tools back with list_changed', async t => {
@@ -202,8 +208,8 @@ t.test('2026-07-28 requests to an aggregate: server/discover merged, lists and c
   t.equal(textOf(await client.callTool({ name: 'echo', arguments: { text: 'm1' } })), 'm1')
   t.equal(textOf(await client.callTool({ name: 'shared__echo', arguments: { text: 'm2' } })), 'm2')
   t.equal(textOf(await client.callTool({ name: 'shared__sample', arguments: { prompt: 'x' } })), 'modern sample', 'an input_required round through a member')
-  const unknown = await client.callTool({ name: 'nope', arguments: {} }).then(() => null, (err: { code?: number }) => err)
-  t.equal(unknown?.code, -32602, 'an unknown name')
+  const unlisted = await client.callTool({ name: 'shared__nope', arguments: {} }).then(r => r, (err: { code?: number }) => err)
+  t.ok('isError' in unlisted ? unlisted.isError === true : (unlisted as { code?: number }).code === -32602, 'an unlisted name goes to its member, which refuses it')
   const read = await client.readResource({ uri: 'test://static' })
   t.equal((read.contents[0] as { text?: string }).text, 'static text content', 'resources by URI')
 })
