@@ -213,3 +213,30 @@ t.test('2026-07-28 requests to an aggregate: server/discover merged, lists and c
   const read = await client.readResource({ uri: 'test://static' })
   t.equal((read.contents[0] as { text?: string }).text, 'static text content', 'resources by URI')
 })
+
+t.test('pagination over a merged list of more than a page; members\' per-tenant upstream env applies', async t => {
+  const key = newKey('page-bot')
+  const gw = await startGateway(t, {
+    auth: { publicUrl: PUBLIC_URL },
+    tenants: { acme: { apiKeys: [key.entry], servers: { agg: {}, full: { upstream: { env: { AGG_TENANT_MARK: 'acme' } } } } } },
+    servers: { full, other: full, agg: { transport: 'aggregate', members: [{ server: 'full', prefix: '' }, { server: 'other' }] } }
+  })
+  const client = await connect(t, gw, 'agg', bearer(key.key))
+  t.ok((JSON.parse(textOf(await client.callTool({ name: 'env', arguments: {} }))) as string[]).includes('AGG_TENANT_MARK'), 'the member runs with the tenant\'s env for it')
+  t.notOk((JSON.parse(textOf(await client.callTool({ name: 'other__env', arguments: {} }))) as string[]).includes('AGG_TENANT_MARK'), 'and only that member')
+  for (let i = 0; i < 90; i++) await client.callTool({ name: 'other__add-tool', arguments: { name: `t${String(i).padStart(3, '0')}` } })
+  const pages: string[][] = []
+  let cursor: string | undefined
+  do {
+    const page = await client.listTools(cursor !== undefined ? { cursor } : {})
+    pages.push(page.tools.map(tool => tool.name))
+    cursor = page.nextCursor
+  } while (cursor !== undefined && pages.length < 10)
+  const all = pages.flat()
+  t.ok(pages.length >= 2, `more than one page (${pages.map(p => p.length).join(' + ')})`)
+  t.equal(pages[0]?.length, 100, 'a page holds 100')
+  t.equal(new Set(all).size, all.length, 'no name on two pages')
+  t.ok(all.includes('other__t089') && all.includes('echo'), 'every member\'s entries are on some page')
+  const bad = await settle(client.listTools({ cursor: 'not-a-cursor' }))
+  t.equal((bad.error as McpError | undefined)?.code, -32602, 'a cursor the gateway did not make is invalid params')
+})
