@@ -92,6 +92,11 @@ t.test('one endpoint, two members: names, routing, and what the gateway answers 
 
   const completion = await client.complete({ ref: { type: 'ref/resource', uri: 'test://items/{id}' }, argument: { name: 'id', value: '4' } })
   t.same(completion.completion.values, ['42'], 'completion/complete by its ref')
+
+  const metrics = await (await fetch(`${gw.url}/metrics`)).text()
+  const count = (server: string, tool: string): boolean => metrics.split('\n').some(l => l.startsWith('mcp_server_operation_duration_seconds_count{') && l.includes(`server="${server}"`) && l.includes(`gen_ai_tool_name="${tool}"`) && !l.endsWith(' 0'))
+  t.ok(count('agg', 'other__echo'), 'a call is counted under the aggregate, with its exposed name')
+  t.ok(count('other', 'echo'), 'and under its member, with the member\'s own name')
 })
 
 t.test('collisions: both stay callable under distinct names, the same every time', async t => {
