@@ -1,7 +1,7 @@
 // The names an aggregate server exposes for its members' tools and prompts (issue 27). Pure: the
 // same members' lists give the same names on every replica and after every restart.
 //
-// Rules, in this order (README "Aggregating servers"):
+// Rules, in this order (docs/behaviour.md, "Aggregating servers"):
 // 1. `<prefix><separator><name>`, or `<name>` for an empty prefix.
 // 2. A name longer than MAX_NAME (64: what clients and model APIs accept) keeps its first
 //    MAX_NAME - 9 characters, then `-` and 8 hex digits of the SHA-256 of the whole long name.

@@ -39,8 +39,8 @@ export interface ChaosFigures {
   misrouted: number
   /**
    * Progress calls answered with their own result whose progress notifications all went missing:
-   * written to a Sentinel primary that died before replicating them (README, Limits). Lost, not
-   * misrouted: the result is the caller's own.
+   * written to a Sentinel primary that died before replicating them (docs/replicas.md, Limits).
+   * Lost, not misrouted: the result is the caller's own.
    */
   progressLost: number
   /** Error answers by JSON-RPC code (or 'transport' for a failed HTTP exchange). */

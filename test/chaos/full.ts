@@ -1,5 +1,5 @@
 // The full chaos run (`npm run chaos`): 50 SDK sessions, at least 5,000 calls, two replica kills
-// (each restarted) and a Redis primary failover. Prints the figures the README quotes.
+// (each restarted) and a Redis primary failover. Prints the figures docs/replicas.md quotes.
 import t from 'tap'
 import { runChaos } from './chaos.js'
 

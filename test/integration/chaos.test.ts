@@ -15,7 +15,8 @@ t.test('chaos: nothing unanswered, duplicated or misrouted while replicas and Re
   const wrong = figures.events.filter(e => /wrong answer|never answered|misrouted/.test(e)).slice(0, 10)
   t.equal(figures.misrouted, 0, 'no answer reached the wrong caller', { wrong })
   // A progress notification written to a Sentinel primary that died before replicating it is lost
-  // (README, Limits): its call's own result still came. Bounded, so a pattern of loss still fails.
+  // (docs/replicas.md, Limits): its call's own result still came. Bounded, so a pattern of loss
+  // still fails.
   t.ok(figures.progressLost <= 2, `progress lost on at most a couple of calls around the failover (${figures.progressLost})`)
   t.equal(figures.correct + figures.errors, figures.calls, 'every call answered: correctly or with an error')
   t.ok(figures.correct > figures.calls * 0.8, `most calls answered correctly (${figures.correct} of ${figures.calls})`)
