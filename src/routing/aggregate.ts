@@ -12,6 +12,7 @@
 // of the gateway's; a call is routed by its exposed name, a resource by its URI, a completion by
 // its ref. A member that is down or slow is left out of lists (a warning, a metric) and its calls
 // fail at once; it is tried again in the background, and its return is announced with list_changed.
+import { performance } from 'node:perf_hooks'
 import { compileToolPolicy, type ToolPolicyLookup } from '../auth/tool-policy.js'
 import type { ServerSource } from '../config/live.js'
 import type { AggregateServerConfig, Config } from '../config/schema.js'
@@ -24,7 +25,7 @@ import {
 } from '../core/jsonrpc.js'
 import { LATEST_VERSION } from '../core/protocol-version.js'
 import { GET_STREAM, LEGACY_STREAM } from '../state/event-log.js'
-import type { GatewayMetrics } from '../telemetry/metrics.js'
+import { errorTypeOf, type GatewayMetrics } from '../telemetry/metrics.js'
 import type { TraceCarrier } from '../telemetry/tracing.js'
 import { AggregateCatalogue, LIST_METHOD, withTimeout, type CatalogueMember, type ListKind } from './aggregate-catalogue.js'
 import type { BackendPool, UpstreamLookup } from './ownership.js'
@@ -86,8 +87,11 @@ interface Running {
   progressToken: RequestId | undefined
   holder: string | undefined
   timer: NodeJS.Timeout
-  /** How the member's answer becomes the client's (a prompts/get is left as it is, for now). */
   method: string
+  /** tools/call: the exposed name (the aggregate's metrics label). */
+  tool: string | undefined
+  /** performance.now() at arrival. */
+  startedAt: number
 }
 
 export interface AggregateOptions extends Omit<RelayOptions, 'legacy' | 'direct' | 'isOwner' | 'cancelOnTimeout' | 'backendTransport' | 'clientRequestTimeoutMs'> {
@@ -305,6 +309,8 @@ export class AggregateRelay extends Relay {
         const kind = (Object.keys(LIST_METHOD) as ListKind[]).find(k => LIST_METHOD[k] === request.method) as ListKind
         const page = await this.#catalogue.page(kind, params.cursor)
         if (page === null) { fail(INVALID_PARAMS, 'Invalid params: unknown cursor'); return }
+        // The exposed names become the aggregate's tool labels (metrics.ts bounds them).
+        if (kind === 'tools') this.metrics.toolsListed(page)
         answer(page)
         return
       }
@@ -315,7 +321,7 @@ export class AggregateRelay extends Relay {
         if (typeof name !== 'string') { fail(INVALID_PARAMS, 'Invalid params: name must be a string'); return }
         const routed = await this.#catalogue.byName(kind, name)
         if (routed === null) { fail(INVALID_PARAMS, kind === 'tools' ? `Unknown tool: ${name}` : `Unknown prompt: ${name}`); return }
-        this.#run(routed.member, { ...request, params: { ...params, name: routed.name } }, streamId, holder)
+        this.#run(routed.member, { ...request, params: { ...params, name: routed.name } }, streamId, holder, kind === 'tools' ? name : undefined)
         return
       }
       case 'resources/read':
@@ -387,7 +393,7 @@ export class AggregateRelay extends Relay {
 
   // ---- running a request on a member -------------------------------------------------------
 
-  #run (member: Member, request: JsonRpcRequest, streamId: string, holder: string | undefined): void {
+  #run (member: Member, request: JsonRpcRequest, streamId: string, holder: string | undefined, tool?: string): void {
     if (member.down !== null) {
       this.#reply(streamId, toJsonRpcError(new GW_ERR_BACKEND_UNAVAILABLE(member.server, `aggregate member is down (${member.down})`), request.id), holder)
       return
@@ -406,10 +412,12 @@ export class AggregateRelay extends Relay {
       progressToken: progressTokenOf(request),
       holder,
       method: request.method,
+      tool,
+      startedAt: performance.now(),
       timer: setTimeout(() => {
         if (!this.#settle(request.id)) return
         running.call?.cancel('gateway timeout')
-        this.#reply(streamId, toJsonRpcError(new GW_ERR_BACKEND_TIMEOUT(this.server, timeoutMs), request.id), holder)
+        this.#answered(running, toJsonRpcError(new GW_ERR_BACKEND_TIMEOUT(this.server, timeoutMs), request.id))
       }, timeoutMs)
     }
     running.timer.unref()
@@ -425,8 +433,14 @@ export class AggregateRelay extends Relay {
     }, (err: unknown) => {
       if (!this.#settle(request.id)) return
       const gwErr = isGatewayError(err) ? err : new GW_ERR_BACKEND_UNAVAILABLE(member.server, err instanceof Error ? err.message : String(err))
-      this.#reply(streamId, toJsonRpcError(gwErr, request.id), holder)
+      this.#answered(running, toJsonRpcError(gwErr, request.id))
     })
+  }
+
+  /** A running request's one answer: to its stream, and to the aggregate's operation metrics (its member's are the member's own). */
+  #answered (running: Running, response: JsonRpcResponse): void {
+    this.#reply(running.streamId, response, running.holder)
+    this.metrics.operation(running.method, running.tool, errorTypeOf(response), running.startedAt)
   }
 
   /** Removes a running request; false when it had ended already. */
@@ -447,7 +461,7 @@ export class AggregateRelay extends Relay {
     }
     if (isResponse(message)) {
       this.#settle(running.clientId)
-      this.#reply(running.streamId, { ...message, id: running.clientId } as JsonRpcResponse, running.holder)
+      this.#answered(running, { ...message, id: running.clientId } as JsonRpcResponse)
       return
     }
     const side = isJsonStream(running.streamId) ? GET_STREAM : running.streamId

@@ -92,6 +92,11 @@ t.test('one endpoint, two members: names, routing, and what the gateway answers 
 
   const completion = await client.complete({ ref: { type: 'ref/resource', uri: 'test://items/{id}' }, argument: { name: 'id', value: '4' } })
   t.same(completion.completion.values, ['42'], 'completion/complete by its ref')
+
+  const metrics = await (await fetch(`${gw.url}/metrics`)).text()
+  const count = (server: string, tool: string): boolean => metrics.split('\n').some(l => l.startsWith('mcp_server_operation_duration_seconds_count{') && l.includes(`server="${server}"`) && l.includes(`gen_ai_tool_name="${tool}"`) && !l.endsWith(' 0'))
+  t.ok(count('agg', 'other__echo'), 'a call is counted under the aggregate, with its exposed name')
+  t.ok(count('other', 'echo'), 'and under its member, with the member\'s own name')
 })
 
 t.test('collisions: both stay callable under distinct names, the same every time', async t => {
@@ -212,4 +217,31 @@ t.test('2026-07-28 requests to an aggregate: server/discover merged, lists and c
   t.ok('isError' in unlisted ? unlisted.isError === true : (unlisted as { code?: number }).code === -32602, 'an unlisted name goes to its member, which refuses it')
   const read = await client.readResource({ uri: 'test://static' })
   t.equal((read.contents[0] as { text?: string }).text, 'static text content', 'resources by URI')
+})
+
+t.test('pagination over a merged list of more than a page; members\' per-tenant upstream env applies', async t => {
+  const key = newKey('page-bot')
+  const gw = await startGateway(t, {
+    auth: { publicUrl: PUBLIC_URL },
+    tenants: { acme: { apiKeys: [key.entry], servers: { agg: {}, full: { upstream: { env: { AGG_TENANT_MARK: 'acme' } } } } } },
+    servers: { full, other: full, agg: { transport: 'aggregate', members: [{ server: 'full', prefix: '' }, { server: 'other' }] } }
+  })
+  const client = await connect(t, gw, 'agg', bearer(key.key))
+  t.ok((JSON.parse(textOf(await client.callTool({ name: 'env', arguments: {} }))) as string[]).includes('AGG_TENANT_MARK'), 'the member runs with the tenant\'s env for it')
+  t.notOk((JSON.parse(textOf(await client.callTool({ name: 'other__env', arguments: {} }))) as string[]).includes('AGG_TENANT_MARK'), 'and only that member')
+  for (let i = 0; i < 90; i++) await client.callTool({ name: 'other__add-tool', arguments: { name: `t${String(i).padStart(3, '0')}` } })
+  const pages: string[][] = []
+  let cursor: string | undefined
+  do {
+    const page = await client.listTools(cursor !== undefined ? { cursor } : {})
+    pages.push(page.tools.map(tool => tool.name))
+    cursor = page.nextCursor
+  } while (cursor !== undefined && pages.length < 10)
+  const all = pages.flat()
+  t.ok(pages.length >= 2, `more than one page (${pages.map(p => p.length).join(' + ')})`)
+  t.equal(pages[0]?.length, 100, 'a page holds 100')
+  t.equal(new Set(all).size, all.length, 'no name on two pages')
+  t.ok(all.includes('other__t089') && all.includes('echo'), 'every member\'s entries are on some page')
+  const bad = await settle(client.listTools({ cursor: 'not-a-cursor' }))
+  t.equal((bad.error as McpError | undefined)?.code, -32602, 'a cursor the gateway did not make is invalid params')
 })
