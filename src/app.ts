@@ -29,6 +29,9 @@ import { clientErrorHandler, drainBody, frameworkError } from './http/edge.js'
 import { createLogger, requestChildLogger } from './telemetry/logger.js'
 import { startTracing, stopTracing } from './telemetry/tracing.js'
 import { createMetrics, type GatewayMetrics } from './telemetry/metrics.js'
+import { AdminStats, AdminStatsMetrics } from './telemetry/admin-stats.js'
+import httpAdmin from './http/admin/plugin.js'
+import { AdminService, type ReloadFn } from './http/admin/service.js'
 import type { BackendFactory, TenantUpstream } from './backends/backend.js'
 import { newReplicaId } from './core/replica.js'
 import { RedisBus } from './state/bus-redis.js'
@@ -74,6 +77,10 @@ export interface Gateway {
   app: FastifyInstance
   /** With `metrics.listen`: the listener serving only /metrics (main.ts starts it; closed with app). */
   metricsApp: FastifyInstance | null
+  /** With `admin.listen`: the listener serving only the console and admin API (main.ts starts it; closed with app). */
+  adminApp: FastifyInstance | null
+  /** With `admin`: hands the admin API the config reloader (main.ts; the file is its to know). */
+  setReloader: (reload: ReloadFn) => void
   metrics: GatewayMetrics
   router: Router
   /** The config being served; `live.apply()` (config/reload.ts) replaces its routing settings. */
@@ -184,11 +191,13 @@ function countingChildren (factory: BackendFactory, metrics: GatewayMetrics): Ba
  * Renders errors as JSON-RPC error bodies with the typed error's status, and counts every refusal
  * by status and reason (so refusals added later, auth or limits, are counted without more code).
  */
-function errorHandler (config: Readonly<Config>, metrics: GatewayMetrics) {
+function errorHandler (config: Readonly<Config>, metrics: GatewayMetrics, stats?: AdminStats) {
   return (error: FastifyError, req: FastifyRequest, reply: FastifyReply): void => {
     const err = asGatewayError(error, config.http.bodyLimit, req.raw.url ?? '')
     const status = err.statusCode ?? 500
     metrics.httpRefusal(status, err.code)
+    // A tenant's request refused by its limits: the console's tenant table counts it.
+    if (status === 429) stats?.refused(req.principal?.tenant, err.code)
     if (status >= 500 && status !== 503) req.log.error({ err: error }, 'request failed')
     else if (status === 503) req.log.warn({ code: err.code, status }, 'request refused (unavailable)')
     else req.log.info({ code: err.code, status }, 'request rejected')
@@ -214,7 +223,10 @@ async function metricsListener (config: Readonly<Config>, metrics: GatewayMetric
 export async function buildGateway (config: Readonly<Config>, options: GatewayOptions = {}): Promise<Gateway> {
   const replicaId = options.replicaId ?? newReplicaId()
   const log = options.log ?? createLogger(config.log.level, replicaId)
-  const metrics = createMetrics({ enabled: config.metrics.enabled, servers: Object.keys(config.servers), tenants: Object.keys(config.tenants ?? {}) })
+  const prom = createMetrics({ enabled: config.metrics.enabled, servers: Object.keys(config.servers), tenants: Object.keys(config.tenants ?? {}) })
+  // With the admin console: every answered request is also counted for its charts (the last minutes).
+  const adminStats = config.admin === undefined ? undefined : new AdminStats()
+  const metrics: GatewayMetrics = adminStats === undefined ? prom : new AdminStatsMetrics(prom, adminStats)
   const services = config.redis === undefined ? memoryServices(config, options, metrics) : await redisServices(config, log, replicaId, metrics)
   // Tracing is per process (the facade in telemetry/tracing.ts); the SDK loads only when configured.
   if (config.tracing !== undefined) await startTracing(config.tracing, replicaId, log)
@@ -307,7 +319,7 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
     if (ended > 0) log.info({ servers: change.servers.removed, sessions: ended }, 'sessions of removed servers ended')
   })
 
-  const handleError = errorHandler(config, metrics)
+  const handleError = errorHandler(config, metrics, adminStats)
   const app = Fastify({
     loggerInstance: log as FastifyBaseLogger,
     childLoggerFactory: requestChildLogger(),
@@ -344,13 +356,46 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
   }
 
   await app.register(httpGuard, { config })
-  await app.register(httpAuthenticate, { tenants, jwt: new JwtVerifier(tenants).check, failures: new AuthFailureBudget(services.limiter, config.auth.failures) })
+  // One failed-authentication budget per address for tenants' credentials and the admin token alike.
+  const failures = new AuthFailureBudget(services.limiter, config.auth.failures)
+  await app.register(httpAuthenticate, { tenants, jwt: new JwtVerifier(tenants).check, failures })
   await app.register(httpOauthMetadata, { tenants })
   let draining = false
   await app.register(httpOps, { router, store: services.store, draining: () => draining })
   // /metrics: on the main listener unless it has an address of its own; never under /mcp.
   const metricsApp = await metricsListener(config, metrics, log)
   if (metricsApp === null) await app.register(httpMetrics, { metrics, token: config.metrics.token })
+  // /admin: the console and admin API (issue 29), with `admin.token` only; never under /mcp.
+  let admin: AdminService | undefined
+  let adminApp: FastifyInstance | null = null
+  if (config.admin !== undefined && adminStats !== undefined) {
+    admin = new AdminService({
+      replicaId,
+      config,
+      live,
+      store: services.store,
+      router,
+      stats: adminStats,
+      log,
+      children: () => supervisor.childrenByServer(),
+      pools: () => pool.stats(),
+      draining: () => draining
+    })
+    const adminOptions = { token: config.admin.token, service: admin, failures }
+    if (config.admin.listen === undefined) {
+      await app.register(httpAdmin, adminOptions)
+    } else {
+      adminApp = Fastify({ loggerInstance: log as FastifyBaseLogger, logController: new LogController({ disableRequestLogging: true }), exposeHeadRoutes: false })
+      adminApp.setErrorHandler(handleError)
+      await adminApp.register(httpAdmin, adminOptions)
+    }
+    const service = admin
+    router.onAdminEnvelope(envelope => {
+      if (envelope.kind !== 'admin-reload') return
+      audit(log, 'admin.action', { action: 'config.reload', from: envelope.from })
+      service.reloadLocal(`admin (asked on ${envelope.from})`).catch(err => log.error({ err }, 'admin reload failed'))
+    })
+  }
   // After httpAuthenticate: both are onRequest hooks, run in registration order.
   await app.register(httpLimits, { tenants, limiter: services.limiter, concurrency: new ConcurrencyLimiter() })
   await app.register(httpStreamable, { config, live, router, modern })
@@ -361,6 +406,7 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
     closing = true
     modern.endListeners()
     parked.clear()
+    admin?.stop()
     await pool.stop()
     await router.stop()
     // Every stream has ended and every request been answered by now. A connection that opened and
@@ -370,12 +416,26 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
   })
   app.addHook('onClose', async () => {
     await metricsApp?.close()
+    await adminApp?.close()
     await services.close()
     // Spans still buffered are exported before the process goes.
     if (config.tracing !== undefined) await stopTracing()
   })
 
   await router.start()
+  admin?.start()
   log.info({ servers: Object.keys(config.servers), store: config.redis === undefined ? 'memory' : 'redis' }, 'gateway built')
-  return { app, metricsApp, metrics, router, live, replicaId, tenants, drain: () => { draining = true }, close: async () => { await app.close() } }
+  return {
+    app,
+    metricsApp,
+    adminApp,
+    setReloader: reload => { admin?.setReloader(reload) },
+    metrics,
+    router,
+    live,
+    replicaId,
+    tenants,
+    drain: () => { draining = true },
+    close: async () => { await app.close() }
+  }
 }

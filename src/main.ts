@@ -67,6 +67,11 @@ async function main (): Promise<void> {
 
   const gateway = await buildGateway(config, { log, replicaId })
   reloader = new ConfigReloader({ path: configPath, live: gateway.live, log })
+  const reloads = reloader
+  gateway.setReloader(async trigger => {
+    const outcome = await reloads.reload(trigger)
+    return outcome.ok ? { ok: true } : { ok: false, errors: outcome.errors }
+  })
   if (config.reload.watch) await reloader.watch(config.reload.debounceMs)
   const { drainMs, deadlineMs } = config.shutdown
   let stopping = false
@@ -101,7 +106,9 @@ async function main (): Promise<void> {
     const address = await gateway.app.listen({ host: config.listen.host, port: config.listen.port })
     const metricsAt = config.metrics.listen
     const metricsAddress = gateway.metricsApp === null || metricsAt === undefined ? undefined : await gateway.metricsApp.listen({ host: metricsAt.host, port: metricsAt.port })
-    log.info({ address, metricsAddress, servers: Object.keys(config.servers) }, 'mcp-gateway listening')
+    const adminAt = config.admin?.listen
+    const adminAddress = gateway.adminApp === null || adminAt === undefined ? undefined : await gateway.adminApp.listen({ host: adminAt.host, port: adminAt.port })
+    log.info({ address, metricsAddress, adminAddress, servers: Object.keys(config.servers) }, 'mcp-gateway listening')
     // Whoever waits for this line (an orchestrator, a test) need not wait for the flush timer.
     log.flush()
   } catch (err) {

@@ -115,6 +115,17 @@ const toolPolicySchema = {
   }
 } as const
 
+/** An address of its own for an operator's endpoint (`metrics.listen`, `admin.listen`): loopback by default. */
+const ownListenerSchema = {
+  type: 'object',
+  additionalProperties: false,
+  required: ['port'],
+  properties: {
+    host: { type: 'string', default: '127.0.0.1' },
+    port: { type: 'integer', minimum: 0, maximum: 65535 }
+  }
+} as const
+
 /**
  * An aggregate server (issue 27): one endpoint in front of several configured servers, its
  * members, whose tools and prompts it exposes under prefixed names (routing/aggregate.ts).
@@ -350,15 +361,21 @@ export const configSchema = {
         /** Bearer token a scraper must send (compared in constant time); use a ${ENV} placeholder. */
         token: { type: 'string', minLength: 16 },
         /** Serve /metrics only on this address, and not on the main listener. */
-        listen: {
-          type: 'object',
-          additionalProperties: false,
-          required: ['port'],
-          properties: {
-            host: { type: 'string', default: '127.0.0.1' },
-            port: { type: 'integer', minimum: 0, maximum: 65535 }
-          }
-        }
+        listen: ownListenerSchema
+      }
+    },
+    /**
+     * The operator's console and admin API (issue 29): off unless a token is set. `Authorization:
+     * Bearer <token>`, compared in constant time; never a tenant's key or JWT. Use a ${ENV} placeholder.
+     */
+    admin: {
+      type: 'object',
+      additionalProperties: false,
+      required: ['token'],
+      properties: {
+        token: { type: 'string', minLength: 32 },
+        /** Serve /admin only on this address, and not on the main listener (like metrics.listen). */
+        listen: ownListenerSchema
       }
     },
     redis: {
@@ -478,9 +495,16 @@ export interface MetricsConfig {
   listen?: { host: string, port: number }
 }
 
+/** `admin`: the console and admin API (http/admin/), absent when off. */
+export interface AdminConfig {
+  token: string
+  listen?: { host: string, port: number }
+}
+
 /** The validated configuration: defaults applied, so every defaulted key is present. */
-export type Config = Required<Omit<RawConfig, 'servers' | 'redis' | 'tenants' | 'auth' | 'tracing' | 'metrics'>> & {
+export type Config = Required<Omit<RawConfig, 'servers' | 'redis' | 'tenants' | 'auth' | 'tracing' | 'metrics' | 'admin'>> & {
   metrics: MetricsConfig
+  admin?: AdminConfig
   auth: { publicUrl?: string, anonymous: boolean, failures: { burst: number, ratePerSecond: number } }
   tenants?: Record<string, TenantConfig>
   listen: Required<NonNullable<RawConfig['listen']>>

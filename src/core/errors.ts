@@ -23,6 +23,7 @@ export const GW_ERR_NOT_ACCEPTABLE = createError('GW_ERR_NOT_ACCEPTABLE', 'Not A
 export const GW_ERR_UNSUPPORTED_MEDIA_TYPE = createError('GW_ERR_UNSUPPORTED_MEDIA_TYPE', 'Unsupported Media Type: %s', 415)
 export const GW_ERR_PAYLOAD_TOO_LARGE = createError('GW_ERR_PAYLOAD_TOO_LARGE', 'Payload Too Large: the body exceeds %d bytes', 413)
 export const GW_ERR_METRICS_UNAUTHORIZED = createError('GW_ERR_METRICS_UNAUTHORIZED', 'Unauthorized: /metrics needs its bearer token', 401)
+export const GW_ERR_ADMIN_UNAUTHORIZED = createError('GW_ERR_ADMIN_UNAUTHORIZED', 'Unauthorized: the admin API needs the admin token', 401)
 export const GW_ERR_FORBIDDEN = createError('GW_ERR_FORBIDDEN', 'Forbidden: %s', 403)
 export const GW_ERR_UNAUTHORIZED = createError('GW_ERR_UNAUTHORIZED', 'Unauthorized: %s', 401)
 export const GW_ERR_INVALID_TOKEN = createError('GW_ERR_INVALID_TOKEN', 'Unauthorized: invalid credential (%s)', 401)
@@ -82,6 +83,7 @@ export const JSONRPC_CODE: Record<string, number> = {
   GW_ERR_UNSUPPORTED_MEDIA_TYPE: -32000,
   GW_ERR_PAYLOAD_TOO_LARGE: -32000,
   GW_ERR_METRICS_UNAUTHORIZED: -32000,
+  GW_ERR_ADMIN_UNAUTHORIZED: -32000,
   GW_ERR_FORBIDDEN: -32000,
   GW_ERR_UNAUTHORIZED: -32000,
   GW_ERR_INVALID_TOKEN: -32000,

@@ -34,6 +34,16 @@ export function makeOriginCheck (config: Readonly<Config>): (origin: string) => 
   }
 }
 
+/** Whether an Origin names the host the request was sent to (the page came from this gateway). */
+function sameOrigin (origin: string, host: string | undefined): boolean {
+  if (host === undefined) return false
+  try {
+    return new URL(origin).host.toLowerCase() === host.toLowerCase()
+  } catch {
+    return false
+  }
+}
+
 export function makeHostCheck (config: Readonly<Config>): (host: string | undefined) => boolean {
   const allowed = new Set(config.http.allowedHosts.map(h => h.toLowerCase()))
   const loopbackOnly = allowed.size === 0 && isLoopbackAddress(config.listen.host)
@@ -67,7 +77,9 @@ export default fp<HttpGuardOptions>(async function httpGuard (app: FastifyInstan
       lastAllowedHost = host
     }
     const origin = req.headers.origin
-    if (origin !== undefined && !originAllowed(origin)) { done(new GW_ERR_FORBIDDEN('Origin not allowed')); return }
+    // The console calls the admin API from the gateway's own origin (issue 29); the API wants a
+    // bearer token, so a page elsewhere gains nothing from the browser's ambient credentials.
+    if (origin !== undefined && !originAllowed(origin) && !(req.url.startsWith('/admin') && sameOrigin(origin, host))) { done(new GW_ERR_FORBIDDEN('Origin not allowed')); return }
     done()
   })
 }, { name: 'gateway-http-guard', fastify: '5.x' })

@@ -73,6 +73,8 @@ export class Router {
   #stopping = false
   /** Envelopes of the 2026-07-28 face (MRTR retries across replicas), handed to it as they come. */
   #modernEnvelopes: ((envelope: Envelope) => void) | undefined
+  /** The admin API's envelopes (a reload asked on another replica). */
+  #adminEnvelopes: ((envelope: Envelope) => void) | undefined
 
   constructor (options: RouterOptions) {
     this.#o = options
@@ -153,6 +155,11 @@ export class Router {
   /** The 2026-07-28 face's own envelopes (mrtr-*) go to this handler. */
   onModernEnvelope (handler: (envelope: Envelope) => void): void {
     this.#modernEnvelopes = handler
+  }
+
+  /** The admin API's own envelopes (admin-*) go to this handler. */
+  onAdminEnvelope (handler: (envelope: Envelope) => void): void {
+    this.#adminEnvelopes = handler
   }
 
   /** Puts an envelope in another replica's inbox (the 2026-07-28 face forwards MRTR retries). */
@@ -580,6 +587,9 @@ export class Router {
       case 'mrtr-cancel':
       case 'listen-event':
         this.#modernEnvelopes?.(envelope)
+        return
+      case 'admin-reload':
+        this.#adminEnvelopes?.(envelope)
     }
   }
 

@@ -31,6 +31,8 @@ export type Envelope =
   | { kind: 'mrtr-cancel', ticket: string }
   /** A backend's session-level notification seen by another replica's pool, for listen streams here. */
   | { kind: 'listen-event', server: string, tenant: string | null, message: JsonRpcMessage }
+  /** An operator asked (admin API, replica `from`) that every replica re-read its config file (issue 29). */
+  | { kind: 'admin-reload', from: string }
 
 /** A log entry as a wake carries it: its JSON text, not the parsed message (LogEntry). */
 export interface WokenEntry { entryId: string, json: string, seq: number }

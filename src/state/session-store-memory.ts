@@ -2,7 +2,7 @@
 // default when no Redis is configured. It keeps the Redis twin's semantics, TTLs included, so the
 // shared contract suite (test/state/contract-session-store.ts) holds for both.
 import { GW_ERR_CONFLICT } from '../core/errors.js'
-import type { SessionRecord, SessionStore } from './session-store.js'
+import type { IndexedSession, SessionRecord, SessionStore } from './session-store.js'
 import { deepFreeze } from '../core/freeze.js'
 
 interface Expiring<T> {
@@ -55,6 +55,8 @@ export class MemorySessionStore implements SessionStore {
   /** Listen topics: replica -> until (ms since the epoch). */
   readonly #listeners = new Map<string, Map<string, number>>()
   readonly #parts: MemorySessionPart[] = []
+  /** Admin summaries by replica (the Redis twin's summary keys). */
+  readonly #summaries = new Map<string, Expiring<string>>()
   #sweeper: NodeJS.Timeout | null
 
   constructor (opts: MemorySessionStoreOptions = {}) {
@@ -214,6 +216,28 @@ export class MemorySessionStore implements SessionStore {
     for (const [replica, until] of replicas) if (until <= now) replicas.delete(replica)
     if (replicas.size === 0) this.#listeners.delete(topic)
     return [...replicas.keys()]
+  }
+
+  async sessionIndex (limit: number): Promise<IndexedSession[]> {
+    // The records are the index here: the same answer as the Redis twin's sorted set.
+    const now = Date.now()
+    const out: IndexedSession[] = []
+    for (const [id, entry] of this.#records) if (live(entry, now)) out.push({ id, expiresAt: entry.expiresAt })
+    return out.sort((a, b) => b.expiresAt - a.expiresAt).slice(0, Math.max(0, limit))
+  }
+
+  async publishSummary (replicaId: string, summary: string, ttlMs: number): Promise<void> {
+    this.#summaries.set(replicaId, { value: summary, expiresAt: Date.now() + ttlMs })
+  }
+
+  async summaries (): Promise<string[]> {
+    const now = Date.now()
+    const out: string[] = []
+    for (const [id, entry] of this.#summaries) {
+      if (live(entry, now)) out.push(entry.value)
+      else this.#summaries.delete(id)
+    }
+    return out
   }
 
   async heartbeat (replicaId: string, ttlMs: number): Promise<void> {

@@ -1,10 +1,10 @@
 // Redis twin of the session store (ARCHITECTURE.md section 4). Every change that checks then
 // writes runs as one Lua script (redis/scripts.ts); every key gets a TTL passed in by the caller.
 import { GW_ERR_CONFLICT } from '../core/errors.js'
-import { listenKey, replicaKey, sessionKeys } from './redis/keys.js'
+import { listenKey, replicaKey, sessionIndexKey, sessionKeys, summaryIndexKey, summaryKey } from './redis/keys.js'
 import { isRedisReady, storeCall, type Redis } from './redis/client.js'
 import { defineScripts } from './redis/scripts.js'
-import type { SessionRecord, SessionStore } from './session-store.js'
+import type { IndexedSession, SessionRecord, SessionStore } from './session-store.js'
 
 /** Hash fields hold JSON, so null, numbers and objects come back as they went in. */
 function encode (fields: Partial<SessionRecord>): string[] {
@@ -62,6 +62,17 @@ export class RedisSessionStore implements SessionStore {
   async create (record: SessionRecord, ttlMs: number): Promise<void> {
     const created = await storeCall(this.#redis.createSession(this.#keys(record.id).meta, ttlMs, ...encode(record)))
     if (created === 0) throw new GW_ERR_CONFLICT(`session id ${record.id} already exists`)
+    await this.#index(record.id, ttlMs)
+  }
+
+  /**
+   * The session's entry in the index, scored by its record's expiry; the index key lives as long
+   * as its newest entry. A separate key (another cluster slot than the session's): sent alongside
+   * the record's own command, never awaited before it, so it adds no round trip to a request.
+   */
+  async #index (sid: string, ttlMs: number): Promise<void> {
+    const key = sessionIndexKey(this.#prefix)
+    await storeCall(this.#redis.multi().zadd(key, Date.now() + ttlMs, sid).pexpire(key, ttlMs).exec())
   }
 
   async get (sid: string): Promise<SessionRecord | null> {
@@ -80,7 +91,11 @@ export class RedisSessionStore implements SessionStore {
   }
 
   async touch (sid: string, ttlMs: number): Promise<boolean> {
-    return await storeCall(this.#redis.pexpire(this.#keys(sid).meta, ttlMs)) === 1
+    // Touch runs at most every tenth of the idle timeout per session (Sessions.touch): the index
+    // entry is refreshed with it, both commands written at once.
+    const [touched] = await Promise.all([storeCall(this.#redis.pexpire(this.#keys(sid).meta, ttlMs)), this.#index(sid, ttlMs).catch(() => {})])
+    if (touched !== 1) await storeCall(this.#redis.zrem(sessionIndexKey(this.#prefix), sid)).catch(() => {})
+    return touched === 1
   }
 
   async delete (sid: string): Promise<boolean> {
@@ -90,7 +105,10 @@ export class RedisSessionStore implements SessionStore {
       const streams = await storeCall(this.#redis.smembers(keys.streams))
       const perStream = streams.flatMap(s => [keys.events(s), keys.holder(s), keys.cursor(s)])
       const result = await storeCall(this.#redis.deleteSession(5 + perStream.length, keys.meta, keys.owner, keys.streams, keys.pending, ...perStream, keys.seq, ...streams))
-      if (result !== -1 || attempt >= 10) return result === 1
+      if (result !== -1 || attempt >= 10) {
+        await storeCall(this.#redis.zrem(sessionIndexKey(this.#prefix), sid)).catch(() => {})
+        return result === 1
+      }
     }
   }
 
@@ -150,6 +168,35 @@ export class RedisSessionStore implements SessionStore {
   async listeners (topic: string): Promise<string[]> {
     const key = listenKey(this.#prefix, topic)
     return await storeCall(this.#redis.zrangebyscore(key, Date.now(), '+inf'))
+  }
+
+  async sessionIndex (limit: number): Promise<IndexedSession[]> {
+    const key = sessionIndexKey(this.#prefix)
+    const now = Date.now()
+    // Entries of records that expired without a delete (idle timeout) go here, on read.
+    const [, range] = await storeCall(this.#redis.multi().zremrangebyscore(key, '-inf', now).zrevrange(key, 0, Math.max(0, limit - 1), 'WITHSCORES').exec()) ?? []
+    const flat = (range?.[1] ?? []) as string[]
+    const out: IndexedSession[] = []
+    for (let i = 0; i + 1 < flat.length; i += 2) out.push({ id: flat[i] ?? '', expiresAt: Number(flat[i + 1]) })
+    return out
+  }
+
+  async publishSummary (replicaId: string, summary: string, ttlMs: number): Promise<void> {
+    const index = summaryIndexKey(this.#prefix)
+    await Promise.all([
+      storeCall(this.#redis.set(summaryKey(this.#prefix, replicaId), summary, 'PX', ttlMs)),
+      storeCall(this.#redis.multi().zadd(index, Date.now() + ttlMs, replicaId).pexpire(index, ttlMs).exec())
+    ])
+  }
+
+  async summaries (): Promise<string[]> {
+    const index = summaryIndexKey(this.#prefix)
+    const now = Date.now()
+    await storeCall(this.#redis.zremrangebyscore(index, '-inf', now))
+    const ids = await storeCall(this.#redis.zrangebyscore(index, now, '+inf'))
+    // One GET each (the keys may sit on several cluster nodes), written at once.
+    const texts = await Promise.all(ids.map(async id => await storeCall(this.#redis.get(summaryKey(this.#prefix, id)))))
+    return texts.filter((text): text is string => text !== null)
   }
 
   async heartbeat (replicaId: string, ttlMs: number): Promise<void> {

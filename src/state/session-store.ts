@@ -48,6 +48,16 @@ export interface EstablishedState {
   backendVersion: string | null
 }
 
+/** An entry of the session index (SessionStore.sessionIndex). */
+export interface IndexedSession {
+  id: string
+  /** When the record's idle TTL runs out (ms since the epoch). */
+  expiresAt: number
+}
+
+/** How many sessions an admin listing reads from the index at most (bounds its cost). */
+export const SESSION_INDEX_READ_MAX = 10_000
+
 export interface SessionStore {
   /** Creates the record with a TTL; ids are random, so an existing id is an error. */
   create (record: SessionRecord, ttlMs: number): Promise<void>
@@ -92,6 +102,19 @@ export interface SessionStore {
   addListener (topic: string, replicaId: string, ttlMs: number): Promise<void>
   /** The replicas holding listen streams of a topic now. */
   listeners (topic: string): Promise<string[]>
+
+  /**
+   * The live sessions, most recently active first (at most `limit`): the admin API's index
+   * (issue 29). Kept by create, touch and delete, so it costs no write of its own on the hot path;
+   * `expiresAt` is when the record's idle TTL runs out (last activity = expiresAt - idle timeout,
+   * to within the touch interval). An entry whose TTL has run out is dropped, never returned.
+   */
+  sessionIndex (limit: number): Promise<IndexedSession[]>
+
+  /** A replica's summary for the admin API (JSON text), kept `ttlMs` (republished with its heartbeat). */
+  publishSummary (replicaId: string, summary: string, ttlMs: number): Promise<void>
+  /** Every replica's current summary (JSON text), in no particular order. */
+  summaries (): Promise<string[]>
 
   /** This replica's liveness: a key with a TTL. */
   heartbeat (replicaId: string, ttlMs: number): Promise<void>

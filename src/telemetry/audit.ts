@@ -8,7 +8,7 @@ export interface AuditLog { info: (obj: object, msg: string) => void }
 /** A logger that can make a child with fixed fields (pino's). */
 export interface AuditParent { child: (bindings: Record<string, unknown>) => AuditLog }
 
-export type AuditEvent = 'session.created' | 'session.ended' | 'request.refused' | 'tools.call'
+export type AuditEvent = 'session.created' | 'session.ended' | 'request.refused' | 'tools.call' | 'admin.action'
 
 export interface AuditFields {
   tenant?: string | null
@@ -21,7 +21,8 @@ const MESSAGES: Record<AuditEvent, string> = {
   'session.created': 'audit: session.created',
   'session.ended': 'audit: session.ended',
   'request.refused': 'audit: request.refused',
-  'tools.call': 'audit: tools.call'
+  'tools.call': 'audit: tools.call',
+  'admin.action': 'audit: admin.action'
 }
 
 export function audit (log: AuditLog, event: AuditEvent, fields: AuditFields): void {

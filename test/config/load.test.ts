@@ -466,7 +466,7 @@ t.test('the shipped configs validate', async t => {
 
   t.test('config/gateway.example.yaml validates with every switched-off option enabled', async t => {
     const dir = t.testdir({ 'all.yaml': enable(await readFile(shipped('gateway.example.yaml'), 'utf8')) })
-    const env = { REDIS_URL: 'redis://127.0.0.1:6379/0', REMOTE_TOKEN: 'r', LEGACY_API_KEY: 'l', METRICS_TOKEN: 'metrics-token-0123456789' }
+    const env = { REDIS_URL: 'redis://127.0.0.1:6379/0', REMOTE_TOKEN: 'r', LEGACY_API_KEY: 'l', METRICS_TOKEN: 'metrics-token-0123456789', ADMIN_TOKEN: 'admin-token-0123456789-0123456789-01' }
     const config = await loadConfig(join(dir, 'all.yaml'), env)
     t.same(Object.keys(config.servers), ['everything', 'remote', 'legacy', 'workspace'])
     t.equal(config.redis?.url, env.REDIS_URL)

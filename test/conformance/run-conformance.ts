@@ -36,6 +36,7 @@
 //   CONFORMANCE_RESULTS_DIR   where checks.json files go (default tools/conformance/results/<time>-<backend>);
 //                             gateway.log (and fixture.log for http) land there too
 //   CONFORMANCE_TIMEOUT_MS    per-scenario timeout passed to the suite
+//   CONFORMANCE_SUITE         0.2.0-alpha.12 (default) or 0.1.16 (its active and pending scenarios)
 import { spawn } from 'node:child_process'
 import type { ChildProcess } from 'node:child_process'
 import { existsSync, createWriteStream } from 'node:fs'
@@ -68,6 +69,14 @@ const GATEWAY_LOG_TAIL = 40
 
 const env = process.env
 const requirements = env.CONFORMANCE_REQUIREMENTS ?? '2025-11-25'
+/** The suite versions tools/conformance pins, by the path of each one's CLI (relative to tools/conformance). */
+const SUITES: Record<string, string> = {
+  '0.2.0-alpha.12': 'node_modules/@modelcontextprotocol/conformance/dist/index.js',
+  '0.1.16': 'node_modules/conformance-0.1.16/dist/index.js'
+}
+const suiteVersion = env.CONFORMANCE_SUITE ?? '0.2.0-alpha.12'
+const suiteCli: string = SUITES[suiteVersion] ?? ''
+if (suiteCli === '') throw new Error(`CONFORMANCE_SUITE: use one of ${Object.keys(SUITES).join(', ')}`)
 const { values: flags } = parseArgs({ options: { backend: { type: 'string' } } })
 const backendName = flags.backend ?? env.CONFORMANCE_BACKEND ?? 'stdio'
 
@@ -291,9 +300,14 @@ async function main (): Promise<number> {
       url = `http://127.0.0.1:${port}/mcp/${backend === 'aggregate' ? AGGREGATE_NAME : SERVER_NAME}`
     }
 
-    const args = ['--no-install', 'conformance', 'server', '--url', url, '-o', resultsDir]
+    // `npx --no-install node …`: npx puts tools/conformance's node_modules/.bin first on PATH, so
+    // `node` is its pinned Node 22; each suite is named by path (two versions are installed).
+    const args = ['--no-install', 'node', suiteCli, 'server', '--url', url, '-o', resultsDir]
     if (env.CONFORMANCE_SCENARIO !== undefined) {
       args.push('--scenario', env.CONFORMANCE_SCENARIO, '--spec-version', requirements)
+    } else if (suiteVersion === '0.1.16') {
+      // 0.1.16 knows no requirement sets: its active and pending scenarios, all of them.
+      args.push('--suite', 'all')
     } else {
       args.push('--requirements', requirements)
     }

@@ -256,6 +256,33 @@ export function sessionStoreContract (t: Test, make: MakeSessionStore): void {
     t.same((await store.listeners(topic)).sort(), ['replica-a', 'replica-b'], 'renewing brings it back')
   })
 
+  t.test('the session index lists live sessions, most recently active first (issue 29)', async t => {
+    const store = await make(t)
+    const [a, b, c, gone] = [sampleRecord(), sampleRecord(), sampleRecord(), sampleRecord()]
+    await store.create(a, LONG_TTL)
+    await store.create(b, LONG_TTL)
+    await store.create(c, LONG_TTL)
+    await store.create(gone, SHORT_TTL)
+    await sleep(5)
+    t.equal(await store.touch(a.id, LONG_TTL), true)
+    t.equal(await store.delete(b.id), true)
+    await sleep(PAST_SHORT_TTL)
+    const index = await store.sessionIndex(100)
+    t.same(index.map(e => e.id), [a.id, c.id], 'touched first; deleted and expired ones left out')
+    t.ok(index.every(e => e.expiresAt > Date.now() + LONG_TTL / 2), 'each entry says when its record expires')
+    t.same((await store.sessionIndex(1)).map(e => e.id), [a.id], 'the limit bounds the read')
+  })
+
+  t.test('replica summaries are read back until their TTL', async t => {
+    const store = await make(t)
+    await store.publishSummary('replica-a', '{"id":"replica-a"}', LONG_TTL)
+    await store.publishSummary('replica-b', '{"id":"replica-b"}', SHORT_TTL)
+    t.same((await store.summaries()).sort(), ['{"id":"replica-a"}', '{"id":"replica-b"}'])
+    await store.publishSummary('replica-a', '{"id":"replica-a","n":2}', LONG_TTL)
+    await sleep(PAST_SHORT_TTL)
+    t.same(await store.summaries(), ['{"id":"replica-a","n":2}'], 'the newest text; a lapsed one is gone')
+  })
+
   t.test('a connected store is ready', async t => {
     const store = await make(t)
     t.equal(store.isReady(), true)

@@ -59,3 +59,15 @@ export const rateKey = (prefix: string, tenant: string, bucket: string): string 
 
 /** A session-quota set of a tenant (`scope`: `t` for the tenant, `s:<subject digest>` per subject). */
 export const quotaKey = (prefix: string, tenant: string, scope: string): string => `${prefix}:q:{${tenant}}:${scope}`
+
+/**
+ * The session index (issue 29): a sorted set of session ids scored by when their record expires,
+ * kept by create, touch and delete; entries past their score are dropped when it is read.
+ */
+export const sessionIndexKey = (prefix: string): string => `${prefix}:sessions`
+
+/** The replicas that published an admin summary: a sorted set scored by when it expires. */
+export const summaryIndexKey = (prefix: string): string => `${prefix}:summaries`
+
+/** A replica's admin summary (JSON), with the TTL of a few heartbeats. */
+export const summaryKey = (prefix: string, replicaId: string): string => `${prefix}:summary:${replicaId}`
