@@ -8,6 +8,7 @@ import { GW_ERR_BACKEND_TIMEOUT, isGatewayError } from '../core/errors.js'
 import { isRecord } from '../core/jsonrpc.js'
 import type { GatewayMetrics } from '../telemetry/metrics.js'
 import { exposeNames, templateMatches, type Exposed } from './aggregate-names.js'
+import type { BackendInfo } from './pool.js'
 
 /** Entries of a merged list per page (the cursor is the gateway's). */
 export const AGGREGATE_PAGE_SIZE = 100
@@ -209,5 +210,31 @@ export async function withTimeout<T> (work: Promise<T>, ms: number, error: () =>
     return await Promise.race([work, new Promise<never>((_resolve, reject) => { timer = setTimeout(() => { reject(error()) }, ms); timer.unref() })])
   } finally {
     clearTimeout(timer)
+  }
+}
+
+/**
+ * What an aggregate says of itself (initialize, server/discover): its members' capabilities united
+ * (tools always, with listChanged: lists change whenever a member goes or comes back), its own
+ * serverInfo, and the members' instructions each under a heading with its name.
+ */
+export function unitedInfo (aggregate: string, members: ReadonlyArray<{ server: string, info: BackendInfo | null }>, protocolVersion: string): BackendInfo {
+  const up = members.filter((m): m is { server: string, info: BackendInfo } => m.info !== null)
+  const has = (capability: string): boolean => up.some(m => m.info.capabilities[capability] !== undefined)
+  const capabilities: Record<string, unknown> = { tools: { listChanged: true } }
+  if (has('prompts')) capabilities.prompts = { listChanged: true }
+  if (has('resources')) {
+    const subscribe = up.some(m => isRecord(m.info.capabilities.resources) && m.info.capabilities.resources.subscribe === true)
+    capabilities.resources = { listChanged: true, ...(subscribe ? { subscribe: true } : {}) }
+  }
+  if (has('logging')) capabilities.logging = {}
+  if (has('completions')) capabilities.completions = {}
+  const instructions = up.filter(m => typeof m.info.instructions === 'string' && m.info.instructions !== '')
+    .map(m => `## ${m.server}\n\n${m.info.instructions ?? ''}`).join('\n\n')
+  return {
+    protocolVersion,
+    capabilities,
+    serverInfo: { name: aggregate, version: '0.1.0' },
+    ...(instructions !== '' ? { instructions } : {})
   }
 }

@@ -10,7 +10,7 @@ import type { AggregateServerConfig } from '../config/schema.js'
 import { GW_ERR_BACKEND_TIMEOUT, GW_ERR_BACKEND_UNAVAILABLE } from '../core/errors.js'
 import { errorResponse, isRecord, isResponse, JSONRPC_METHOD_NOT_FOUND, type JsonRpcRequest, type JsonRpcResponse } from '../core/jsonrpc.js'
 import type { GatewayMetrics } from '../telemetry/metrics.js'
-import { AggregateCatalogue, LIST_METHOD, withTimeout, type CatalogueMember, type ListKind } from './aggregate-catalogue.js'
+import { AggregateCatalogue, LIST_METHOD, unitedInfo, withTimeout, type CatalogueMember, type ListKind } from './aggregate-catalogue.js'
 import type { BackendInfo, ConnectionPool } from './pool.js'
 
 /** How long a member found down is left out before it is tried again. */
@@ -70,24 +70,8 @@ export class StatelessAggregates {
   /** What the aggregate says of itself (server/discover): the union of its up members. */
   async info (server: string, tenant: string | null): Promise<BackendInfo> {
     const entry = await this.#entry(server, tenant)
-    const up = entry.members.filter(m => m.down === null && m.info !== null)
-    const has = (c: string): boolean => up.some(m => m.info?.capabilities[c] !== undefined)
-    const capabilities: Record<string, unknown> = { tools: { listChanged: true } }
-    if (has('prompts')) capabilities.prompts = { listChanged: true }
-    if (has('resources')) {
-      const subscribe = up.some(m => isRecord(m.info?.capabilities.resources) && m.info.capabilities.resources.subscribe === true)
-      capabilities.resources = { listChanged: true, ...(subscribe ? { subscribe: true } : {}) }
-    }
-    if (has('logging')) capabilities.logging = {}
-    if (has('completions')) capabilities.completions = {}
-    const instructions = up.filter(m => typeof m.info?.instructions === 'string' && m.info.instructions !== '')
-      .map(m => `## ${m.server}\n\n${m.info?.instructions ?? ''}`).join('\n\n')
-    return {
-      protocolVersion: up[0]?.info?.protocolVersion ?? '2025-11-25',
-      capabilities,
-      serverInfo: { name: server, version: '0.1.0' },
-      ...(instructions !== '' ? { instructions } : {})
-    }
+    const up = entry.members.filter(m => m.down === null)
+    return unitedInfo(server, up, up.find(m => m.info !== null)?.info?.protocolVersion ?? '2025-11-25')
   }
 
   /**

@@ -27,7 +27,7 @@ import { LATEST_VERSION } from '../core/protocol-version.js'
 import { GET_STREAM, LEGACY_STREAM } from '../state/event-log.js'
 import { errorTypeOf, type GatewayMetrics } from '../telemetry/metrics.js'
 import type { TraceCarrier } from '../telemetry/tracing.js'
-import { AggregateCatalogue, LIST_METHOD, withTimeout, type CatalogueMember, type ListKind } from './aggregate-catalogue.js'
+import { AggregateCatalogue, LIST_METHOD, unitedInfo, withTimeout, type CatalogueMember, type ListKind } from './aggregate-catalogue.js'
 import type { BackendPool, UpstreamLookup } from './ownership.js'
 import { BRIDGED_CAPABILITIES, type BackendInfo, type ConnectionPool, type PooledCall } from './pool.js'
 import { isJsonStream, Relay, type RelayHost, type RelayOptions } from './relay.js'
@@ -357,27 +357,8 @@ export class AggregateRelay extends Relay {
   }
 
   #initializeResult (): Record<string, unknown> {
-    const up = this.#members.filter(m => m.info !== null)
-    const has = (capability: string): boolean => up.some(m => m.info?.capabilities[capability] !== undefined)
-    const capabilities: Record<string, unknown> = {
-      // Lists change whenever a member goes or comes back: always announced.
-      tools: { listChanged: true }
-    }
-    if (has('prompts')) capabilities.prompts = { listChanged: true }
-    if (has('resources')) {
-      const subscribe = up.some(m => isRecord(m.info?.capabilities.resources) && m.info.capabilities.resources.subscribe === true)
-      capabilities.resources = { listChanged: true, ...(subscribe ? { subscribe: true } : {}) }
-    }
-    if (has('logging')) capabilities.logging = {}
-    if (has('completions')) capabilities.completions = {}
-    const instructions = up.filter(m => typeof m.info?.instructions === 'string' && m.info.instructions !== '')
-      .map(m => `## ${m.server}\n\n${m.info?.instructions ?? ''}`).join('\n\n')
-    return {
-      protocolVersion: this.#protocolVersionOfClient,
-      capabilities,
-      serverInfo: { name: this.server, version: '0.1.0' },
-      ...(instructions !== '' ? { instructions } : {})
-    }
+    const { protocolVersion, capabilities, serverInfo, instructions } = unitedInfo(this.server, this.#members.filter(m => m.down === null), this.#protocolVersionOfClient)
+    return { protocolVersion, capabilities, serverInfo, ...(instructions !== undefined ? { instructions } : {}) }
   }
 
   /** A request of the gateway's own to one member; its result, or throws. */

@@ -60,9 +60,9 @@ export class RedisSessionStore implements SessionStore {
   }
 
   async create (record: SessionRecord, ttlMs: number): Promise<void> {
-    const created = await storeCall(this.#redis.createSession(this.#keys(record.id).meta, ttlMs, ...encode(record)))
+    // Written at once: the index entry adds no round trip (ids are random: a conflict never really comes).
+    const [created] = await Promise.all([storeCall(this.#redis.createSession(this.#keys(record.id).meta, ttlMs, ...encode(record))), this.#index(record.id, ttlMs)])
     if (created === 0) throw new GW_ERR_CONFLICT(`session id ${record.id} already exists`)
-    await this.#index(record.id, ttlMs)
   }
 
   /**
@@ -104,11 +104,12 @@ export class RedisSessionStore implements SessionStore {
     for (let attempt = 0; ; attempt++) {
       const streams = await storeCall(this.#redis.smembers(keys.streams))
       const perStream = streams.flatMap(s => [keys.events(s), keys.holder(s), keys.cursor(s)])
-      const result = await storeCall(this.#redis.deleteSession(5 + perStream.length, keys.meta, keys.owner, keys.streams, keys.pending, ...perStream, keys.seq, ...streams))
-      if (result !== -1 || attempt >= 10) {
-        await storeCall(this.#redis.zrem(sessionIndexKey(this.#prefix), sid)).catch(() => {})
-        return result === 1
-      }
+      // The index entry goes with the script, in the same write.
+      const [result] = await Promise.all([
+        storeCall(this.#redis.deleteSession(5 + perStream.length, keys.meta, keys.owner, keys.streams, keys.pending, ...perStream, keys.seq, ...streams)),
+        storeCall(this.#redis.zrem(sessionIndexKey(this.#prefix), sid)).catch(() => 0)
+      ])
+      if (result !== -1 || attempt >= 10) return result === 1
     }
   }
 

@@ -245,3 +245,23 @@ t.test('pagination over a merged list of more than a page; members\' per-tenant 
   const bad = await settle(client.listTools({ cursor: 'not-a-cursor' }))
   t.equal((bad.error as McpError | undefined)?.code, -32602, 'a cursor the gateway did not make is invalid params')
 })
+
+t.test('cancellation through an aggregate reaches the member running the call', async t => {
+  const gw = await startGateway(t, {
+    servers: { full, other: full, agg: { transport: 'aggregate', members: [{ server: 'full', prefix: '' }, { server: 'other' }] } }
+  })
+  const client = await connect(t, gw)
+  const controller = new AbortController()
+  const slow = settle(client.callTool({ name: 'other__slow', arguments: { ms: 5000 } }, undefined, { signal: controller.signal }))
+  await new Promise(resolve => setTimeout(resolve, 300))
+  controller.abort('the user changed their mind')
+  t.ok((await slow).error !== undefined, 'the client stops waiting')
+  const seen = await eventually('the member saw the cancellation', async () => {
+    const ids = JSON.parse(textOf(await client.callTool({ name: 'other__cancelled-requests', arguments: {} }))) as unknown[]
+    return ids.length > 0 ? ids : undefined
+  })
+  t.equal(seen.length, 1, 'the member running it was told once')
+  const untouched = JSON.parse(textOf(await client.callTool({ name: 'cancelled-requests', arguments: {} }))) as unknown[]
+  t.same(untouched, [], 'the other member was not')
+  t.equal(textOf(await client.callTool({ name: 'other__echo', arguments: { text: 'after' } })), 'after', 'and the session goes on')
+})

@@ -82,6 +82,8 @@ t.test('no key lives forever', async t => {
     `${prefix}:inbox:replica-a`,
     `${prefix}:inbox:replica-b`,
     `${prefix}:replica:replica-a`,
+    // The admin API's session index (issue 29): ids scored by their records' expiry, with a TTL.
+    `${prefix}:sessions`,
     `${prefix}:{${s1.id}}:cur:req-1`,
     `${prefix}:{${s1.id}}:ev:get`,
     `${prefix}:{${s1.id}}:ev:req-1`,
@@ -95,7 +97,7 @@ t.test('no key lives forever', async t => {
     `${prefix}:{${s2}}:holder:legacy`,
     `${prefix}:{${s2}}:seq`,
     `${prefix}:{${s2}}:streams`
-  ].sort(), 'exactly the keys ARCHITECTURE.md section 4 names; a deleted session leaves none')
+  ].sort(), 'exactly the keys ARCHITECTURE.md section 4 names, and the session index; a deleted session leaves none')
 
   const streamsTtl = await redis.pttl(`${prefix}:{${s1.id}}:streams`)
   for (const key of [`${prefix}:{${s1.id}}:cur:req-1`, `${prefix}:{${s1.id}}:ev:get`, `${prefix}:{${s1.id}}:holder:get`]) {
