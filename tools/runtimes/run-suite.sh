@@ -15,6 +15,7 @@ cd "$root"
 RUNTIME_TESTS=(
   dist/test/integration/gateway-sdk.test.js dist/test/integration/gateway-http-backend.test.js
   dist/test/integration/process.test.js dist/test/http/*.test.js dist/test/auth/jwt.test.js dist/test/state/*.test.js
+  dist/test/integration/pooled-sessions.test.js dist/test/integration/aggregate.test.js
 )
 # `--short`: the part of that list that leans on the runtime itself rather than on the gateway's
 # HTTP handling (the SDK clients end to end, the process's signals and children, JWT crypto, the
