@@ -123,6 +123,8 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
       // answer is written only while its request is pending (a deleted session has none left).
       const gwErr = isGatewayError(err) ? err : new GW_ERR_INTERNAL('message not delivered', { cause: err })
       req.log.warn({ err }, 'message not delivered')
+      // Pool connections taken for requests that never went out go back.
+      router.release(route)
       for (const request of requests) {
         await router.append(record.id, streamId, toJsonRpcError(gwErr, request.id)).catch(() => {
           writer.failUnanswered(id => toJsonRpcError(gwErr, id))
