@@ -155,18 +155,17 @@ export class PooledSessions {
   }
 
   /**
-   * Before a POST's stream opens: a pool connection for each request that needs the backend, so a
+   * Before a POST's stream opens: a pool connection for its request, if it needs the backend, so a
    * pool that stays busy is an HTTP 503 with Retry-After, not an error inside a 200 stream.
    */
   async admit (record: SessionRecord, requests: readonly JsonRpcRequest[]): Promise<PooledRoute> {
     const route = new PooledRoute()
     const wanted = requests.filter(r => !ANSWERED_HERE.has(r.method))
-    const results = await Promise.allSettled(wanted.map(async r => { route.set(r, await this.#o.pool.reserve(record.server, record.tenant ?? null)) }))
-    const failed = results.find((r): r is PromiseRejectedResult => r.status === 'rejected')
-    if (failed !== undefined) {
-      route.release()
-      throw failed.reason
-    }
+    // A batch (2025-03-26) takes its connections as its requests run, one at a time as they come
+    // free: reserved all at once, a batch larger than poolMax would wait for its own.
+    const [only] = wanted
+    if (only === undefined || wanted.length > 1) return route
+    route.set(only, await this.#o.pool.reserve(record.server, record.tenant ?? null))
     return route
   }
 

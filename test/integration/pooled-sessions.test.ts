@@ -14,6 +14,7 @@ import {
 import t, { type Test } from 'tap'
 import { bearer, callTool, isolationTenants, newKey, openSession, post, PUBLIC_URL } from '../helpers/auth.js'
 import { envelope, modernPost } from '../helpers/modern.js'
+import { SseReader } from '../helpers/sse-client.js'
 import { startGateway, stdioFixture, type RunningGateway } from '../helpers/gateway.js'
 import { eventually, textOf } from '../helpers/wait.js'
 
@@ -310,4 +311,21 @@ t.test('a pooled session idle past sessions.idleTimeoutMs is gone (404); the poo
   t.equal((await callTool(gw.url, 'full', {}, raw, 'echo', { text: 'x' }, 3)).status, 404, '404 once idle past the timeout')
   const fresh = await openSession(gw.url, 'full', {})
   t.equal((await callTool(gw.url, 'full', {}, fresh, 'echo', { text: 'y' })).status, 200, 'a new session is served at once')
+})
+
+t.test('a batch (2025-03-26) larger than poolMax is answered whole: its requests take connections as they come free', async t => {
+  const gw = await gatewayWith(t, pooledFull({ poolSize: 1, poolMax: 2, poolWaitMs: 10_000 }))
+  const init = await post(gw.url, '/mcp/full', { jsonrpc: '2.0', id: 0, method: 'initialize', params: { protocolVersion: '2025-03-26', capabilities: {}, clientInfo: { name: 'batch', version: '1' } } })
+  const sid = init.headers.get('mcp-session-id') ?? ''
+  await init.text()
+  const headers = { 'mcp-session-id': sid, 'mcp-protocol-version': '2025-03-26' }
+  await (await post(gw.url, '/mcp/full', { jsonrpc: '2.0', method: 'notifications/initialized' }, headers)).text()
+  const batch = [1, 2, 3, 4, 5].map(id => ({ jsonrpc: '2.0', id, method: 'tools/call', params: { name: 'slow', arguments: { ms: 100 } } }))
+  const res = await post(gw.url, '/mcp/full', batch, headers)
+  t.equal(res.status, 200)
+  const messages = (res.headers.get('content-type') ?? '').includes('event-stream')
+    ? await (async () => { const reader = new SseReader(res); await reader.finished; return reader.messages() })()
+    : await res.json() as Array<Record<string, unknown>>
+  const answered = messages.filter(m => 'result' in m).map(m => m.id).sort()
+  t.same(answered, [1, 2, 3, 4, 5], 'five answers through a pool of two')
 })
