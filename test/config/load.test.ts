@@ -225,13 +225,13 @@ t.test('null (an empty YAML value) is rejected, not coerced to 0 or ""', async t
 t.test('stdio and HTTP servers each have their own shape', async t => {
   t.test('stdio: command required, HTTP options unknown', async t => {
     const lines = problemsOf(() => parseConfig(minimal({ s: { transport: 'stdio', url: 'http://x/mcp', headers: {} } }), {}))
-    t.same(lines, ['/servers/s/command: is required', '/servers/s/headers: is not a known option', '/servers/s/url: is not a known option'])
+    t.same(lines, ['/servers/s/command: is required', '/servers/s/headers: is an option of HTTP servers (streamable-http, sse) only', '/servers/s/url: is an option of HTTP servers (streamable-http, sse) only'])
   })
 
   t.test('streamable-http and sse: url required, stdio options unknown', async t => {
     for (const transport of ['streamable-http', 'sse']) {
       const lines = problemsOf(() => parseConfig(minimal({ h: { transport, command: 'node', restart: {} } }), {}))
-      t.same(lines, ['/servers/h/command: is not a known option', '/servers/h/restart: is not a known option', '/servers/h/url: is required'], transport)
+      t.same(lines, ['/servers/h/command: is an option of stdio servers only', '/servers/h/restart: is an option of stdio servers only', '/servers/h/url: is required'], transport)
     }
   })
 
@@ -536,7 +536,33 @@ t.test('pooled sessions: maxSessions defaults by mode', async t => {
   const dedicated = parseConfig(minimal({ x: stdio }), {})
   t.equal((dedicated.servers.x as StdioServerConfig).maxSessions, 100, 'dedicated: children, 100 by default')
   t.equal((parseConfig(minimal({ x: { ...stdio, sessions: 'pooled', maxSessions: 50 } }), {}).servers.x as StdioServerConfig).maxSessions, 50, 'a given maxSessions stands')
-  t.equal((parseConfig(minimal({ x: { ...stdio, poolMax: 2 } }), {}).servers.x as StdioServerConfig).poolSize, 4, 'a poolMax below the default poolSize is taken as it is (at most poolMax are ever kept)')
+  t.equal((parseConfig(minimal({ x: { ...stdio, poolMax: 2 } }), {}).servers.x as StdioServerConfig).poolSize, 2, 'an unset poolSize is at most the poolMax given')
   t.throws(() => parseConfig(minimal({ x: { ...stdio, sessions: 'shared' } }), {}), /sessions.*must be one of: dedicated, pooled/)
-  t.throws(() => parseConfig(minimal({ h: { transport: 'streamable-http', url: 'http://127.0.0.1:9/mcp', sessions: 'pooled' } }), {}), /sessions/, 'only stdio servers have a mode')
+  t.same(problemsOf(() => parseConfig(minimal({ h: { transport: 'streamable-http', url: 'http://127.0.0.1:9/mcp', sessions: 'pooled' } }), {})),
+    ['/servers/h/sessions: is an option of stdio servers only'], 'only stdio servers have a mode, and the message says so')
+  t.same(problemsOf(() => parseConfig(minimal({ a: { transport: 'aggregate', members: [{ server: 'x' }], poolSize: 2 }, x: stdio }), {})),
+    ['/servers/a/poolSize: is an option of stdio servers and HTTP servers (streamable-http, sse) only'])
+})
+
+t.test('poolMax below poolSize is refused with both named (issue 32)', async t => {
+  t.same(problemsOf(() => parseConfig(minimal({ x: { ...stdio, poolSize: 8, poolMax: 4 } }), {})),
+    ['/servers/x/poolMax: must be at least poolSize (poolMax is 4, poolSize 8; unset, poolMax is 16 for this transport)'])
+  t.same(problemsOf(() => parseConfig(minimal({ x: { ...stdio, poolSize: 20 } }), {})),
+    ['/servers/x/poolMax: must be at least poolSize (poolMax is 16, poolSize 20; unset, poolMax is 16 for this transport)'], 'the default poolMax counts')
+  t.same(problemsOf(() => parseConfig(minimal({ h: { transport: 'streamable-http', url: 'http://127.0.0.1:9/mcp', poolSize: 64, poolMax: 32 } }), {})),
+    ['/servers/h/poolMax: must be at least poolSize (poolMax is 32, poolSize 64; unset, poolMax is 256 for this transport)'])
+  const equal = parseConfig(minimal({ x: { ...stdio, poolSize: 4, poolMax: 4 } }), {}).servers.x as StdioServerConfig
+  t.same([equal.poolSize, equal.poolMax], [4, 4], 'equal is fine')
+})
+
+t.test('aggregate prefixes and separators: limits in words, the default prefix held to them (issue 32)', async t => {
+  const long = 'a'.repeat(33)
+  t.same(problemsOf(() => parseConfig(minimal({ agg: { transport: 'aggregate', members: [{ server: long }] }, [long]: stdio }), {})),
+    [`/servers/agg/members/0/prefix: is required for a server whose name is longer than 32 characters (the default prefix is the server name; must be at most 32 characters, each a letter, digit, "_", "." or "-" ("" for no prefix))`])
+  t.doesNotThrow(() => parseConfig(minimal({ agg: { transport: 'aggregate', members: [{ server: long, prefix: 'short' }] }, [long]: stdio }), {}), 'an explicit prefix stands in for the long name')
+  t.doesNotThrow(() => parseConfig(minimal({ agg: { transport: 'aggregate', members: [{ server: 'a'.repeat(32) }] }, ['a'.repeat(32)]: stdio }), {}), '32 characters is the limit')
+  t.same(problemsOf(() => parseConfig(minimal({ agg: { transport: 'aggregate', members: [{ server: 'x', prefix: 'has space' }], separator: '' }, x: stdio }), {})), [
+    '/servers/agg/members/0/prefix: must be at most 32 characters, each a letter, digit, "_", "." or "-" ("" for no prefix)',
+    '/servers/agg/separator: must be 1 to 8 characters, each a letter, digit, "_", "." or "-"'
+  ])
 })
