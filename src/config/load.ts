@@ -35,6 +35,7 @@ Options:
       --check-config FILE  validate FILE (every problem listed), print the result and exit:
                            0 valid, 1 invalid; nothing is started
   -h, --help               print this help and exit
+  -V, --version            print the version and exit
 
 Commands:
   key TENANT ID            print a new API key for TENANT (key id ID) and the config line
@@ -45,6 +46,8 @@ export interface CliArgs {
   configPath: string
   /** --help was given: the caller prints USAGE and exits 0. */
   help: boolean
+  /** --version was given: the caller prints it and exits 0. */
+  version: boolean
   /** --check-config FILE: validate configPath and exit without starting. */
   checkOnly: boolean
 }
@@ -61,7 +64,8 @@ export function parseArgs (argv: string[]): CliArgs {
       options: {
         config: { type: 'string', short: 'c' },
         'check-config': { type: 'string' },
-        help: { type: 'boolean', short: 'h' }
+        help: { type: 'boolean', short: 'h' },
+        version: { type: 'boolean', short: 'V' }
       },
       strict: true,
       allowPositionals: false
@@ -73,7 +77,7 @@ export function parseArgs (argv: string[]): CliArgs {
   if (check !== undefined && parsed.values.config !== undefined) throw new GW_ERR_CONFIG_INVALID(`--check-config and --config do not go together\n${USAGE}`)
   const configPath = check ?? parsed.values.config ?? DEFAULT_CONFIG_PATH
   if (configPath === '') throw new GW_ERR_CONFIG_INVALID(`${check !== undefined ? '--check-config' : '--config'} needs a file name\n${USAGE}`)
-  return { configPath, help: parsed.values.help === true, checkOnly: check !== undefined }
+  return { configPath, help: parsed.values.help === true, version: parsed.values.version === true, checkOnly: check !== undefined }
 }
 
 /**
