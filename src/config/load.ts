@@ -35,6 +35,7 @@ Options:
       --check-config FILE  validate FILE (every problem listed), print the result and exit:
                            0 valid, 1 invalid; nothing is started
   -h, --help               print this help and exit
+  -V, --version            print the version and exit
 
 Commands:
   key TENANT ID            print a new API key for TENANT (key id ID) and the config line
@@ -45,6 +46,8 @@ export interface CliArgs {
   configPath: string
   /** --help was given: the caller prints USAGE and exits 0. */
   help: boolean
+  /** --version was given: the caller prints it and exits 0. */
+  version: boolean
   /** --check-config FILE: validate configPath and exit without starting. */
   checkOnly: boolean
 }
@@ -61,7 +64,8 @@ export function parseArgs (argv: string[]): CliArgs {
       options: {
         config: { type: 'string', short: 'c' },
         'check-config': { type: 'string' },
-        help: { type: 'boolean', short: 'h' }
+        help: { type: 'boolean', short: 'h' },
+        version: { type: 'boolean', short: 'V' }
       },
       strict: true,
       allowPositionals: false
@@ -73,7 +77,7 @@ export function parseArgs (argv: string[]): CliArgs {
   if (check !== undefined && parsed.values.config !== undefined) throw new GW_ERR_CONFIG_INVALID(`--check-config and --config do not go together\n${USAGE}`)
   const configPath = check ?? parsed.values.config ?? DEFAULT_CONFIG_PATH
   if (configPath === '') throw new GW_ERR_CONFIG_INVALID(`${check !== undefined ? '--check-config' : '--config'} needs a file name\n${USAGE}`)
-  return { configPath, help: parsed.values.help === true, checkOnly: check !== undefined }
+  return { configPath, help: parsed.values.help === true, version: parsed.values.version === true, checkOnly: check !== undefined }
 }
 
 /**
@@ -98,13 +102,15 @@ export async function loadConfig (path: string, env: NodeJS.ProcessEnv = process
 export function parseConfig (raw: unknown, env: NodeJS.ProcessEnv = process.env): Readonly<Config> {
   const problems = new Problems()
   const expanded = expand(raw, '', env, problems)
+  // Read before validation fills in defaults: whether poolSize was written decides below.
+  const poolSizeGiven = serversSetting(expanded, 'poolSize')
   if (!validate(expanded)) {
     for (const e of relevantErrors(validate.errors ?? [])) problems.add(...renderAjvError(e))
   } else {
-    checkSemantics(expanded as Config, problems)
+    checkSemantics(expanded as Config, poolSizeGiven, problems)
   }
   problems.throwIfAny()
-  applyModeDefaults(expanded as Config)
+  applyModeDefaults(expanded as Config, poolSizeGiven)
   return deepFreeze(expanded as Config)
 }
 
@@ -112,13 +118,26 @@ export function parseConfig (raw: unknown, env: NodeJS.ProcessEnv = process.env)
 export const DEDICATED_MAX_SESSIONS = 100
 export const POOLED_MAX_SESSIONS = 10_000
 
-/** Defaults that depend on another key (the schema cannot say them): maxSessions by mode. */
-function applyModeDefaults (config: Config): void {
-  for (const server of Object.values(config.servers)) {
+/**
+ * Defaults that depend on another key (the schema cannot say them): maxSessions by mode, and a
+ * poolSize left unset is at most poolMax (`poolMax: 2` alone means a pool of at most 2).
+ */
+function applyModeDefaults (config: Config, poolSizeGiven: ReadonlySet<string>): void {
+  for (const [name, server] of Object.entries(config.servers)) {
+    if (server.transport === 'aggregate') continue
+    if (!poolSizeGiven.has(name) && server.poolSize !== undefined && server.poolMax !== undefined && server.poolSize > server.poolMax) {
+      (server as { poolSize: number }).poolSize = server.poolMax
+    }
     if (server.transport !== 'stdio') continue
     const mutable = server as { maxSessions?: number }
     mutable.maxSessions ??= server.sessions === 'pooled' ? POOLED_MAX_SESSIONS : DEDICATED_MAX_SESSIONS
   }
+}
+
+/** The servers (by name) whose settings, as written, have `key`. */
+function serversSetting (raw: unknown, key: string): Set<string> {
+  const servers = isPlainObject(raw) && isPlainObject(raw.servers) ? raw.servers : {}
+  return new Set(Object.entries(servers).filter(([, s]) => isPlainObject(s) && Object.hasOwn(s, key)).map(([name]) => name))
 }
 
 // strict: true rejects unknown keywords, ignored defaults and type-less keywords in the schema
@@ -234,13 +253,42 @@ function relevantErrors (errors: ErrorObject[]): ErrorObject[] {
   })
 }
 
+/** The longest aggregate member prefix, and the separator's length range (schema.ts patterns). */
+export const MAX_PREFIX = 32
+const PREFIX_WORDS = `must be at most ${MAX_PREFIX} characters, each a letter, digit, "_", "." or "-" ("" for no prefix)`
+const SEPARATOR_WORDS = 'must be 1 to 8 characters, each a letter, digit, "_", "." or "-"'
+// Patterns told in words: a regular expression is no way to tell an author a limit.
+const PATTERN_WORDS: Array<[RegExp, string]> = [
+  [/\/members\/items\/properties\/prefix\/pattern$/, PREFIX_WORDS],
+  [/\/properties\/separator\/pattern$/, SEPARATOR_WORDS]
+]
+
+// Each server option and the transports it belongs to, so an option set on the wrong kind of
+// server says where it belongs instead of only that it is unknown here.
+const SERVER_BRANCHES = configSchema.properties.servers.additionalProperties
+const SERVER_KINDS: Array<{ label: string, keys: string[] }> = [
+  { label: 'stdio servers', keys: Object.keys(SERVER_BRANCHES.then.properties) },
+  { label: 'HTTP servers (streamable-http, sse)', keys: Object.keys(SERVER_BRANCHES.else.else.properties) },
+  { label: 'aggregate servers', keys: Object.keys(SERVER_BRANCHES.else.then.properties) }
+]
+
+function unknownOption (instancePath: string, key: string): string {
+  if (!/^\/servers\/[^/]+$/.test(instancePath)) return 'is not a known option'
+  const owners = SERVER_KINDS.filter(k => k.keys.includes(key)).map(k => k.label)
+  return owners.length === 0 ? 'is not a known option' : `is an option of ${owners.join(' and ')} only`
+}
+
 /** One ajv error as [path, reason]. Reasons never include the offending value (it may be a secret). */
 function renderAjvError (e: ErrorObject): [string, string] {
   const params = e.params as Record<string, unknown>
   if (e.propertyName !== undefined) return [pointer(e.instancePath, e.propertyName), `name ${e.message ?? 'is invalid'}`]
   switch (e.keyword) {
     case 'required': return [pointer(e.instancePath, String(params.missingProperty)), 'is required']
-    case 'additionalProperties': return [pointer(e.instancePath, String(params.additionalProperty)), 'is not a known option']
+    case 'additionalProperties': return [pointer(e.instancePath, String(params.additionalProperty)), unknownOption(e.instancePath, String(params.additionalProperty))]
+    case 'pattern': {
+      const words = PATTERN_WORDS.find(([re]) => re.test(e.schemaPath))?.[1]
+      return [e.instancePath, words ?? e.message ?? 'fails pattern']
+    }
     case 'enum': return [e.instancePath, `must be one of: ${(params.allowedValues as unknown[]).map(String).join(', ')}`]
     case 'const': return [e.instancePath, `must be ${String(params.allowedValue)}`]
     default: return [e.instancePath, e.message ?? `fails ${e.keyword}`]
@@ -258,11 +306,17 @@ const TOKEN = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/
 const CLIENT_CREDENTIALS = new Set(['authorization', 'x-api-key', 'cookie', 'proxy-authorization'])
 
 /** Checks the schema cannot express. Each names the path only, never the value. */
-function checkSemantics (config: Config, problems: Problems): void {
+function checkSemantics (config: Config, poolSizeGiven: ReadonlySet<string>, problems: Problems): void {
   if (config.redis !== undefined && !isUrl(config.redis.url)) problems.add('/redis/url', 'must be a valid URL')
   if (config.tracing !== undefined && !isUrl(config.tracing.otlpEndpoint)) problems.add('/tracing/otlpEndpoint', 'must be a valid URL')
   for (const [name, server] of Object.entries(config.servers)) {
     const base = pointer('/servers', name)
+    // A poolSize written above poolMax (given or default) is a contradiction: which one was meant
+    // cannot be guessed. Unset, poolSize follows poolMax (applyModeDefaults).
+    if (server.transport !== 'aggregate' && poolSizeGiven.has(name) && server.poolMax !== undefined && server.poolSize !== undefined && server.poolMax < server.poolSize) {
+      const defaultMax = server.transport === 'stdio' ? SERVER_BRANCHES.then.properties.poolMax.default : SERVER_BRANCHES.else.else.properties.poolMax.default
+      problems.add(`${base}/poolMax`, `must be at least poolSize (poolMax is ${server.poolMax}, poolSize ${server.poolSize}; unset, poolMax is ${defaultMax} for this transport)`)
+    }
     if (server.transport === 'stdio') {
       checkDelays(`${base}/restart`, server.restart, problems)
       // spawn() throws on these at the first session; better to say so at boot.
@@ -297,6 +351,12 @@ function checkMembers (base: string, server: AggregateServerConfig, servers: Con
     else if (target.transport === 'aggregate') problems.add(at, 'names an aggregate server: an aggregate cannot be a member of another')
     if (seen.has(member.server)) problems.add(at, 'names a server that is already a member')
     seen.add(member.server)
+    // The default prefix is the server name (up to 64 characters): held to an explicit prefix's
+    // limit, since past it every exposed name would be shortened to a digest with no trace of the
+    // tool's own name (aggregate-names.ts rule 2), leaving the model nothing to choose by.
+    if (member.prefix === undefined && member.server.length > MAX_PREFIX) {
+      problems.add(`${base}/members/${i}/prefix`, `is required for a server whose name is longer than ${MAX_PREFIX} characters (the default prefix is the server name; ${PREFIX_WORDS})`)
+    }
   })
 }
 

@@ -225,13 +225,13 @@ t.test('null (an empty YAML value) is rejected, not coerced to 0 or ""', async t
 t.test('stdio and HTTP servers each have their own shape', async t => {
   t.test('stdio: command required, HTTP options unknown', async t => {
     const lines = problemsOf(() => parseConfig(minimal({ s: { transport: 'stdio', url: 'http://x/mcp', headers: {} } }), {}))
-    t.same(lines, ['/servers/s/command: is required', '/servers/s/headers: is not a known option', '/servers/s/url: is not a known option'])
+    t.same(lines, ['/servers/s/command: is required', '/servers/s/headers: is an option of HTTP servers (streamable-http, sse) only', '/servers/s/url: is an option of HTTP servers (streamable-http, sse) only'])
   })
 
   t.test('streamable-http and sse: url required, stdio options unknown', async t => {
     for (const transport of ['streamable-http', 'sse']) {
       const lines = problemsOf(() => parseConfig(minimal({ h: { transport, command: 'node', restart: {} } }), {}))
-      t.same(lines, ['/servers/h/command: is not a known option', '/servers/h/restart: is not a known option', '/servers/h/url: is required'], transport)
+      t.same(lines, ['/servers/h/command: is an option of stdio servers only', '/servers/h/restart: is an option of stdio servers only', '/servers/h/url: is required'], transport)
     }
   })
 
@@ -510,21 +510,23 @@ t.test('the shipped configs validate', async t => {
 })
 
 t.test('parseArgs', async t => {
-  t.same(parseArgs([]), { configPath: DEFAULT_CONFIG_PATH, help: false, checkOnly: false })
+  t.same(parseArgs([]), { configPath: DEFAULT_CONFIG_PATH, help: false, version: false, checkOnly: false })
   t.equal(DEFAULT_CONFIG_PATH, 'config/gateway.yaml')
-  t.same(parseArgs(['--config', 'a.yaml']), { configPath: 'a.yaml', help: false, checkOnly: false })
-  t.same(parseArgs(['--config=b.json']), { configPath: 'b.json', help: false, checkOnly: false })
-  t.same(parseArgs(['-c', 'c.yaml']), { configPath: 'c.yaml', help: false, checkOnly: false })
-  t.same(parseArgs(['--config', 'a.yaml', '--config', 'last.yaml']), { configPath: 'last.yaml', help: false, checkOnly: false }, 'the last one wins')
-  t.same(parseArgs(['--help']), { configPath: DEFAULT_CONFIG_PATH, help: true, checkOnly: false })
-  t.same(parseArgs(['-h', '-c', 'x.yaml']), { configPath: 'x.yaml', help: true, checkOnly: false })
+  t.same(parseArgs(['--config', 'a.yaml']), { configPath: 'a.yaml', help: false, version: false, checkOnly: false })
+  t.same(parseArgs(['--config=b.json']), { configPath: 'b.json', help: false, version: false, checkOnly: false })
+  t.same(parseArgs(['-c', 'c.yaml']), { configPath: 'c.yaml', help: false, version: false, checkOnly: false })
+  t.same(parseArgs(['--config', 'a.yaml', '--config', 'last.yaml']), { configPath: 'last.yaml', help: false, version: false, checkOnly: false }, 'the last one wins')
+  t.same(parseArgs(['--help']), { configPath: DEFAULT_CONFIG_PATH, help: true, version: false, checkOnly: false })
+  t.same(parseArgs(['-h', '-c', 'x.yaml']), { configPath: 'x.yaml', help: true, version: false, checkOnly: false })
   t.match(USAGE, '--config FILE')
+  t.same(parseArgs(['--version']), { configPath: DEFAULT_CONFIG_PATH, help: false, version: true, checkOnly: false })
+  t.same(parseArgs(['-V']).version, true)
   t.throws(() => parseArgs(['--verbose']), { code: 'GW_ERR_CONFIG_INVALID', message: /Unknown option '--verbose'[\s\S]*Usage:/ })
   t.throws(() => parseArgs(['-x']), { code: 'GW_ERR_CONFIG_INVALID', message: /Unknown option '-x'/ })
   t.throws(() => parseArgs(['gateway.yaml']), { code: 'GW_ERR_CONFIG_INVALID', message: /Unexpected argument 'gateway.yaml'/ })
   t.throws(() => parseArgs(['--config']), { code: 'GW_ERR_CONFIG_INVALID', message: /argument missing/ })
   t.throws(() => parseArgs(['--config=']), { code: 'GW_ERR_CONFIG_INVALID', message: /--config needs a file name/ })
-  t.same(parseArgs(['--check-config', 'mine.yaml']), { configPath: 'mine.yaml', help: false, checkOnly: true })
+  t.same(parseArgs(['--check-config', 'mine.yaml']), { configPath: 'mine.yaml', help: false, version: false, checkOnly: true })
   t.throws(() => parseArgs(['--check-config=']), { code: 'GW_ERR_CONFIG_INVALID', message: /--check-config needs a file name/ })
   t.throws(() => parseArgs(['--check-config', 'a.yaml', '--config', 'b.yaml']), { code: 'GW_ERR_CONFIG_INVALID', message: /do not go together/ })
 })
@@ -536,7 +538,33 @@ t.test('pooled sessions: maxSessions defaults by mode', async t => {
   const dedicated = parseConfig(minimal({ x: stdio }), {})
   t.equal((dedicated.servers.x as StdioServerConfig).maxSessions, 100, 'dedicated: children, 100 by default')
   t.equal((parseConfig(minimal({ x: { ...stdio, sessions: 'pooled', maxSessions: 50 } }), {}).servers.x as StdioServerConfig).maxSessions, 50, 'a given maxSessions stands')
-  t.equal((parseConfig(minimal({ x: { ...stdio, poolMax: 2 } }), {}).servers.x as StdioServerConfig).poolSize, 4, 'a poolMax below the default poolSize is taken as it is (at most poolMax are ever kept)')
+  t.equal((parseConfig(minimal({ x: { ...stdio, poolMax: 2 } }), {}).servers.x as StdioServerConfig).poolSize, 2, 'an unset poolSize is at most the poolMax given')
   t.throws(() => parseConfig(minimal({ x: { ...stdio, sessions: 'shared' } }), {}), /sessions.*must be one of: dedicated, pooled/)
-  t.throws(() => parseConfig(minimal({ h: { transport: 'streamable-http', url: 'http://127.0.0.1:9/mcp', sessions: 'pooled' } }), {}), /sessions/, 'only stdio servers have a mode')
+  t.same(problemsOf(() => parseConfig(minimal({ h: { transport: 'streamable-http', url: 'http://127.0.0.1:9/mcp', sessions: 'pooled' } }), {})),
+    ['/servers/h/sessions: is an option of stdio servers only'], 'only stdio servers have a mode, and the message says so')
+  t.same(problemsOf(() => parseConfig(minimal({ a: { transport: 'aggregate', members: [{ server: 'x' }], poolSize: 2 }, x: stdio }), {})),
+    ['/servers/a/poolSize: is an option of stdio servers and HTTP servers (streamable-http, sse) only'])
+})
+
+t.test('poolMax below poolSize is refused with both named (issue 32)', async t => {
+  t.same(problemsOf(() => parseConfig(minimal({ x: { ...stdio, poolSize: 8, poolMax: 4 } }), {})),
+    ['/servers/x/poolMax: must be at least poolSize (poolMax is 4, poolSize 8; unset, poolMax is 16 for this transport)'])
+  t.same(problemsOf(() => parseConfig(minimal({ x: { ...stdio, poolSize: 20 } }), {})),
+    ['/servers/x/poolMax: must be at least poolSize (poolMax is 16, poolSize 20; unset, poolMax is 16 for this transport)'], 'the default poolMax counts')
+  t.same(problemsOf(() => parseConfig(minimal({ h: { transport: 'streamable-http', url: 'http://127.0.0.1:9/mcp', poolSize: 64, poolMax: 32 } }), {})),
+    ['/servers/h/poolMax: must be at least poolSize (poolMax is 32, poolSize 64; unset, poolMax is 256 for this transport)'])
+  const equal = parseConfig(minimal({ x: { ...stdio, poolSize: 4, poolMax: 4 } }), {}).servers.x as StdioServerConfig
+  t.same([equal.poolSize, equal.poolMax], [4, 4], 'equal is fine')
+})
+
+t.test('aggregate prefixes and separators: limits in words, the default prefix held to them (issue 32)', async t => {
+  const long = 'a'.repeat(33)
+  t.same(problemsOf(() => parseConfig(minimal({ agg: { transport: 'aggregate', members: [{ server: long }] }, [long]: stdio }), {})),
+    [`/servers/agg/members/0/prefix: is required for a server whose name is longer than 32 characters (the default prefix is the server name; must be at most 32 characters, each a letter, digit, "_", "." or "-" ("" for no prefix))`])
+  t.doesNotThrow(() => parseConfig(minimal({ agg: { transport: 'aggregate', members: [{ server: long, prefix: 'short' }] }, [long]: stdio }), {}), 'an explicit prefix stands in for the long name')
+  t.doesNotThrow(() => parseConfig(minimal({ agg: { transport: 'aggregate', members: [{ server: 'a'.repeat(32) }] }, ['a'.repeat(32)]: stdio }), {}), '32 characters is the limit')
+  t.same(problemsOf(() => parseConfig(minimal({ agg: { transport: 'aggregate', members: [{ server: 'x', prefix: 'has space' }], separator: '' }, x: stdio }), {})), [
+    '/servers/agg/members/0/prefix: must be at most 32 characters, each a letter, digit, "_", "." or "-" ("" for no prefix)',
+    '/servers/agg/separator: must be 1 to 8 characters, each a letter, digit, "_", "." or "-"'
+  ])
 })
