@@ -1,5 +1,5 @@
 // Reads the gateway's configuration once at boot: YAML or JSON, `${NAME}` placeholders expanded
-// from the environment, validated against schema.ts with every failing path listed in one
+// from the environment and `${file:PATH}` ones from files (mounted secrets), validated against schema.ts with every failing path listed in one
 // error, then deep-frozen (STYLE.md habit 2, ARCHITECTURE.md section 3).
 //
 // This is the only module that reads process.env, and only as a default parameter, so tests and
@@ -12,6 +12,7 @@
 // - a relative `cwd` resolves against the gateway's working directory;
 // - `args` are handed to the child verbatim, so the child resolves them against its own cwd.
 // `npm start` runs from the repository root, so the shipped configs use repo-relative paths.
+import { readFileSync } from 'node:fs'
 import { readFile } from 'node:fs/promises'
 import { extname } from 'node:path'
 import { parseArgs as parseNodeArgs } from 'node:util'
@@ -25,13 +26,19 @@ import { deepFreeze } from '../core/freeze.js'
 export type { Config }
 
 export const DEFAULT_CONFIG_PATH = 'config/gateway.yaml'
+/**
+ * The config file when no --config is given: an image sets it, so an orchestrator can point at a
+ * mounted file without replacing the command (and with it the init process in the entrypoint).
+ */
+export const CONFIG_PATH_VARIABLE = 'MCP_GATEWAY_CONFIG'
 
 export const USAGE = `Usage: mcp-gateway [--config FILE]
        mcp-gateway --check-config FILE
        mcp-gateway key TENANT ID
 
 Options:
-  -c, --config FILE        configuration file, YAML or JSON (default: ${DEFAULT_CONFIG_PATH})
+  -c, --config FILE        configuration file, YAML or JSON (default: $${CONFIG_PATH_VARIABLE}
+                           when set, else ${DEFAULT_CONFIG_PATH})
       --check-config FILE  validate FILE (every problem listed), print the result and exit:
                            0 valid, 1 invalid; nothing is started
   -h, --help               print this help and exit
@@ -52,8 +59,9 @@ export interface CliArgs {
 /**
  * Parses the gateway's command line (argv without the node binary and script, i.e.
  * `process.argv.slice(2)`). Unknown options and stray positionals are GW_ERR_CONFIG_INVALID.
+ * Without --config, the file is $MCP_GATEWAY_CONFIG when set and not empty, else the default.
  */
-export function parseArgs (argv: string[]): CliArgs {
+export function parseArgs (argv: string[], env: NodeJS.ProcessEnv = process.env): CliArgs {
   let parsed
   try {
     parsed = parseNodeArgs({
@@ -71,7 +79,8 @@ export function parseArgs (argv: string[]): CliArgs {
   }
   const check = parsed.values['check-config']
   if (check !== undefined && parsed.values.config !== undefined) throw new GW_ERR_CONFIG_INVALID(`--check-config and --config do not go together\n${USAGE}`)
-  const configPath = check ?? parsed.values.config ?? DEFAULT_CONFIG_PATH
+  const fromEnv = env[CONFIG_PATH_VARIABLE]
+  const configPath = check ?? parsed.values.config ?? (fromEnv === undefined || fromEnv === '' ? DEFAULT_CONFIG_PATH : fromEnv)
   if (configPath === '') throw new GW_ERR_CONFIG_INVALID(`${check !== undefined ? '--check-config' : '--config'} needs a file name\n${USAGE}`)
   return { configPath, help: parsed.values.help === true, checkOnly: check !== undefined }
 }
@@ -93,7 +102,8 @@ export async function loadConfig (path: string, env: NodeJS.ProcessEnv = process
 
 /**
  * Expands placeholders in `raw` (which is not modified), validates the result, applies the
- * schema's defaults and returns it deep-frozen. No I/O.
+ * schema's defaults and returns it deep-frozen. Its only I/O is reading the files that
+ * `${file:PATH}` placeholders name, so a reload sees a rotated secret.
  */
 export function parseConfig (raw: unknown, env: NodeJS.ProcessEnv = process.env): Readonly<Config> {
   const problems = new Problems()
@@ -160,8 +170,12 @@ const pointer = (base: string, key: string | number): string =>
 // `$${` is a literal `${` (the leftmost match wins: `$$${X}` is `$` then a literal `${X}`);
 // `${NAME}` or `${NAME:-default}` is a placeholder; a `${` that matches neither is reported
 // rather than passed on, since it is almost always a typo. Other `$` characters are kept.
+// `${file:PATH}` is the content of the file at PATH (relative to the working directory), one
+// trailing newline dropped: a secret mounted as a file (a Kubernetes Secret volume, a compose
+// secret) can be rotated without restarting, as every reload reads it again.
 const PLACEHOLDER = /\$\$\{|\$\{([^}]*)\}|\$\{/g
 const INNER = /^([A-Za-z_][A-Za-z0-9_]*)(?::-(.*))?$/s
+const FILE_INNER = /^file:(.+)$/s
 
 /** Copies `value` with every string expanded; records nulls, non-JSON values and bad placeholders. */
 function expand (value: unknown, path: string, env: NodeJS.ProcessEnv, problems: Problems): unknown {
@@ -194,6 +208,8 @@ function isPlainObject (value: unknown): value is Record<string, unknown> {
 function expandString (text: string, path: string, env: NodeJS.ProcessEnv, problems: Problems): string {
   return text.replace(PLACEHOLDER, (match: string, inner: string | undefined) => {
     if (match === '$${') return '${'
+    const file = inner === undefined ? null : FILE_INNER.exec(inner)
+    if (file !== null) return readPlaceholderFile(file[1] as string, path, problems)
     const m = inner === undefined ? null : INNER.exec(inner)
     if (m === null) {
       // The text is not echoed: it may sit next to a secret.
@@ -211,6 +227,19 @@ function expandString (text: string, path: string, env: NodeJS.ProcessEnv, probl
     }
     return found
   })
+}
+
+function readPlaceholderFile (file: string, path: string, problems: Problems): string {
+  let text: string
+  try {
+    text = readFileSync(file, 'utf8')
+  } catch (err) {
+    // The file's name is said, never its content.
+    problems.addRoot(path, `cannot read file ${file}: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`)
+    return ''
+  }
+  // `echo secret > file` and `kubectl create secret --from-file` keep the newline the value lacks.
+  return text.endsWith('\r\n') ? text.slice(0, -2) : text.endsWith('\n') ? text.slice(0, -1) : text
 }
 
 // An `if` error only says "must match then/else" next to the branch's real errors; a
