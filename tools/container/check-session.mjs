@@ -65,7 +65,9 @@ function metricOf (container, metric) {
 }
 
 function childPids (container) {
-  const out = execFileSync(docker, ['exec', container, 'sh', '-c', 'for d in /proc/[0-9]*; do if tr "\\0" " " < $d/cmdline 2>/dev/null | grep -q server-everything; then echo ${d#/proc/}; fi; done'], { encoding: 'utf8' })
+  // `node …server-everything…` only: the searching shell's own command line names it too.
+  const script = 'for d in /proc/[0-9]*; do case "$(tr "\\0" " " < $d/cmdline 2>/dev/null)" in "node "*server-everything*) echo ${d#/proc/};; esac; done'
+  const out = execFileSync(docker, ['exec', container, 'sh', '-c', script], { encoding: 'utf8' })
   return out.split('\n').filter(Boolean)
 }
 

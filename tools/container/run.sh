@@ -78,6 +78,7 @@ check_image () {
   "$DOCKER" run -d --name "$gw" --network "$PROJECT-net" -p "127.0.0.1:$port:8080" \
     -e REDIS_URL="redis://$PROJECT-redis:6379/0" "$IMAGE" >/dev/null || die "cannot start the gateway container"
   say "healthy in $(wait_healthy "$gw") s (the image's HEALTHCHECK)"
+  [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/readyz")" = 200 ] || die "/readyz is not 200"
   [ "$("$DOCKER" inspect -f '{{.Config.User}}' "$IMAGE")" = 1000:1000 ] || die "the image's USER is not 1000:1000"
   [ "$("$DOCKER" exec "$gw" id -u)" = 1000 ] || die "the gateway does not run as uid 1000"
   [ "$("$DOCKER" exec "$gw" cat /proc/1/comm)" = tini ] || die "PID 1 is not tini"
