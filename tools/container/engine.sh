@@ -56,7 +56,16 @@ engine_start () {
     >"$RUN_DIR/dockerd.log" 2>&1 &
   ENGINE_PID=$!
   for _ in $(seq 1 120); do
-    "$DOCKER" info >/dev/null 2>&1 && { say "engine up (dockerd pid $ENGINE_PID, $("$DOCKER" version -f '{{.Server.Version}}'), storage $("$DOCKER" info -f '{{.Driver}}'))"; return 0; }
+    if "$DOCKER" info >/dev/null 2>&1; then
+      say "engine up (dockerd pid $ENGINE_PID, $("$DOCKER" version -f '{{.Server.Version}}'), storage $("$DOCKER" info -f '{{.Driver}}'))"
+      # The engine is this script's own: whatever a run that was killed left (compose restarts its
+      # services when the engine starts) goes.
+      local left
+      left=$("$DOCKER" ps -aq)
+      [ -z "$left" ] || { say "removing containers a previous run left"; "$DOCKER" rm -f $left >/dev/null; }
+      "$DOCKER" network prune -f >/dev/null
+      return 0
+    fi
     kill -0 "$ENGINE_PID" 2>/dev/null || { tail -n 20 "$RUN_DIR/dockerd.log" >&2; die "dockerd exited at start (log above)"; }
     sleep 0.5
   done
@@ -71,6 +80,8 @@ engine_stop () {
   ids=$("$DOCKER" ps -aq 2>/dev/null || true)
   [ -n "$ids" ] && "$DOCKER" rm -f $ids >/dev/null 2>&1
   "$DOCKER" network prune -f >/dev/null 2>&1 || true
+  # Earlier builds' images, now untagged; the current one's layers stay as the next run's cache.
+  "$DOCKER" image prune -f >/dev/null 2>&1 || true
   kill -TERM "$ENGINE_PID" 2>/dev/null || true
   for _ in $(seq 1 60); do kill -0 "$ENGINE_PID" 2>/dev/null || break; sleep 0.5; done
   if kill -0 "$ENGINE_PID" 2>/dev/null; then

@@ -160,6 +160,11 @@ check_kubernetes () {
   say "healthy in $(wait_healthy "$gw") s with the rendered ConfigMap and Secret"
   node "$HERE/check-session.mjs" "http://127.0.0.1:$port" --api-key "$(cat "$WORK/k8s/api-key")" --host "$(cat "$WORK/k8s/host")" --metrics-token "$(cat "$WORK/k8s/metrics-token")" \
     || { "$DOCKER" logs --tail 30 "$gw" >&2; die "the session with the Kubernetes config failed"; }
+  # The admin API on the pod's loopback (admin.listen), with the token from the Secret's file.
+  "$DOCKER" exec -e "TOKEN=$(cat "$WORK/k8s/secrets/admin-token")" "$gw" node -e \
+    "fetch('http://127.0.0.1:9090/admin/api/overview', { headers: { authorization: 'Bearer ' + process.env.TOKEN } }).then(r => process.exit(r.status === 200 ? 0 : 1), () => process.exit(1))" \
+    || die "the admin API on the pod's loopback refused the Secret's token"
+  say "the admin API answers on the pod's loopback with the Secret's token"
   # A rotated secret: the Secret's file changes and a reload (SIGHUP to tini, which passes it on)
   # reads it again. API keys are reloadable (tenants); the Redis URL, admin and metrics tokens need
   # a restart.
