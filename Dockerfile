@@ -49,7 +49,7 @@ ENV MCP_GATEWAY_CONFIG=/app/config/gateway.docker.yaml
 USER 1000:1000
 EXPOSE 8080
 # Asks /healthz on the port of the config the gateway runs (the same MCP_GATEWAY_CONFIG).
-HEALTHCHECK --interval=10s --timeout=5s --start-period=10s --retries=3 \
+HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 \
   CMD ["node", "dist/src/healthcheck.js"]
 ENTRYPOINT ["/usr/bin/tini", "--"]
 CMD ["node", "dist/src/main.js"]

@@ -16,7 +16,7 @@ import { readFileSync } from 'node:fs'
 import { readFile } from 'node:fs/promises'
 import { extname } from 'node:path'
 import { parseArgs as parseNodeArgs } from 'node:util'
-import { Ajv, type ErrorObject } from 'ajv'
+import { Ajv, type ErrorObject, type ValidateFunction } from 'ajv'
 import { parseDocument } from 'yaml'
 import { configSchema, type AggregateServerConfig, type Config } from './schema.js'
 import { GW_ERR_CONFIG_INVALID } from '../core/errors.js'
@@ -108,6 +108,7 @@ export async function loadConfig (path: string, env: NodeJS.ProcessEnv = process
 export function parseConfig (raw: unknown, env: NodeJS.ProcessEnv = process.env): Readonly<Config> {
   const problems = new Problems()
   const expanded = expand(raw, '', env, problems)
+  const validate = validator()
   if (!validate(expanded)) {
     for (const e of relevantErrors(validate.errors ?? [])) problems.add(...renderAjvError(e))
   } else {
@@ -137,8 +138,34 @@ function applyModeDefaults (config: Config): void {
 // coerceTypes: placeholders always expand to strings (`port: ${PORT:-8080}`), and YAML reads
 // `args: [--port, 3000]` as a number; coercion turns each into the type the schema asks for.
 // Its one lax case, null -> 0 / '' / false, is closed by expand(), which rejects null values.
-const ajv = new Ajv({ allErrors: true, useDefaults: true, coerceTypes: true, strict: true })
-const validate = ajv.compile(configSchema)
+// Compiled on first use, not at import: the image's HEALTHCHECK imports this module every few
+// seconds for readListenAddress() alone, and the compile is most of an import's cost.
+let compiled: ValidateFunction | undefined
+function validator (): ValidateFunction {
+  compiled ??= new Ajv({ allErrors: true, useDefaults: true, coerceTypes: true, strict: true }).compile(configSchema)
+  return compiled
+}
+
+/**
+ * The address the config at `path` listens on (placeholders expanded, the schema's defaults),
+ * without validating the rest of the file: cheap enough for a health check run every few seconds.
+ */
+export async function readListenAddress (path: string, env: NodeJS.ProcessEnv = process.env): Promise<{ host: string, port: number }> {
+  let text: string
+  try {
+    text = await readFile(path, 'utf8')
+  } catch (err) {
+    throw new GW_ERR_CONFIG_INVALID(`cannot read ${path}: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`, { cause: err })
+  }
+  const raw = extname(path).toLowerCase() === '.json' ? parseJson(path, text) : parseYaml(path, text)
+  const listen = isPlainObject(raw) && isPlainObject(raw.listen) ? raw.listen : {}
+  const problems = new Problems()
+  const expanded = expand({ host: listen.host ?? configSchema.properties.listen.properties.host.default, port: listen.port ?? configSchema.properties.listen.properties.port.default }, '/listen', env, problems) as { host: unknown, port: unknown }
+  problems.throwIfAny()
+  const port = Number(expanded.port)
+  if (typeof expanded.host !== 'string' || !Number.isInteger(port) || port < 0 || port > 65535) throw new GW_ERR_CONFIG_INVALID('/listen: not a valid host and port')
+  return { host: expanded.host, port }
+}
 
 class Problems {
   readonly #lines = new Set<string>()

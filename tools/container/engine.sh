@@ -80,8 +80,9 @@ engine_stop () {
   ids=$("$DOCKER" ps -aq 2>/dev/null || true)
   [ -n "$ids" ] && "$DOCKER" rm -f $ids >/dev/null 2>&1
   "$DOCKER" network prune -f >/dev/null 2>&1 || true
-  # Earlier builds' images, now untagged; the current one's layers stay as the next run's cache.
-  "$DOCKER" image prune -f >/dev/null 2>&1 || true
+  # Untagged images of builds a week old; newer ones stay: the build stage's layers (untagged:
+  # the runtime image does not descend from them) are the next build's cache.
+  "$DOCKER" image prune -f --filter until=168h >/dev/null 2>&1 || true
   kill -TERM "$ENGINE_PID" 2>/dev/null || true
   for _ in $(seq 1 60); do kill -0 "$ENGINE_PID" 2>/dev/null || break; sleep 0.5; done
   if kill -0 "$ENGINE_PID" 2>/dev/null; then

@@ -96,7 +96,10 @@ check_image () {
   code=$("$DOCKER" inspect -f '{{.State.ExitCode}}' "$gw")
   [ "$code" = 0 ] || { "$DOCKER" logs --tail 20 "$gw" >&2; die "SIGTERM: exit code $code, not 0"; }
   [ "$took" -lt 30 ] || die "SIGTERM: took $took s, the grace period"
-  "$DOCKER" logs "$gw" 2>&1 | grep -q '"msg":"shutting down"' || die "no drain logged at SIGTERM"
+  # Read whole, then searched: `grep -q` would close the pipe early and pipefail report docker's SIGPIPE.
+  local logs
+  logs=$("$DOCKER" logs "$gw" 2>&1)
+  grep -q '"signal":"SIGTERM","drainMs":5000' <<<"$logs" || die "no drain logged at SIGTERM"
   say "SIGTERM: drained and exited 0 in $took s"
 
   # The HEALTHCHECK follows the configured port (MCP_GATEWAY_CONFIG names another file).
