@@ -90,6 +90,11 @@ engine_stop () {
     kill -KILL "$ENGINE_PID" 2>/dev/null || true
   fi
   wait "$ENGINE_PID" 2>/dev/null || true
+  # dockerd leaves its network namespaces' bind mounts (at least `default`) behind.
+  local ns
+  for ns in "$RUN_DIR"/exec/netns/*; do
+    [ -e "$ns" ] && umount "$ns" 2>/dev/null
+  done
   ENGINE_PID=
   say "engine stopped"
 }
