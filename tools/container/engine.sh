@@ -37,7 +37,7 @@ engine_packages () {
   [ -x "$DOCKER" ] || missing+=(docker.io)
   if [ "${#missing[@]}" -gt 0 ]; then
     say "installing ${missing[*]} from Debian"
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" runc containerd tini) >/dev/null \
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}") >/dev/null \
       || die "cannot install ${missing[*]}"
   fi
 }
