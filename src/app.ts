@@ -361,7 +361,7 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
   await app.register(httpAuthenticate, { tenants, jwt: new JwtVerifier(tenants).check, failures })
   await app.register(httpOauthMetadata, { tenants })
   let draining = false
-  await app.register(httpOps, { router, store: services.store, draining: () => draining })
+  await app.register(httpOps, { router, store: services.store, draining: () => draining, storeGraceMs: config.redis?.readinessGraceMs ?? 0 })
   // /metrics: on the main listener unless it has an address of its own; never under /mcp.
   const metricsApp = await metricsListener(config, metrics, log)
   if (metricsApp === null) await app.register(httpMetrics, { metrics, token: config.metrics.token })

@@ -1,5 +1,5 @@
 // Reads the gateway's configuration once at boot: YAML or JSON, `${NAME}` placeholders expanded
-// from the environment, validated against schema.ts with every failing path listed in one
+// from the environment and `${file:PATH}` ones from files (mounted secrets), validated against schema.ts with every failing path listed in one
 // error, then deep-frozen (STYLE.md habit 2, ARCHITECTURE.md section 3).
 //
 // This is the only module that reads process.env, and only as a default parameter, so tests and
@@ -12,10 +12,11 @@
 // - a relative `cwd` resolves against the gateway's working directory;
 // - `args` are handed to the child verbatim, so the child resolves them against its own cwd.
 // `npm start` runs from the repository root, so the shipped configs use repo-relative paths.
+import { readFileSync } from 'node:fs'
 import { readFile } from 'node:fs/promises'
 import { extname } from 'node:path'
 import { parseArgs as parseNodeArgs } from 'node:util'
-import { Ajv, type ErrorObject } from 'ajv'
+import { Ajv, type ErrorObject, type ValidateFunction } from 'ajv'
 import { parseDocument } from 'yaml'
 import { configSchema, type AggregateServerConfig, type Config } from './schema.js'
 import { GW_ERR_CONFIG_INVALID } from '../core/errors.js'
@@ -25,13 +26,19 @@ import { deepFreeze } from '../core/freeze.js'
 export type { Config }
 
 export const DEFAULT_CONFIG_PATH = 'config/gateway.yaml'
+/**
+ * The config file when no --config is given: an image sets it, so an orchestrator can point at a
+ * mounted file without replacing the command (and with it the init process in the entrypoint).
+ */
+export const CONFIG_PATH_VARIABLE = 'MCP_GATEWAY_CONFIG'
 
 export const USAGE = `Usage: mcp-gateway [--config FILE]
        mcp-gateway --check-config FILE
        mcp-gateway key TENANT ID
 
 Options:
-  -c, --config FILE        configuration file, YAML or JSON (default: ${DEFAULT_CONFIG_PATH})
+  -c, --config FILE        configuration file, YAML or JSON (default: $${CONFIG_PATH_VARIABLE}
+                           when set, else ${DEFAULT_CONFIG_PATH})
       --check-config FILE  validate FILE (every problem listed), print the result and exit:
                            0 valid, 1 invalid; nothing is started
   -h, --help               print this help and exit
@@ -55,8 +62,9 @@ export interface CliArgs {
 /**
  * Parses the gateway's command line (argv without the node binary and script, i.e.
  * `process.argv.slice(2)`). Unknown options and stray positionals are GW_ERR_CONFIG_INVALID.
+ * Without --config, the file is $MCP_GATEWAY_CONFIG when set and not empty, else the default.
  */
-export function parseArgs (argv: string[]): CliArgs {
+export function parseArgs (argv: string[], env: NodeJS.ProcessEnv = process.env): CliArgs {
   let parsed
   try {
     parsed = parseNodeArgs({
@@ -75,7 +83,8 @@ export function parseArgs (argv: string[]): CliArgs {
   }
   const check = parsed.values['check-config']
   if (check !== undefined && parsed.values.config !== undefined) throw new GW_ERR_CONFIG_INVALID(`--check-config and --config do not go together\n${USAGE}`)
-  const configPath = check ?? parsed.values.config ?? DEFAULT_CONFIG_PATH
+  const fromEnv = env[CONFIG_PATH_VARIABLE]
+  const configPath = check ?? parsed.values.config ?? (fromEnv === undefined || fromEnv === '' ? DEFAULT_CONFIG_PATH : fromEnv)
   if (configPath === '') throw new GW_ERR_CONFIG_INVALID(`${check !== undefined ? '--check-config' : '--config'} needs a file name\n${USAGE}`)
   return { configPath, help: parsed.values.help === true, version: parsed.values.version === true, checkOnly: check !== undefined }
 }
@@ -97,13 +106,15 @@ export async function loadConfig (path: string, env: NodeJS.ProcessEnv = process
 
 /**
  * Expands placeholders in `raw` (which is not modified), validates the result, applies the
- * schema's defaults and returns it deep-frozen. No I/O.
+ * schema's defaults and returns it deep-frozen. Its only I/O is reading the files that
+ * `${file:PATH}` placeholders name, so a reload sees a rotated secret.
  */
 export function parseConfig (raw: unknown, env: NodeJS.ProcessEnv = process.env): Readonly<Config> {
   const problems = new Problems()
   const expanded = expand(raw, '', env, problems)
   // Read before validation fills in defaults: whether poolSize was written decides below.
   const poolSizeGiven = serversSetting(expanded, 'poolSize')
+  const validate = validator()
   if (!validate(expanded)) {
     for (const e of relevantErrors(validate.errors ?? [])) problems.add(...renderAjvError(e))
   } else {
@@ -146,8 +157,34 @@ function serversSetting (raw: unknown, key: string): Set<string> {
 // coerceTypes: placeholders always expand to strings (`port: ${PORT:-8080}`), and YAML reads
 // `args: [--port, 3000]` as a number; coercion turns each into the type the schema asks for.
 // Its one lax case, null -> 0 / '' / false, is closed by expand(), which rejects null values.
-const ajv = new Ajv({ allErrors: true, useDefaults: true, coerceTypes: true, strict: true })
-const validate = ajv.compile(configSchema)
+// Compiled on first use, not at import: the image's HEALTHCHECK imports this module every few
+// seconds for readListenAddress() alone, and the compile is most of an import's cost.
+let compiled: ValidateFunction | undefined
+function validator (): ValidateFunction {
+  compiled ??= new Ajv({ allErrors: true, useDefaults: true, coerceTypes: true, strict: true }).compile(configSchema)
+  return compiled
+}
+
+/**
+ * The address the config at `path` listens on (placeholders expanded, the schema's defaults),
+ * without validating the rest of the file: cheap enough for a health check run every few seconds.
+ */
+export async function readListenAddress (path: string, env: NodeJS.ProcessEnv = process.env): Promise<{ host: string, port: number }> {
+  let text: string
+  try {
+    text = await readFile(path, 'utf8')
+  } catch (err) {
+    throw new GW_ERR_CONFIG_INVALID(`cannot read ${path}: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`, { cause: err })
+  }
+  const raw = extname(path).toLowerCase() === '.json' ? parseJson(path, text) : parseYaml(path, text)
+  const listen = isPlainObject(raw) && isPlainObject(raw.listen) ? raw.listen : {}
+  const problems = new Problems()
+  const expanded = expand({ host: listen.host ?? configSchema.properties.listen.properties.host.default, port: listen.port ?? configSchema.properties.listen.properties.port.default }, '/listen', env, problems) as { host: unknown, port: unknown }
+  problems.throwIfAny()
+  const port = Number(expanded.port)
+  if (typeof expanded.host !== 'string' || !Number.isInteger(port) || port < 0 || port > 65535) throw new GW_ERR_CONFIG_INVALID('/listen: not a valid host and port')
+  return { host: expanded.host, port }
+}
 
 class Problems {
   readonly #lines = new Set<string>()
@@ -179,8 +216,12 @@ const pointer = (base: string, key: string | number): string =>
 // `$${` is a literal `${` (the leftmost match wins: `$$${X}` is `$` then a literal `${X}`);
 // `${NAME}` or `${NAME:-default}` is a placeholder; a `${` that matches neither is reported
 // rather than passed on, since it is almost always a typo. Other `$` characters are kept.
+// `${file:PATH}` is the content of the file at PATH (relative to the working directory), one
+// trailing newline dropped: a secret mounted as a file (a Kubernetes Secret volume, a compose
+// secret) can be rotated without restarting, as every reload reads it again.
 const PLACEHOLDER = /\$\$\{|\$\{([^}]*)\}|\$\{/g
 const INNER = /^([A-Za-z_][A-Za-z0-9_]*)(?::-(.*))?$/s
+const FILE_INNER = /^file:(.+)$/s
 
 /** Copies `value` with every string expanded; records nulls, non-JSON values and bad placeholders. */
 function expand (value: unknown, path: string, env: NodeJS.ProcessEnv, problems: Problems): unknown {
@@ -213,6 +254,8 @@ function isPlainObject (value: unknown): value is Record<string, unknown> {
 function expandString (text: string, path: string, env: NodeJS.ProcessEnv, problems: Problems): string {
   return text.replace(PLACEHOLDER, (match: string, inner: string | undefined) => {
     if (match === '$${') return '${'
+    const file = inner === undefined ? null : FILE_INNER.exec(inner)
+    if (file !== null) return readPlaceholderFile(file[1] as string, path, problems)
     const m = inner === undefined ? null : INNER.exec(inner)
     if (m === null) {
       // The text is not echoed: it may sit next to a secret.
@@ -230,6 +273,19 @@ function expandString (text: string, path: string, env: NodeJS.ProcessEnv, probl
     }
     return found
   })
+}
+
+function readPlaceholderFile (file: string, path: string, problems: Problems): string {
+  let text: string
+  try {
+    text = readFileSync(file, 'utf8')
+  } catch (err) {
+    // The file's name is said, never its content.
+    problems.addRoot(path, `cannot read file ${file}: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`)
+    return ''
+  }
+  // `echo secret > file` and `kubectl create secret --from-file` keep the newline the value lacks.
+  return text.endsWith('\r\n') ? text.slice(0, -2) : text.endsWith('\n') ? text.slice(0, -1) : text
 }
 
 // An `if` error only says "must match then/else" next to the branch's real errors; a

@@ -395,7 +395,12 @@ export const configSchema = {
         keyPrefix: { type: 'string', pattern: '^[A-Za-z0-9_.-]+$', default: 'mcpgw' },
         /** Lease of an owner and of a stream holder; a replica's heartbeat lives min(leaseMs, 3000) ms. */
         leaseMs: { type: 'integer', minimum: 500, default: 10_000 },
-        connectTimeoutMs: { type: 'integer', minimum: 100, default: 5000 }
+        connectTimeoutMs: { type: 'integer', minimum: 100, default: 5000 },
+        /**
+         * How long Redis may be unreachable before /readyz answers 503. Every replica shares it,
+         * so answering 503 at once would take them all out of a load balancer together.
+         */
+        readinessGraceMs: { type: 'integer', minimum: 0, default: 15_000 }
       }
     },
     /** OpenTelemetry tracing; absent: off, and the SDK is not loaded. */

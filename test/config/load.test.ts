@@ -2,10 +2,11 @@
 // Over 500 lines on purpose: one case per rule of the one schema, kept together so a new key gets
 // its default and its refusals side by side.
 import t from 'tap'
-import { readFile } from 'node:fs/promises'
+import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises'
+import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
-import { loadConfig, parseArgs, parseConfig, DEFAULT_CONFIG_PATH, USAGE } from '../../src/config/load.js'
+import { loadConfig, parseArgs, parseConfig, CONFIG_PATH_VARIABLE, DEFAULT_CONFIG_PATH, USAGE } from '../../src/config/load.js'
 import { configSchema, type StdioServerConfig, type HttpServerConfig } from '../../src/config/schema.js'
 import { isGatewayError } from '../../src/core/errors.js'
 
@@ -46,7 +47,7 @@ t.test('defaults are applied everywhere the schema has one', async t => {
   t.same(config.log, { level: 'info', flushMs: 100 })
   t.same(config.http, { bodyLimit: 4_194_304, allowedOrigins: [], allowedHosts: [], responseMode: 'sse', lazySseMs: 50, keepAliveMs: 15_000, retryMs: 1000 })
   t.same(config.sessions, { idleTimeoutMs: 1_800_000, eventLogMaxLen: 1000, clientRequestTimeoutMs: 300_000 })
-  t.same(config.redis, { url: 'redis://127.0.0.1:6379', sentinels: [], name: 'mymaster', cluster: [], keyPrefix: 'mcpgw', leaseMs: 10_000, connectTimeoutMs: 5000 })
+  t.same(config.redis, { url: 'redis://127.0.0.1:6379', sentinels: [], name: 'mymaster', cluster: [], keyPrefix: 'mcpgw', leaseMs: 10_000, connectTimeoutMs: 5000, readinessGraceMs: 15_000 })
   t.same(config.servers.x, {
     transport: 'stdio',
     command: 'node',
@@ -529,6 +530,56 @@ t.test('parseArgs', async t => {
   t.same(parseArgs(['--check-config', 'mine.yaml']), { configPath: 'mine.yaml', help: false, version: false, checkOnly: true })
   t.throws(() => parseArgs(['--check-config=']), { code: 'GW_ERR_CONFIG_INVALID', message: /--check-config needs a file name/ })
   t.throws(() => parseArgs(['--check-config', 'a.yaml', '--config', 'b.yaml']), { code: 'GW_ERR_CONFIG_INVALID', message: /do not go together/ })
+})
+
+t.test('parseArgs: MCP_GATEWAY_CONFIG names the file when no --config is given', async t => {
+  t.equal(CONFIG_PATH_VARIABLE, 'MCP_GATEWAY_CONFIG')
+  const env = { MCP_GATEWAY_CONFIG: '/etc/mcp-gateway/gateway.yaml' }
+  t.same(parseArgs([], env), { configPath: '/etc/mcp-gateway/gateway.yaml', help: false, checkOnly: false })
+  t.same(parseArgs(['--config', 'a.yaml'], env), { configPath: 'a.yaml', help: false, checkOnly: false }, '--config wins')
+  t.same(parseArgs(['--check-config', 'b.yaml'], env), { configPath: 'b.yaml', help: false, checkOnly: true }, '--check-config wins')
+  t.same(parseArgs([], { MCP_GATEWAY_CONFIG: '' }), { configPath: DEFAULT_CONFIG_PATH, help: false, checkOnly: false }, 'empty is unset')
+  t.same(parseArgs([], {}), { configPath: DEFAULT_CONFIG_PATH, help: false, checkOnly: false })
+  t.match(USAGE, '$MCP_GATEWAY_CONFIG')
+})
+
+t.test('${file:PATH} placeholders: a mounted secret file', async t => {
+  const dir = await mkdtemp(join(tmpdir(), 'mcpgw-file-placeholder-'))
+  t.teardown(async () => { await rm(dir, { recursive: true, force: true }) })
+  await writeFile(join(dir, 'token'), 's3cret\n')
+  await writeFile(join(dir, 'crlf'), 'two\r\n')
+  await writeFile(join(dir, 'lines'), 'a\nb\n\n')
+  await writeFile(join(dir, 'bare'), 'no-newline')
+
+  t.test('the file\'s content, one trailing newline dropped; mixed with text and env placeholders', async t => {
+    const config = parseConfig(minimal({
+      x: { ...stdio, env: { A: `\${file:${join(dir, 'token')}}`, B: `Bearer \${file:${join(dir, 'crlf')}}!`, C: `\${file:${join(dir, 'lines')}}`, D: `\${file:${join(dir, 'bare')}}-\${E}` } }
+    }), { E: 'e' })
+    t.same((config.servers.x as StdioServerConfig).env, { A: 's3cret', B: 'Bearer two!', C: 'a\nb\n', D: 'no-newline-e' })
+  })
+
+  t.test('the content is not expanded again', async t => {
+    await writeFile(join(dir, 'dollar'), '${NOT_A_PLACEHOLDER}')
+    const config = parseConfig(minimal({ x: { ...stdio, env: { A: `\${file:${join(dir, 'dollar')}}` } } }), {})
+    t.equal((config.servers.x as StdioServerConfig).env.A, '${NOT_A_PLACEHOLDER}')
+  })
+
+  t.test('a numeric option from a file is coerced like an env placeholder', async t => {
+    await writeFile(join(dir, 'port'), '9123\n')
+    const config = parseConfig({ listen: { port: `\${file:${join(dir, 'port')}}` }, servers: { x: stdio } }, {})
+    t.equal(config.listen.port, 9123)
+  })
+
+  t.test('an unreadable file is an error naming the path and the file, never content', async t => {
+    const missing = join(dir, 'missing')
+    const lines = problemsOf(() => parseConfig(minimal({ x: { ...stdio, env: { A: `\${file:${missing}}`, B: `\${file:${dir}}` } } }), {}))
+    t.same(lines, [`/servers/x/env/A: cannot read file ${missing}: ENOENT`, `/servers/x/env/B: cannot read file ${dir}: EISDIR`])
+  })
+
+  t.test('${file:} with nothing after it is malformed', async t => {
+    const lines = problemsOf(() => parseConfig(minimal({ x: { ...stdio, env: { A: '${file:}' } } }), {}))
+    t.match(lines[0], /^\/servers\/x\/env\/A: malformed placeholder/)
+  })
 })
 
 t.test('pooled sessions: maxSessions defaults by mode', async t => {
