@@ -20,6 +20,7 @@ import { parseDocument } from 'yaml'
 import { configSchema, type AggregateServerConfig, type Config } from './schema.js'
 import { GW_ERR_CONFIG_INVALID } from '../core/errors.js'
 import { isLoopbackAddress } from '../core/loopback.js'
+import { trustedProxyProblem } from '../http/client-address.js'
 import { deepFreeze } from '../core/freeze.js'
 
 export type { Config }
@@ -261,6 +262,10 @@ const CLIENT_CREDENTIALS = new Set(['authorization', 'x-api-key', 'cookie', 'pro
 function checkSemantics (config: Config, problems: Problems): void {
   if (config.redis !== undefined && !isUrl(config.redis.url)) problems.add('/redis/url', 'must be a valid URL')
   if (config.tracing !== undefined && !isUrl(config.tracing.otlpEndpoint)) problems.add('/tracing/otlpEndpoint', 'must be a valid URL')
+  config.http.trustedProxies.forEach((entry, i) => {
+    const problem = trustedProxyProblem(entry)
+    if (problem !== undefined) problems.add(`/http/trustedProxies/${i}`, problem)
+  })
   for (const [name, server] of Object.entries(config.servers)) {
     const base = pointer('/servers', name)
     if (server.transport === 'stdio') {

@@ -309,7 +309,14 @@ export const configSchema = {
         /** SSE comment keep-alive interval. */
         keepAliveMs: { type: 'integer', minimum: 1000, default: 15_000 },
         /** SSE `retry` hint sent to 2025-11-25 clients and on shutdown. */
-        retryMs: { type: 'integer', minimum: 0, default: 1000 }
+        retryMs: { type: 'integer', minimum: 0, default: 1000 },
+        /**
+         * Proxies (addresses or CIDRs) whose forwarding header names the client: its address for
+         * the failed-authentication budget, audit lines and logs. Empty: the TCP peer's, nothing believed.
+         */
+        trustedProxies: { type: 'array', items: { type: 'string' }, default: [] },
+        /** The header those proxies set (only it is read): X-Forwarded-For, or RFC 7239 Forwarded. */
+        forwardedHeader: { enum: ['x-forwarded-for', 'forwarded'], default: 'x-forwarded-for' }
       }
     },
     sessions: {
