@@ -44,7 +44,7 @@ t.test('defaults are applied everywhere the schema has one', async t => {
   }, {})
   t.same(config.listen, { host: '127.0.0.1', port: 8080 })
   t.same(config.log, { level: 'info', flushMs: 100 })
-  t.same(config.http, { bodyLimit: 4_194_304, allowedOrigins: [], allowedHosts: [], responseMode: 'sse', lazySseMs: 50, keepAliveMs: 15_000, retryMs: 1000 })
+  t.same(config.http, { bodyLimit: 4_194_304, allowedOrigins: [], allowedHosts: [], responseMode: 'sse', lazySseMs: 50, keepAliveMs: 15_000, retryMs: 1000, trustedProxies: [], forwardedHeader: 'x-forwarded-for' })
   t.same(config.sessions, { idleTimeoutMs: 1_800_000, eventLogMaxLen: 1000, clientRequestTimeoutMs: 300_000 })
   t.same(config.redis, { url: 'redis://127.0.0.1:6379', sentinels: [], name: 'mymaster', cluster: [], keyPrefix: 'mcpgw', leaseMs: 10_000, connectTimeoutMs: 5000 })
   t.same(config.servers.x, {
