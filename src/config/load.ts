@@ -17,7 +17,7 @@ import { extname } from 'node:path'
 import { parseArgs as parseNodeArgs } from 'node:util'
 import { Ajv, type ErrorObject } from 'ajv'
 import { parseDocument } from 'yaml'
-import { configSchema, type AggregateServerConfig, type Config } from './schema.js'
+import { configSchema, NAME_PATTERN, type AggregateServerConfig, type Config } from './schema.js'
 import { GW_ERR_CONFIG_INVALID } from '../core/errors.js'
 import { isLoopbackAddress } from '../core/loopback.js'
 import { trustedProxyProblem } from '../http/client-address.js'
@@ -106,7 +106,23 @@ export function parseConfig (raw: unknown, env: NodeJS.ProcessEnv = process.env)
   }
   problems.throwIfAny()
   applyModeDefaults(expanded as Config)
-  return deepFreeze(expanded as Config)
+  return deepFreeze(withNameMaps(expanded as Config))
+}
+
+/**
+ * The maps keyed by configured names (servers, tenants, a tenant's servers) without a prototype:
+ * a server or tenant may be named `constructor`, `toString` or `valueOf`, and `servers[name]` must
+ * then read that server, and `servers.toString` (for a name nobody configured) nothing, wherever
+ * the code looks a name up.
+ */
+function withNameMaps (config: Config): Config {
+  const bare = <T>(map: Record<string, T>): Record<string, T> => Object.assign(Object.create(null) as Record<string, T>, map)
+  config.servers = bare(config.servers)
+  if (config.tenants !== undefined) {
+    config.tenants = bare(config.tenants)
+    for (const tenant of Object.values(config.tenants)) tenant.servers = bare(tenant.servers)
+  }
+  return config
 }
 
 /** Default sessions per replica of a stdio server: children when dedicated, sessions when pooled. */
@@ -238,6 +254,7 @@ function relevantErrors (errors: ErrorObject[]): ErrorObject[] {
 /** One ajv error as [path, reason]. Reasons never include the offending value (it may be a secret). */
 function renderAjvError (e: ErrorObject): [string, string] {
   const params = e.params as Record<string, unknown>
+  if (e.propertyName !== undefined && e.keyword === 'pattern' && params.pattern === NAME_PATTERN) return [pointer(e.instancePath, e.propertyName), 'is not a valid name: a letter or digit, then letters, digits, - or _ (64 at most)']
   if (e.propertyName !== undefined) return [pointer(e.instancePath, e.propertyName), `name ${e.message ?? 'is invalid'}`]
   switch (e.keyword) {
     case 'required': return [pointer(e.instancePath, String(params.missingProperty)), 'is required']

@@ -3,7 +3,8 @@
 // defaults; config/gateway.example.yaml shows each of them.
 import type { FromSchema } from 'json-schema-to-ts'
 
-const serverName = '^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$'
+/** Server and tenant names: `__proto__` cannot be one (maps by name: see withNameMaps in load.ts). */
+export const NAME_PATTERN = '^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$'
 
 const restartSchema = {
   type: 'object',
@@ -146,7 +147,7 @@ const aggregateServerSchema = {
         additionalProperties: false,
         required: ['server'],
         properties: {
-          server: { type: 'string', pattern: serverName },
+          server: { type: 'string', pattern: NAME_PATTERN },
           /** Prefix of its tool and prompt names; default the member's server name; "" for none. */
           prefix: { type: 'string', pattern: '^[A-Za-z0-9_.-]{0,32}$' },
           /** Globs on the member's own tool names. */
@@ -231,7 +232,7 @@ const tenantSchema = {
       }
     },
     /** The servers this tenant may use; any other does not exist for it. */
-    servers: { type: 'object', propertyNames: { pattern: serverName }, additionalProperties: tenantServerSchema },
+    servers: { type: 'object', propertyNames: { pattern: NAME_PATTERN }, additionalProperties: tenantServerSchema },
     limits: {
       type: 'object',
       additionalProperties: false,
@@ -445,13 +446,13 @@ export const configSchema = {
     /** Who may call: with tenants, every MCP endpoint needs a credential. */
     tenants: {
       type: 'object',
-      propertyNames: { pattern: serverName },
+      propertyNames: { pattern: NAME_PATTERN },
       additionalProperties: tenantSchema
     },
     servers: {
       type: 'object',
       minProperties: 1,
-      propertyNames: { pattern: serverName },
+      propertyNames: { pattern: NAME_PATTERN },
       additionalProperties: {
         type: 'object',
         required: ['transport'],
