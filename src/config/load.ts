@@ -272,6 +272,7 @@ const MANAGED_HEADERS = new Set([
   'content-length', 'host', 'mcp-session-id', 'mcp-protocol-version', 'last-event-id'
 ])
 const TOKEN = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/
+const BEARER_TOKEN = /^[\x21-\x7e]+$/
 // The client's own credentials never go upstream (SPEC.md A-UP-1, issue 8); the backends drop them too.
 const CLIENT_CREDENTIALS = new Set(['authorization', 'x-api-key', 'cookie', 'proxy-authorization'])
 
@@ -279,6 +280,11 @@ const CLIENT_CREDENTIALS = new Set(['authorization', 'x-api-key', 'cookie', 'pro
 function checkSemantics (config: Config, problems: Problems): void {
   if (config.redis !== undefined && !isUrl(config.redis.url)) problems.add('/redis/url', 'must be a valid URL')
   if (config.tracing !== undefined && !isUrl(config.tracing.otlpEndpoint)) problems.add('/tracing/otlpEndpoint', 'must be a valid URL')
+  // `Authorization: Bearer <token>` carries one run of visible ASCII: a token with a space can never
+  // be presented, and one with other characters arrives in another encoding than it was sent in.
+  for (const [path, token] of [['/admin/token', config.admin?.token], ['/metrics/token', config.metrics.token]] as const) {
+    if (token !== undefined && !BEARER_TOKEN.test(token)) problems.add(path, 'can never be presented in `Authorization: Bearer`: use visible ASCII characters only, no spaces (e.g. openssl rand -base64 32)')
+  }
   config.http.trustedProxies.forEach((entry, i) => {
     const problem = trustedProxyProblem(entry)
     if (problem !== undefined) problems.add(`/http/trustedProxies/${i}`, problem)

@@ -38,6 +38,18 @@ t.test('the token must be at least 32 characters', async t => {
   t.ok(parseConfig({ admin: { token: 'x'.repeat(32) }, servers: { full: stdioFixture('full-server') } }).admin)
 })
 
+t.test('a token no request can present is refused at config check', async t => {
+  const servers = { full: stdioFixture('full-server') }
+  t.throws(() => parseConfig({ admin: { token: 'correct horse battery staple 0123456789' }, servers }), /\/admin\/token: can never be presented/, 'spaces')
+  t.throws(() => parseConfig({ admin: { token: `${'x'.repeat(32)}\u00e9t\u00e9` }, servers }), /\/admin\/token: can never be presented/, 'non-ASCII')
+  t.throws(() => parseConfig({ metrics: { token: 'a metrics token with spaces' }, servers }), /\/metrics\/token: can never be presented/, 'the metrics token too')
+  t.ok(parseConfig({ admin: { token: `${'x'.repeat(32)}+/=~!` }, servers }).admin, 'visible ASCII of any kind')
+  // What a presentable token looks like on the wire: it passes.
+  const token = `${TOKEN}+/=~!`
+  const gw = await startGateway(t, { admin: { token }, servers })
+  t.equal((await get(`${gw.url}/admin/api/overview`, bearer(token))).status, 200)
+})
+
 t.test('no token, a wrong one, a tenant key: 401; the admin token: 200', async t => {
   const { config, tenantKey } = adminConfig({ auth: { publicUrl: PUBLIC_URL, failures: { burst: 0 } } })
   const gw = await startGateway(t, config)
