@@ -361,7 +361,7 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
   await app.register(httpGuard, { config })
   // One failed-authentication budget per address for tenants' credentials and the admin token alike.
   const failures = new AuthFailureBudget(services.limiter, config.auth.failures)
-  await app.register(httpAuthenticate, { tenants, jwt: new JwtVerifier(tenants).check, failures, addressOf })
+  await app.register(httpAuthenticate, { tenants, jwt: new JwtVerifier(tenants).check, failures, addressOf, live })
   await app.register(httpOauthMetadata, { tenants })
   let draining = false
   await app.register(httpOps, { router, store: services.store, draining: () => draining })

@@ -10,6 +10,7 @@ import type { AuthFailureBudget } from '../auth/failure-budget.js'
 import { GW_ERR_AUTH_THROTTLED, GW_ERR_SERVER_NOT_ALLOWED, GW_ERR_SERVER_NOT_FOUND, withRetryAfter } from '../core/errors.js'
 import { audit } from '../telemetry/audit.js'
 import type { AddressOf } from './client-address.js'
+import type { ServerSource } from '../config/live.js'
 
 export interface HttpAuthenticateOptions {
   tenants: TenantDirectory
@@ -18,6 +19,8 @@ export interface HttpAuthenticateOptions {
   failures?: AuthFailureBudget
   /** The client's address (http/client-address.ts): the TCP peer's, or what a trusted proxy says. */
   addressOf: AddressOf
+  /** The servers configured now (a reload changes them). */
+  live: ServerSource
 }
 
 /** Route patterns of the MCP endpoints, and which protected resource each belongs to. */
@@ -34,7 +37,7 @@ export function isMcpRoute (url: string | undefined): boolean {
 }
 
 export default fp<HttpAuthenticateOptions>(async function httpAuthenticate (app: FastifyInstance, opts) {
-  const { tenants, jwt, failures, addressOf } = opts
+  const { tenants, jwt, failures, addressOf, live } = opts
   app.addHook('onRequest', (req: FastifyRequest, _reply, done) => {
     // Callback-style: with tenants off, a request costs no promise here.
     if (!tenants.enabled) { done(); return }
@@ -70,6 +73,10 @@ export default fp<HttpAuthenticateOptions>(async function httpAuthenticate (app:
       }
       throw err.error
     }
+    // No such server (never configured, or removed by a reload: its sessions ended) is 404 for
+    // everyone, as without tenants: the client's cue that the session is gone. Which servers exist
+    // is no secret (their OAuth metadata is public); another tenant's server stays 403.
+    if (!Object.hasOwn(live.servers, server)) throw new GW_ERR_SERVER_NOT_FOUND(server)
     if (principal.tenant === null || tenants.server(principal.tenant, server) === undefined) {
       audit(req.log, 'request.refused', { tenant: principal.tenant, subject: principal.subjectDigest, server, method: req.method, status: 403, reason: 'server not allowed', address })
       throw new GW_ERR_SERVER_NOT_ALLOWED(server)
