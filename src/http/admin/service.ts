@@ -302,10 +302,12 @@ export class AdminService {
     const all = await this.#allSessions()
     const matching = all.filter(({ record }) =>
       (filter.tenant === undefined || record.tenant === filter.tenant) && (filter.server === undefined || record.server === filter.server))
+    // Most recently active first, by the client's last message: idle clients sink to the end.
+    const lastActive = (record: SessionRecord): number => record.lastActiveAt ?? record.createdAt
+    matching.sort((a, b) => lastActive(b.record) - lastActive(a.record))
     const page = matching.slice(filter.offset, filter.offset + filter.limit)
-    const idleMs = this.#o.config.sessions.idleTimeoutMs
     const { store, router } = this.#o
-    const sessions = await Promise.all(page.map(async ({ record, expiresAt }) => {
+    const sessions = await Promise.all(page.map(async ({ record }) => {
       const pooled = router.isPooled(record.server)
       const [owner, holder] = await Promise.all([
         pooled ? null : store.getOwner(record.id).catch(() => null),
@@ -321,7 +323,9 @@ export class AdminService {
         client: clientName(record),
         pooled,
         createdAt: record.createdAt,
-        lastActivityAt: Math.min(Date.now(), expiresAt - idleMs),
+        // The client's last message, not the idle TTL's renewal, which an open stream's
+        // keep-alive moves too (every session with a GET stream would look active).
+        lastActivityAt: lastActive(record),
         owner,
         holder
       }
