@@ -102,7 +102,7 @@ export function clientAddresses (settings: ClientAddressSettings): AddressOf {
   const peerOf = (req: FastifyRequest): string => normalize(req.raw.socket.remoteAddress ?? '')
   if (settings.trustedProxies.length === 0) return peerOf
   const trusted = blockListOf(settings.trustedProxies)
-  const isTrusted = (address: string): boolean => trusted.check(address, isIPv4(address) ? 'ipv4' : 'ipv6')
+  const isTrusted = (address: string): boolean => isIP(address) !== 0 && trusted.check(address, isIPv4(address) ? 'ipv4' : 'ipv6')
   const header = settings.forwardedHeader
   const parse = header === 'forwarded' ? forwarded : xForwardedFor
   return req => {

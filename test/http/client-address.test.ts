@@ -28,6 +28,7 @@ t.test('X-Forwarded-For: right to left, trusted hops skipped, the first untruste
   t.equal(of(req('10.1.2.3', { 'x-forwarded-for': '10.0.0.9, 10.0.0.8' })), '10.0.0.9', 'every hop trusted: the farthest')
   t.equal(of(req('10.1.2.3', { 'x-forwarded-for': 'garbage, 10.0.0.8' })), '10.0.0.8', 'garbage: the last address known')
   t.equal(of(req('10.1.2.3')), '10.1.2.3', 'no header: the proxy itself')
+  t.equal(of(req('', { 'x-forwarded-for': '1.2.3.4' })), '', 'a socket already gone: no address, nothing believed')
   t.equal(of(req('203.0.113.50', { 'x-forwarded-for': '1.2.3.4' })), '203.0.113.50', 'an untrusted peer\'s header is not believed')
   t.equal(of(req('10.1.2.3', { forwarded: 'for=1.2.3.4' })), '10.1.2.3', 'the other header is not read')
 })
