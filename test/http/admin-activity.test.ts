@@ -15,18 +15,18 @@ t.test('an idle session holding a GET stream reads idle; a session that calls re
   const gw = await startGateway(t, {
     admin: { token: TOKEN },
     http: { keepAliveMs: 1000 },
-    sessions: { idleTimeoutMs: 4000 },
+    sessions: { idleTimeoutMs: 5000 },
     servers: { quiet: stdioFixture('full-server'), busy: stdioFixture('full-server') }
   })
   const quiet = await openSession(gw.url, 'quiet', {})
-  const busy = await openSession(gw.url, 'busy', {})
   const stream = new AbortController()
   t.teardown(() => { stream.abort() })
   const get = await fetch(`${gw.url}/mcp/quiet`, { headers: { accept: 'text/event-stream', 'mcp-session-id': quiet.sid, 'mcp-protocol-version': quiet.version }, signal: stream.signal })
   t.equal(get.status, 200, 'the quiet session holds a GET stream (keep-alives every second)')
   const quietSince = Date.now()
+  const busy = await openSession(gw.url, 'busy', {})
   // Past the idle timeout: the stream alone keeps the session alive, with no client message.
-  for (let i = 0; i < 11; i++) {
+  for (let i = 0; i < 13; i++) {
     await sleep(500)
     await callTool(gw.url, 'busy', {}, busy, 'echo', { text: 'x' }, 10 + i)
   }
@@ -36,6 +36,6 @@ t.test('an idle session holding a GET stream reads idle; a session that calls re
   t.same(sessions.map(s => s.server), ['busy', 'quiet'], 'both live; the busy one first')
   const [active, idle] = sessions as [View, View]
   t.ok(idle.lastActivityAt <= quietSince, `the quiet session's last activity is its last message (${Date.now() - idle.lastActivityAt} ms ago), not its keep-alive`)
-  t.ok(Date.now() - active.lastActivityAt < 6000, 'the busy session reads active, to within the marking interval')
+  t.ok(Date.now() - active.lastActivityAt < 10_000, 'the busy session reads active, to within the marking interval')
   t.ok(active.lastActivityAt > quietSince, 'and later than the quiet one')
 })
