@@ -18,9 +18,10 @@ import { extname } from 'node:path'
 import { parseArgs as parseNodeArgs } from 'node:util'
 import { Ajv, type ErrorObject, type ValidateFunction } from 'ajv'
 import { parseDocument } from 'yaml'
-import { configSchema, type AggregateServerConfig, type Config } from './schema.js'
+import { configSchema, NAME_PATTERN, type AggregateServerConfig, type Config } from './schema.js'
 import { GW_ERR_CONFIG_INVALID } from '../core/errors.js'
 import { isLoopbackAddress } from '../core/loopback.js'
+import { trustedProxyProblem } from '../http/client-address.js'
 import { deepFreeze } from '../core/freeze.js'
 
 export type { Config }
@@ -122,7 +123,23 @@ export function parseConfig (raw: unknown, env: NodeJS.ProcessEnv = process.env)
   }
   problems.throwIfAny()
   applyModeDefaults(expanded as Config, poolSizeGiven)
-  return deepFreeze(expanded as Config)
+  return deepFreeze(withNameMaps(expanded as Config))
+}
+
+/**
+ * The maps keyed by configured names (servers, tenants, a tenant's servers) without a prototype:
+ * a server or tenant may be named `constructor`, `toString` or `valueOf`, and `servers[name]` must
+ * then read that server, and `servers.toString` (for a name nobody configured) nothing, wherever
+ * the code looks a name up.
+ */
+function withNameMaps (config: Config): Config {
+  const bare = <T>(map: Record<string, T>): Record<string, T> => Object.assign(Object.create(null) as Record<string, T>, map)
+  config.servers = bare(config.servers)
+  if (config.tenants !== undefined) {
+    config.tenants = bare(config.tenants)
+    for (const tenant of Object.values(config.tenants)) tenant.servers = bare(tenant.servers)
+  }
+  return config
 }
 
 /** Default sessions per replica of a stdio server: children when dedicated, sessions when pooled. */
@@ -337,6 +354,7 @@ function unknownOption (instancePath: string, key: string): string {
 /** One ajv error as [path, reason]. Reasons never include the offending value (it may be a secret). */
 function renderAjvError (e: ErrorObject): [string, string] {
   const params = e.params as Record<string, unknown>
+  if (e.propertyName !== undefined && e.keyword === 'pattern' && params.pattern === NAME_PATTERN) return [pointer(e.instancePath, e.propertyName), 'is not a valid name: a letter or digit, then letters, digits, - or _ (64 at most)']
   if (e.propertyName !== undefined) return [pointer(e.instancePath, e.propertyName), `name ${e.message ?? 'is invalid'}`]
   switch (e.keyword) {
     case 'required': return [pointer(e.instancePath, String(params.missingProperty)), 'is required']
@@ -358,6 +376,7 @@ const MANAGED_HEADERS = new Set([
   'content-length', 'host', 'mcp-session-id', 'mcp-protocol-version', 'last-event-id'
 ])
 const TOKEN = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/
+const BEARER_TOKEN = /^[\x21-\x7e]+$/
 // The client's own credentials never go upstream (SPEC.md A-UP-1, issue 8); the backends drop them too.
 const CLIENT_CREDENTIALS = new Set(['authorization', 'x-api-key', 'cookie', 'proxy-authorization'])
 
@@ -365,6 +384,15 @@ const CLIENT_CREDENTIALS = new Set(['authorization', 'x-api-key', 'cookie', 'pro
 function checkSemantics (config: Config, poolSizeGiven: ReadonlySet<string>, problems: Problems): void {
   if (config.redis !== undefined && !isUrl(config.redis.url)) problems.add('/redis/url', 'must be a valid URL')
   if (config.tracing !== undefined && !isUrl(config.tracing.otlpEndpoint)) problems.add('/tracing/otlpEndpoint', 'must be a valid URL')
+  // `Authorization: Bearer <token>` carries one run of visible ASCII: a token with a space can never
+  // be presented, and one with other characters arrives in another encoding than it was sent in.
+  for (const [path, token] of [['/admin/token', config.admin?.token], ['/metrics/token', config.metrics.token]] as const) {
+    if (token !== undefined && !BEARER_TOKEN.test(token)) problems.add(path, 'can never be presented in `Authorization: Bearer`: use visible ASCII characters only, no spaces (e.g. openssl rand -base64 32)')
+  }
+  config.http.trustedProxies.forEach((entry, i) => {
+    const problem = trustedProxyProblem(entry)
+    if (problem !== undefined) problems.add(`/http/trustedProxies/${i}`, problem)
+  })
   for (const [name, server] of Object.entries(config.servers)) {
     const base = pointer('/servers', name)
     // A poolSize written above poolMax (given or default) is a contradiction: which one was meant

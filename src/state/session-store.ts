@@ -34,6 +34,11 @@ export interface SessionRecord {
    */
   established?: EstablishedState | null
   createdAt: number
+  /**
+   * When the client last sent something on the session (ms since the epoch, to within a few
+   * seconds; absent: not since it was created). Not moved by stream keep-alives (admin console).
+   */
+  lastActiveAt?: number
 }
 
 /** The session state a client set on its backend, as the supervisor replays it after a restart. */
