@@ -194,6 +194,52 @@ return 1`
   },
 
   /*
+   * keepStream: the upkeep of one client stream its holder keeps (SessionStore.keepStreams):
+   * refreshes the session's idle TTL, then renews the holder lease, or takes it again when it
+   * lapsed and nobody took it meanwhile.
+   *   KEYS[1] meta   KEYS[2] holder   KEYS[3] stream set
+   *   ARGV[1] replica id   ARGV[2] lease ms   ARGV[3] idle ms   ARGV[4] stream id   ARGV[5] '1' leased, '0' session only
+   *   returns 0 the session is gone, 1 held, 2 re-claimed, 3 another replica holds it
+   */
+  keepStream: {
+    numberOfKeys: 3,
+    lua: `${REMEMBER_STREAM}
+if redis.call('PEXPIRE', KEYS[1], ARGV[3]) == 0 then return 0 end
+if ARGV[5] ~= '1' then return 1 end
+local holder = redis.call('GET', KEYS[2])
+if holder == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[2], ARGV[2])
+  bump(KEYS[3], ARGV[2])
+  return 1
+end
+if holder then return 3 end
+redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
+remember(KEYS[3], ARGV[4], ARGV[2])
+return 2`
+  },
+
+  /*
+   * keepOwner: the upkeep of one owner lease (SessionStore.keepOwners): renewed while the
+   * caller's, taken when free; nothing when the session is gone.
+   *   KEYS[1] meta   KEYS[2] owner
+   *   ARGV[1] replica id   ARGV[2] lease ms
+   *   returns 0 the session is gone, 1 held, 2 claimed, 3 another replica owns it
+   */
+  keepOwner: {
+    numberOfKeys: 2,
+    lua: `
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+local owner = redis.call('GET', KEYS[2])
+if owner == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[2], ARGV[2])
+  return 1
+end
+if owner then return 3 end
+redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
+return 2`
+  },
+
+  /*
    * releaseLease: deletes a lease only while it holds the caller's value.
    *   KEYS[1] lease
    *   ARGV[1] replica id
@@ -504,6 +550,8 @@ declare module 'ioredis' {
     createSession (meta: RedisKey, ttlMs: number, ...fieldValues: string[]): Result<0 | 1, Context>
     updateSession (meta: RedisKey, ...fieldValues: string[]): Result<0 | 1, Context>
     deleteSession (numberOfKeys: number, ...keysThenStreamIds: string[]): Result<-1 | 0 | 1, Context>
+    keepStream (meta: RedisKey, holder: RedisKey, streams: RedisKey, replicaId: string, leaseMs: number, idleMs: number, streamId: string, leased: '0' | '1'): Result<0 | 1 | 2 | 3, Context>
+    keepOwner (meta: RedisKey, owner: RedisKey, replicaId: string, leaseMs: number): Result<0 | 1 | 2 | 3, Context>
     deleteEvents (numberOfKeys: number, ...keysThenStreamIds: string[]): Result<number, Context>
     takeOwner (owner: RedisKey, replicaId: string, from: string, ttlMs: number): Result<string, Context>
     markPending (events: RedisKey, streams: RedisKey, pending: RedisKey, seq: RedisKey, holder: RedisKey, meta: RedisKey, maxLen: number, ttlMs: number, priming: string, streamId: string, servedBy: string, holderMs: number, holderReplica: string, ...fields: string[]): Result<string | null, Context>
