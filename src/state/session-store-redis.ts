@@ -104,16 +104,20 @@ export class RedisSessionStore implements SessionStore {
 
   async delete (sid: string): Promise<boolean> {
     const keys = this.#keys(sid)
-    // Every key named (Redis Cluster): read the stream set, then delete; retried if it grew meanwhile.
+    // Every key named (Redis Cluster): read the stream set, then delete. The record goes in the
+    // first call; streams added meanwhile are deleted by the next ones (bounded: their keys
+    // expire by themselves if a client keeps adding more).
+    let existed = false
     for (let attempt = 0; ; attempt++) {
       const streams = await storeCall(this.#redis.smembers(keys.streams))
       const perStream = streams.flatMap(s => [keys.events(s), keys.holder(s), keys.cursor(s)])
       // The index entry goes with the script, in the same write.
       const [result] = await Promise.all([
         storeCall(this.#redis.deleteSession(5 + perStream.length, keys.meta, keys.owner, keys.streams, keys.pending, ...perStream, keys.seq, ...streams)),
-        storeCall(this.#redis.zrem(sessionIndexKey(this.#prefix), sid)).catch(() => 0)
+        attempt === 0 ? storeCall(this.#redis.zrem(sessionIndexKey(this.#prefix), sid)).catch(() => 0) : 0
       ])
-      if (result !== -1 || attempt >= 10) return result === 1
+      existed ||= (result & 1) === 1
+      if (result < 2 || attempt >= 10) return existed
     }
   }
 

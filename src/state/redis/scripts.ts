@@ -92,23 +92,29 @@ return 1`
    * deleteSession: drops the record, the owner lease, the pending markers and, for every stream
    * of the session, its events, holder and cursor keys; then the stream set. Every key is named
    * in KEYS (Redis Cluster): the caller reads the stream set first and passes each stream's
-   * three keys; a stream added meanwhile makes the script refuse (-1) and the caller retry.
+   * three keys. The record goes whatever else happens, in the first call: once a DELETE is
+   * answered, no replica may find the session (a stream added meanwhile used to make the script
+   * refuse, and ten refusals in a row left the record in place). A stream added since the caller
+   * read the set keeps the set (and its own keys) for the caller's next call, which names it.
    *   KEYS[1] meta   KEYS[2] owner   KEYS[3] stream set   KEYS[4] pending
    *   KEYS[5..] events, holder, cursor of ARGV[1], then of ARGV[2] …, then the seq hash
    *   ARGV[1..] the stream ids
-   *   returns 1 the record existed, 0 it did not, -1 the stream set changed (retry)
+   *   returns 1 the record existed, 0 it did not; plus 2 when streams were added meanwhile (call again)
    */
   deleteSession: {
     numberOfKeys: 4,
     variadicKeys: true,
     lua: `
+local existed = redis.call('DEL', KEYS[1])
+for i = 2, #KEYS do
+  if i ~= 3 then redis.call('DEL', KEYS[i]) end
+end
 local given = {}
 for _, s in ipairs(ARGV) do given[s] = true end
 for _, s in ipairs(redis.call('SMEMBERS', KEYS[3])) do
-  if not given[s] then return -1 end
+  if not given[s] then return existed + 2 end
 end
-local existed = redis.call('DEL', KEYS[1])
-for i = 2, #KEYS do redis.call('DEL', KEYS[i]) end
+redis.call('DEL', KEYS[3])
 return existed`
   },
 
@@ -549,7 +555,7 @@ declare module 'ioredis' {
   interface RedisCommander<Context> {
     createSession (meta: RedisKey, ttlMs: number, ...fieldValues: string[]): Result<0 | 1, Context>
     updateSession (meta: RedisKey, ...fieldValues: string[]): Result<0 | 1, Context>
-    deleteSession (numberOfKeys: number, ...keysThenStreamIds: string[]): Result<-1 | 0 | 1, Context>
+    deleteSession (numberOfKeys: number, ...keysThenStreamIds: string[]): Result<0 | 1 | 2 | 3, Context>
     keepStream (meta: RedisKey, holder: RedisKey, streams: RedisKey, replicaId: string, leaseMs: number, idleMs: number, streamId: string, leased: '0' | '1'): Result<0 | 1 | 2 | 3, Context>
     keepOwner (meta: RedisKey, owner: RedisKey, replicaId: string, leaseMs: number): Result<0 | 1 | 2 | 3, Context>
     deleteEvents (numberOfKeys: number, ...keysThenStreamIds: string[]): Result<number, Context>
