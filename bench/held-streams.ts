@@ -82,7 +82,9 @@ async function callOnce (session: RawSession, id: number): Promise<{ status: num
       res.on('error', () => { resolve({ status: res.statusCode ?? 0, answered: false }) })
     })
     req.on('error', () => { resolve({ status: -1, answered: false }) })
-    req.setTimeout(120_000, () => { req.destroy() })
+    // A whole-call deadline (an SSE answer's keep-alives keep the socket from ever being idle).
+    const timer = setTimeout(() => { req.destroy(); resolve({ status: -2, answered: false }) }, 120_000)
+    req.on('close', () => { clearTimeout(timer) })
     req.end(body)
   })
 }
@@ -150,8 +152,17 @@ function fit (requested: number, gatewayPid: number): { count: number, limitedBy
 
 const mib = (kib: number): string => fmt(kib / 1024, 1)
 
+/** The run in progress: stopped on SIGINT/SIGTERM, so no gateway, child or redis-server outlives it. */
+let current: Cleanup | undefined
+for (const signal of ['SIGINT', 'SIGTERM'] as const) {
+  process.on(signal, () => {
+    log(`${signal}: stopping everything started`)
+    void (current?.runAll() ?? Promise.resolve()).finally(() => process.exit(130))
+  })
+}
+
 async function runMode (mode: 'memory' | 'redis'): Promise<Record<string, unknown>> {
-  const cleanup = new Cleanup()
+  const cleanup = current = new Cleanup()
   const open = new Set<RawSession>()
   const dir = await mkdtemp(join(tmpdir(), `bench-held-streams-${mode}-`))
   try {
