@@ -19,6 +19,12 @@
 //   instructions) answers `server/discover` without a backend round trip.
 // - A crashed child is restarted and re-initialised by the supervisor, as for a session; its
 //   requests in flight get -32007. An idle connection is stopped after the sessions' idle timeout.
+// - A connection's `list_changed` reaches the sessions only when the list really changed: the
+//   pool lists it from that connection and compares a digest with the last list of the (server,
+//   tenant) the sessions could have seen (the first connection's, taken as it opens). A server
+//   that registers tools after `initialized` (server-everything) announces a change on every new
+//   child; forwarded, a burst that opens one child makes every session of the server re-list.
+import { createHash } from 'node:crypto'
 import { performance } from 'node:perf_hooks'
 import type { Logger } from 'pino'
 import { filterToolsListOf, type ToolPolicyLookup } from '../auth/tool-policy.js'
@@ -27,7 +33,7 @@ import type { BackendServerConfig as ServerConfig, Config } from '../config/sche
 import {
   GW_ERR_BACKEND_UNAVAILABLE, GW_ERR_POOL_BUSY, GW_ERR_SERVER_NOT_FOUND, GW_ERR_SHUTTING_DOWN, isGatewayError, withRetryAfter, type GatewayError
 } from '../core/errors.js'
-import { isRecord, isRequest, isResponse, type JsonRpcMessage, type JsonRpcRequest, type JsonRpcResponse } from '../core/jsonrpc.js'
+import { isNotification, isRecord, isRequest, isResponse, type JsonRpcMessage, type JsonRpcRequest, type JsonRpcResponse } from '../core/jsonrpc.js'
 import { LATEST_VERSION } from '../core/protocol-version.js'
 import type { GatewayMetrics } from '../telemetry/metrics.js'
 import type { BackendPool, UpstreamLookup } from './ownership.js'
@@ -111,6 +117,14 @@ export const POOL_WAIT_MS = 10_000
 const MAX_WAITERS = 4096
 /** Retry-After of a request that found the pool busy. */
 const POOL_BUSY_RETRY_AFTER_S = 1
+/** The list a `list_changed` notification is about, by its method. */
+const LIST_OF: Readonly<Record<string, string>> = {
+  'notifications/tools/list_changed': 'tools/list',
+  'notifications/prompts/list_changed': 'prompts/list',
+  'notifications/resources/list_changed': 'resources/list'
+}
+/** Pages read of one list to tell whether it changed; a longer list counts as changed. */
+const LIST_PAGES_MAX = 50
 
 interface Connection {
   id: string
@@ -126,6 +140,8 @@ interface Connection {
   logLevel: string | undefined
   /** Requests of the pool's own waiting for the connection to be idle (#whenIdle). */
   deferred: Array<() => void>
+  /** Lists being compared after a list_changed of this connection (true: announced again meanwhile). */
+  checks: Map<string, boolean>
 }
 
 interface Waiter {
@@ -155,6 +171,10 @@ interface Group {
   waiters: Waiter[]
   /** The connection being opened for whoever needs any (discover, a pooled initialize, listen) while the group has none. */
   first: Promise<Connection> | null
+  /** Digest of each list (by its method) as the sessions could last have seen it. */
+  lists: Map<string, string>
+  /** The first connection's lists being read (the baseline a list_changed is compared with). */
+  baseline: Promise<void> | null
 }
 
 export class ConnectionPool {
@@ -234,12 +254,13 @@ export class ConnectionPool {
    * its request ends, before anyone waiting): a second request in flight would make what the
    * backend sends without an id ambiguous for the one running.
    */
-  #whenIdle (conn: Connection, method: string, params: Record<string, unknown>): void {
+  #whenIdle (conn: Connection, method: string, params: Record<string, unknown>, then?: (answer: JsonRpcResponse) => void): void {
     const run = (): void => {
       conn.claims++
-      this.#internal(conn, method, params, () => {
+      this.#internal(conn, method, params, answer => {
         conn.claims--
         this.#released(conn)
+        then?.(answer)
       })
     }
     if (busy(conn) === 0) run()
@@ -250,13 +271,13 @@ export class ConnectionPool {
    * A request of the pool's own on one connection; its answer is logged if it is an error. `then`
    * runs once it is answered (or failed).
    */
-  #internal (conn: Connection, method: string, params: Record<string, unknown>, then?: () => void): void {
+  #internal (conn: Connection, method: string, params: Record<string, unknown>, then?: (answer: JsonRpcResponse) => void): void {
     const key = `${INIT_KEY_PREFIX}${++this.#seq}`
     this.#sinks.set(key, {
       onMessage: message => {
         if (!isResponse(message)) return
         if ('error' in message) conn.relay.log.warn({ method, code: message.error.code }, 'pooled backend refused a request of the gateway')
-        then?.()
+        then?.(message)
       }
     })
     conn.relay.deliver({ jsonrpc: '2.0', id: key, method, params }, key)
@@ -405,7 +426,7 @@ export class ConnectionPool {
     const k = `${server}\0${tenant ?? ''}`
     let group = this.#groups.get(k)
     if (group === undefined) {
-      group = { server, tenant, connections: [], info: null, holds: 0, opening: 0, waiters: [], first: null }
+      group = { server, tenant, connections: [], info: null, holds: 0, opening: 0, waiters: [], first: null, lists: new Map(), baseline: null }
       this.#groups.set(k, group)
     }
     return group
@@ -509,7 +530,9 @@ export class ConnectionPool {
       createdAt: Date.now(),
       ...(policyOf !== undefined ? { filterResult: (method: string, result: unknown) => filterToolsListOf(method, result, policyOf(tenant, server)) } : {})
     })
-    const conn: Connection = { id, server, tenant, relay, lastUsed: performance.now(), claims: claim ? 1 : 0, subscriptions: new Map(), logLevel: undefined, deferred: [] }
+    const conn: Connection = {
+      id, server, tenant, relay, lastUsed: performance.now(), claims: claim ? 1 : 0, subscriptions: new Map(), logLevel: undefined, deferred: [], checks: new Map()
+    }
     try {
       relay.backend = await this.#o.backends.open(id, server, {
         onMessage: message => { relay.fromBackend(message).catch(err => log.error({ err }, 'backend message not routed')) },
@@ -530,6 +553,8 @@ export class ConnectionPool {
       })
       const info = await this.#initialise(conn)
       group.info ??= info
+      // Before the first connection serves anyone: what its lists are is what the sessions see.
+      if (group.baseline === null) await (group.baseline = this.#readBaseline(conn, group, info))
       group.connections.push(conn)
       log.info({ protocolVersion: info.protocolVersion }, 'pooled backend connection ready')
       return conn
@@ -584,7 +609,68 @@ export class ConnectionPool {
     }
     // An answer nobody waits for: a cancelled request's end (its sink went with the cancellation).
     if (isResponse(message)) this.#released(conn)
-    else this.#o.onServerEvent?.(conn.server, conn.tenant, message)
+    else this.#serverEvent(conn, message)
+  }
+
+  /** A notification of no request's: a list_changed goes on only if the list changed (#checkList). */
+  #serverEvent (conn: Connection, message: JsonRpcMessage): void {
+    const list = isNotification(message) ? LIST_OF[message.method] : undefined
+    if (list === undefined) { this.#o.onServerEvent?.(conn.server, conn.tenant, message); return }
+    // Announced again while its list is read: read once more after (a burst of registrations).
+    if (conn.checks.has(list)) { conn.checks.set(list, true); return }
+    conn.checks.set(list, false)
+    this.#checkList(conn, list, message)
+      .catch(err => { conn.relay.log.warn({ err, list }, 'list change not checked') })
+      .finally(() => { conn.checks.delete(list) })
+  }
+
+  /** Reads the list a list_changed is about and forwards the notification if its digest differs. */
+  async #checkList (conn: Connection, list: string, message: JsonRpcMessage): Promise<void> {
+    const owner = group(this.#groups, conn)
+    do {
+      conn.checks.set(list, false)
+      const digest = await this.#listDigest(conn, list, true)
+      await owner?.baseline
+      if (digest !== null && owner?.lists.get(list) === digest) {
+        conn.relay.log.debug({ list }, 'list_changed of a pooled backend with an unchanged list not forwarded')
+        continue
+      }
+      if (digest !== null) owner?.lists.set(list, digest)
+      this.#o.onServerEvent?.(conn.server, conn.tenant, message)
+    } while (conn.checks.get(list) === true)
+  }
+
+  /** The first connection's lists (those its backend says may change), before it serves anyone. */
+  async #readBaseline (conn: Connection, owner: Group, info: BackendInfo): Promise<void> {
+    for (const [method, list] of Object.entries(LIST_OF)) {
+      const kind = method.split('/')[1] ?? ''
+      const declared = info.capabilities[kind]
+      if (!isRecord(declared) || declared.listChanged !== true) continue
+      const digest = await this.#listDigest(conn, list, false)
+      if (digest !== null && !owner.lists.has(list)) owner.lists.set(list, digest)
+    }
+  }
+
+  /**
+   * A digest of a connection's whole list (every page), or null if it cannot be read. `idle`: read
+   * between the connection's requests (one that serves nobody yet is read at once).
+   */
+  async #listDigest (conn: Connection, list: string, idle: boolean): Promise<string | null> {
+    const hash = createHash('sha256')
+    let cursor: string | undefined
+    for (let page = 0; page < LIST_PAGES_MAX; page++) {
+      const params = cursor === undefined ? {} : { cursor }
+      const answer = await new Promise<JsonRpcResponse>(resolve => {
+        if (idle) this.#whenIdle(conn, list, params, resolve)
+        else this.#internal(conn, list, params, resolve)
+      })
+      if ('error' in answer || !isRecord(answer.result)) return null
+      const { nextCursor, _meta: _ignored, ...items } = answer.result
+      hash.update(JSON.stringify(items)).update('\n')
+      if (typeof nextCursor !== 'string') return hash.digest('base64url')
+      cursor = nextCursor
+    }
+    return null
   }
 
   #forget (conn: Connection): void {
