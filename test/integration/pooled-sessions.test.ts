@@ -218,6 +218,29 @@ t.test('legacy HTTP+SSE sessions run on the pool too', async t => {
   t.equal(await children(gw, 'dedicated'), 0, 'no child of its own')
 })
 
+t.test('legacy HTTP+SSE: a pooled session answers initialize with the version the client asked for, as a dedicated one does', async t => {
+  const gw = await startGateway(t, { servers: { full: pooledFull(), ded: stdioFixture('full-server') } })
+  for (const server of ['full', 'ded']) {
+    for (const asked of ['2025-06-18', '2024-11-05']) {
+      const abort = new AbortController()
+      const stream = new SseReader(await fetch(`${gw.url}/sse/${server}`, { headers: { accept: 'text/event-stream' }, signal: abort.signal }))
+      t.teardown(() => { abort.abort() })
+      const [endpoint] = await stream.until(events => events.some(e => e.event === 'endpoint'))
+      const url = new URL(endpoint?.data ?? '', gw.url)
+      const res = await fetch(url, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'initialize', params: { protocolVersion: asked, capabilities: {}, clientInfo: { name: 'legacy-version', version: '1' } } })
+      })
+      t.equal(res.status, 202)
+      await stream.until(events => events.some(e => e.data.includes('"id":1')))
+      const answer = stream.events.filter(e => e.event !== 'endpoint' && e.data !== '').map(e => JSON.parse(e.data) as Record<string, unknown>).find(m => m.id === 1) as { result: { protocolVersion: string } }
+      t.equal(answer.result.protocolVersion, asked, `${server === 'full' ? 'pooled' : 'dedicated'} session asked for ${asked} gets it`)
+      abort.abort()
+    }
+  }
+})
+
 t.test('DELETE ends a pooled session: 404 after, the pool stays', async t => {
   const gw = await gatewayWith(t, pooledFull())
   const raw = await openSession(gw.url, 'full', {})
