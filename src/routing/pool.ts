@@ -11,6 +11,8 @@
 //   connection to come free, for at most `poolWaitMs`, then gets GW_ERR_POOL_BUSY (503,
 //   Retry-After). Requests never share a connection.
 //   `poolSize` connections stay warm when idle; more are opened for a burst and stopped when idle.
+//   The pools of `sessions: pooled` servers are opened to poolSize at boot and after a reload
+//   (warm()), in the background, and keep poolSize while idle; other pools fill on first use.
 // - Pooled sessions (pooled-sessions.ts, flow 9) and 2026-07-28 requests (http/modern.ts, flow 8)
 //   run on the same pool.
 // - A connection is initialised by the pool (the client sent no initialize): latest legacy
@@ -29,7 +31,7 @@ import { performance } from 'node:perf_hooks'
 import type { Logger } from 'pino'
 import { filterToolsListOf, type ToolPolicyLookup } from '../auth/tool-policy.js'
 import type { ServerSource } from '../config/live.js'
-import type { BackendServerConfig as ServerConfig, Config } from '../config/schema.js'
+import type { BackendServerConfig as ServerConfig, Config, ServerConfig as AnyServerConfig, StdioServerConfig } from '../config/schema.js'
 import {
   GW_ERR_BACKEND_UNAVAILABLE, GW_ERR_POOL_BUSY, GW_ERR_SERVER_NOT_FOUND, GW_ERR_SHUTTING_DOWN, isGatewayError, withRetryAfter, type GatewayError
 } from '../core/errors.js'
@@ -123,6 +125,10 @@ const LIST_OF: Readonly<Record<string, string>> = {
   'notifications/prompts/list_changed': 'prompts/list',
   'notifications/resources/list_changed': 'resources/list'
 }
+/** Attempts to open a pool's warm connections (boot, reload) before it is left to fill on use. */
+const WARM_ATTEMPTS = 5
+/** First delay between warm attempts, doubled per failure. */
+const WARM_RETRY_MS = 1000
 /** Pages read of one list to tell whether it changed; a longer list counts as changed. */
 const LIST_PAGES_MAX = 50
 
@@ -346,6 +352,49 @@ export class ConnectionPool {
     }
   }
 
+  /**
+   * Opens the pools of `sessions: pooled` servers to poolSize for each tenant that may use them
+   * (boot, reload), in the background: what is already open counts, a failure is logged and
+   * retried with backoff, and nothing here delays readiness.
+   */
+  warm (tenantsOf: (server: string) => ReadonlyArray<string | null>): void {
+    for (const [server, config] of Object.entries(this.#o.live.servers)) {
+      if (!keptWarm(config)) continue
+      for (const tenant of tenantsOf(server)) this.#topUp(server, tenant, 0)
+    }
+  }
+
+  #topUp (server: string, tenant: string | null, failures: number): void {
+    const fill = async (): Promise<void> => {
+      if (this.#stopping) return
+      const config = this.#serverConfig(server)
+      if (!keptWarm(config)) return
+      await this.#acquire(server, tenant, false)
+      const group = this.#group(server, tenant)
+      const missing = (config.poolSize ?? 4) - group.connections.length - group.opening
+      await Promise.all(Array.from({ length: Math.max(0, missing) }, async () => {
+        group.opening++
+        try {
+          this.#released(await this.#open(server, tenant, config, group, false))
+        } finally {
+          group.opening--
+        }
+      }))
+    }
+    fill().catch((err: unknown) => {
+      if (this.#stopping || (isGatewayError(err) && err.code === 'GW_ERR_SERVER_NOT_FOUND')) return
+      const attempt = failures + 1
+      const log = this.#o.log.child({ backend: server, tenant })
+      if (attempt >= WARM_ATTEMPTS) {
+        log.warn({ err, attempt }, 'pooled backend not kept warm: it fails to start; the pool opens children on use')
+        return
+      }
+      const delayMs = WARM_RETRY_MS * 2 ** (attempt - 1)
+      log.warn({ err, attempt, delayMs }, 'pooled backend failed to start warm; retrying')
+      setTimeout(() => { this.#topUp(server, tenant, attempt) }, delayMs).unref()
+    })
+  }
+
   /** Each (server, tenant) pool's connections, those in use, and the requests waiting (metrics). */
   stats (): PoolStats[] {
     return [...this.#groups.values()].map(g => ({
@@ -552,6 +601,8 @@ export class ConnectionPool {
         ...(this.#o.upstream !== undefined ? { upstream: this.#o.upstream(tenant, server) } : {})
       })
       const info = await this.#initialise(conn)
+      // A reload ended the pool while this connection started: it must not outlive it.
+      if (this.#stopping || this.#groups.get(`${server}\0${tenant ?? ''}`) !== group) throw new GW_ERR_BACKEND_UNAVAILABLE(server, 'the pool ended while the backend started')
       group.info ??= info
       // Before the first connection serves anyone: what its lists are is what the sessions see.
       if (group.baseline === null) await (group.baseline = this.#readBaseline(conn, group, info))
@@ -688,8 +739,9 @@ export class ConnectionPool {
   }
 
   /**
-   * Idle connections: up to the server's poolSize stay warm for the sessions' idle timeout; those
-   * opened beyond it for a burst go after EXTRA_IDLE_MS. A group a listen stream holds keeps one.
+   * Idle connections: up to the server's poolSize stay warm (for the sessions' idle timeout; for
+   * good in a pool kept warm); those opened beyond it for a burst go after EXTRA_IDLE_MS. A group
+   * a listen stream holds keeps one.
    */
   #stopIdle (idleMs: number): void {
     const now = performance.now()
@@ -698,9 +750,10 @@ export class ConnectionPool {
       const first = idle[0]
       const config = first === undefined ? undefined : this.#o.live.servers[first.server]
       const size = config !== undefined && 'poolSize' in config && typeof config.poolSize === 'number' ? config.poolSize : 4
+      const warm = config !== undefined && keptWarm(config)
       idle.forEach((c, i) => {
         const age = now - c.lastUsed
-        if ((i === 0 && group.holds > 0) || c.subscriptions.size > 0) return
+        if ((i === 0 && group.holds > 0) || c.subscriptions.size > 0 || (warm && i < size)) return
         if (age > idleMs || (i >= size && age > Math.min(idleMs, EXTRA_IDLE_MS))) {
           c.relay.log.info('idle pooled backend connection stopped')
           this.#close(c, new GW_ERR_BACKEND_UNAVAILABLE(c.server, 'idle')).catch(() => {})
@@ -710,3 +763,8 @@ export class ConnectionPool {
   }
 }
 
+
+/** Whether a server's pool is kept at poolSize from boot: its 2025-era sessions run on it. */
+function keptWarm (config: AnyServerConfig): config is StdioServerConfig {
+  return config.transport === 'stdio' && config.sessions === 'pooled'
+}
