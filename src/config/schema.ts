@@ -161,7 +161,12 @@ const aggregateServerSchema = {
     /** Deadline of a request routed to a member (the member's own requestTimeoutMs applies too). */
     requestTimeoutMs: { type: 'integer', minimum: 1, default: 60_000 },
     /** A member that does not start, or list, within this is left out (down or slow) until it does. */
-    memberTimeoutMs: { type: 'integer', minimum: 100, maximum: 600_000, default: 5000 }
+    memberTimeoutMs: { type: 'integer', minimum: 100, maximum: 600_000, default: 5000 },
+    /**
+     * Longest a member's start may take (a cold child under load) before it is down: a session's
+     * requests wait for a member still starting, not leave it out. At least memberTimeoutMs.
+     */
+    memberStartTimeoutMs: { type: 'integer', minimum: 100, maximum: 600_000, default: 30_000 }
   }
 } as const
 
