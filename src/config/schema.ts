@@ -55,6 +55,12 @@ const stdioServerSchema = {
     requestTimeoutMs: { type: 'integer', minimum: 1, default: 60_000 },
     maxLineBytes: { type: 'integer', minimum: 1024, default: 10_485_760 },
     stopGraceMs: { type: 'integer', minimum: 0, default: 2000 },
+    /**
+     * A dedicated session's child idle this long (no message either way, nothing in flight, no
+     * resource subscription) is stopped; the session stays, and its next message starts a child
+     * again with the session replayed into it. 0: children live as long as their sessions.
+     */
+    childIdleMs: { type: 'integer', minimum: 0, default: 300_000 },
     restart: restartSchema,
     onOwnerLoss: onOwnerLossSchema
   }
@@ -471,7 +477,7 @@ type Defaulted<T, Opt extends keyof T = never> = Required<Omit<T, Opt>> & Partia
 
 type RawStdio = FromSchema<typeof stdioServerSchema>
 type RawHttp = FromSchema<typeof httpServerSchema>
-export type StdioServerConfig = Defaulted<Omit<RawStdio, 'restart'>, 'cwd' | 'onOwnerLoss' | 'poolSize' | 'poolMax' | 'poolWaitMs' | 'sessions'> & { restart: Required<NonNullable<RawStdio['restart']>> }
+export type StdioServerConfig = Defaulted<Omit<RawStdio, 'restart'>, 'cwd' | 'onOwnerLoss' | 'poolSize' | 'poolMax' | 'poolWaitMs' | 'sessions' | 'childIdleMs'> & { restart: Required<NonNullable<RawStdio['restart']>> }
 export type HttpServerConfig = Defaulted<Omit<RawHttp, 'reconnect'>, 'onOwnerLoss' | 'poolSize' | 'poolMax' | 'poolWaitMs' | 'protocol'> & { reconnect: Required<NonNullable<RawHttp['reconnect']>> }
 type RawAggregate = FromSchema<typeof aggregateServerSchema>
 export type AggregateMemberConfig = RawAggregate['members'][number]
