@@ -198,19 +198,13 @@ export class AggregateRelay extends Relay {
     if (this.#closed) return
     const { memberTimeoutMs, memberStartTimeoutMs } = this.#a.aggregate
     // A start may take longer than a list (a cold child under load): it is bounded by
-    // memberStartTimeoutMs, and a first start that ends after open() stopped waiting for it is
-    // announced (an initialize answered without it said less than the session now has).
+    // memberStartTimeoutMs. Nothing is answered without a member still in its first start (every
+    // request but ping waits for it), so its end needs no announcement.
     const boundMs = Math.max(memberTimeoutMs, memberStartTimeoutMs)
-    const began = performance.now()
     try {
       member.info = await withTimeout(member.link.start(), boundMs, () => new GW_ERR_BACKEND_TIMEOUT(member.server, boundMs))
       const was = member.down
       member.down = null
-      if (!announce && performance.now() - began > memberTimeoutMs) {
-        this.log.info({ member: member.server, ms: Math.round(performance.now() - began) }, 'aggregate member started late')
-        this.#catalogue.invalidate()
-        for (const method of Object.keys(LIST_CHANGED_KINDS)) this.#announce(method)
-      }
       if (announce && was !== null) {
         this.log.info({ member: member.server }, 'aggregate member is back')
         this.#catalogue.invalidate()

@@ -7,6 +7,8 @@ import { Client } from '@modelcontextprotocol/sdk/client/index.js'
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
 import t, { type Test } from 'tap'
 import { startGateway, stdioFixture, type RunningGateway } from '../helpers/gateway.js'
+import { randomPrefix, startRedis } from '../helpers/redis-server.js'
+import { startReplica, startRoundRobinProxy } from '../helpers/replicas.js'
 import { eventually, textOf } from '../helpers/wait.js'
 
 function alive (pid: number): boolean {
@@ -69,4 +71,27 @@ t.test('childIdleMs 0 keeps children for the life of their sessions', async t =>
   await new Promise(resolve => setTimeout(resolve, 2500))
   t.ok(alive(pid), 'still running')
   t.equal(await pidOf(client), pid, 'the same child answers')
+})
+
+t.test('Redis, two replicas behind a round robin: the owner gives the child back; a message through either replica gets one again', async t => {
+  const redis = await startRedis(t)
+  const config = {
+    redis: { url: redis.url, keyPrefix: randomPrefix(), leaseMs: 1500, connectTimeoutMs: 2000 },
+    servers: { full: stdioFixture('full-server', [], { childIdleMs: 1000 }) }
+  }
+  const replicas = await Promise.all(['A', 'B'].map(async name => await startReplica(t, name, config)))
+  const proxy = await startRoundRobinProxy(t, replicas.map(r => r.url))
+  const client = new Client({ name: 'idle-replicas', version: '1' })
+  await client.connect(new StreamableHTTPClientTransport(new URL(`${proxy.url}/mcp/full`)))
+  t.teardown(async () => { await client.close().catch(() => {}) })
+  const first = await pidOf(client)
+  await eventually('the idle child is stopped', () => alive(first) ? undefined : true, 30_000, 100)
+  const answers: string[] = []
+  // Several calls: the round robin sends them through both replicas; each is answered.
+  for (let i = 0; i < 4; i++) answers.push(textOf(await client.callTool({ name: 'echo', arguments: { text: `r${i}` } })))
+  t.same(answers, ['r0', 'r1', 'r2', 'r3'], 'every call is answered, whichever replica it reached')
+  const pids = new Set<number>()
+  for (let i = 0; i < 2; i++) pids.add(await pidOf(client))
+  t.equal(pids.size, 1, 'by one new child (the owner\'s)')
+  t.notOk(pids.has(first), 'not the stopped one')
 })
