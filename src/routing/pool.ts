@@ -111,6 +111,8 @@ export const listenTopic = (server: string, tenant: string | null): string => `$
 export const BRIDGED_CAPABILITIES: Record<string, unknown> = { sampling: {}, elicitation: { form: {}, url: {} }, roots: {} }
 
 const INIT_KEY_PREFIX = 'i'
+/** Keys of the pool's reads of a list (list_changed checks): not the clients' operations. */
+const LIST_KEY_PREFIX = 'l'
 /** Connections opened beyond poolSize for a burst are stopped after this long idle. */
 const EXTRA_IDLE_MS = 30_000
 /** Longest a request waits in line for a connection when the pool is at poolMax (default of poolWaitMs). */
@@ -260,14 +262,14 @@ export class ConnectionPool {
    * its request ends, before anyone waiting): a second request in flight would make what the
    * backend sends without an id ambiguous for the one running.
    */
-  #whenIdle (conn: Connection, method: string, params: Record<string, unknown>, then?: (answer: JsonRpcResponse) => void): void {
+  #whenIdle (conn: Connection, method: string, params: Record<string, unknown>, then?: (answer: JsonRpcResponse) => void, prefix = INIT_KEY_PREFIX): void {
     const run = (): void => {
       conn.claims++
       this.#internal(conn, method, params, answer => {
         conn.claims--
         this.#released(conn)
         then?.(answer)
-      })
+      }, prefix)
     }
     if (busy(conn) === 0) run()
     else conn.deferred.push(run)
@@ -277,8 +279,8 @@ export class ConnectionPool {
    * A request of the pool's own on one connection; its answer is logged if it is an error. `then`
    * runs once it is answered (or failed).
    */
-  #internal (conn: Connection, method: string, params: Record<string, unknown>, then?: (answer: JsonRpcResponse) => void): void {
-    const key = `${INIT_KEY_PREFIX}${++this.#seq}`
+  #internal (conn: Connection, method: string, params: Record<string, unknown>, then?: (answer: JsonRpcResponse) => void, prefix = INIT_KEY_PREFIX): void {
+    const key = `${prefix}${++this.#seq}`
     this.#sinks.set(key, {
       onMessage: message => {
         if (!isResponse(message)) return
@@ -577,6 +579,7 @@ export class ConnectionPool {
       log,
       metrics: this.#o.metrics.forSession(server, tenant),
       createdAt: Date.now(),
+      uncounted: streamId => streamId.startsWith(LIST_KEY_PREFIX),
       ...(policyOf !== undefined ? { filterResult: (method: string, result: unknown) => filterToolsListOf(method, result, policyOf(tenant, server)) } : {})
     })
     const conn: Connection = {
@@ -712,8 +715,8 @@ export class ConnectionPool {
     for (let page = 0; page < LIST_PAGES_MAX; page++) {
       const params = cursor === undefined ? {} : { cursor }
       const answer = await new Promise<JsonRpcResponse>(resolve => {
-        if (idle) this.#whenIdle(conn, list, params, resolve)
-        else this.#internal(conn, list, params, resolve)
+        if (idle) this.#whenIdle(conn, list, params, resolve, LIST_KEY_PREFIX)
+        else this.#internal(conn, list, params, resolve, LIST_KEY_PREFIX)
       })
       if ('error' in answer || !isRecord(answer.result)) return null
       const { nextCursor, _meta: _ignored, ...items } = answer.result

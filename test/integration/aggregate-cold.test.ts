@@ -10,6 +10,9 @@ import t, { type Test } from 'tap'
 import { startGateway, stdioFixture, type RunningGateway } from '../helpers/gateway.js'
 import { textOf } from '../helpers/wait.js'
 
+const SESSIONS = Number(process.env.COLD_SESSIONS ?? 20)
+const LONG_MS = 300_000
+
 /** A gateway whose log lines are kept (parsed) for the test to read. */
 async function loggedGateway (t: Test, raw: Record<string, unknown>): Promise<{ gw: RunningGateway, lines: Array<Record<string, unknown>> }> {
   const lines: Array<Record<string, unknown>> = []
@@ -25,27 +28,26 @@ async function loggedGateway (t: Test, raw: Record<string, unknown>): Promise<{ 
 
 async function session (t: Test, gw: RunningGateway, i: number): Promise<Client> {
   const client = new Client({ name: `cold-${i}`, version: '1' })
-  await client.connect(new StreamableHTTPClientTransport(new URL(`${gw.url}/mcp/agg`)))
+  // A loaded machine (the point here) may take more than the SDK's 60 s default.
+  await client.connect(new StreamableHTTPClientTransport(new URL(`${gw.url}/mcp/agg`)), { timeout: LONG_MS })
   t.teardown(async () => { await client.close().catch(() => {}) })
   return client
 }
-
-const SESSIONS = Number(process.env.COLD_SESSIONS ?? 20)
 
 t.test('twenty concurrent sessions on a cold aggregate: a member still starting delays the first list, it does not vanish from it', async t => {
   const { gw } = await loggedGateway(t, {
     servers: {
       quick: stdioFixture('full-server'),
       slow: stdioFixture('full-server', ['--start-delay', '2500']),
-      agg: { transport: 'aggregate', memberTimeoutMs: 1000, memberStartTimeoutMs: 60_000, members: [{ server: 'quick' }, { server: 'slow' }] }
+      agg: { transport: 'aggregate', memberTimeoutMs: 1000, memberStartTimeoutMs: 240_000, members: [{ server: 'quick' }, { server: 'slow' }] }
     }
   })
   const clients = await Promise.all(Array.from({ length: SESSIONS }, async (_, i) => await session(t, gw, i)))
-  const lists = await Promise.all(clients.map(async c => (await c.listTools(undefined, { timeout: 300_000 })).tools.map(tool => tool.name)))
+  const lists = await Promise.all(clients.map(async c => (await c.listTools(undefined, { timeout: LONG_MS })).tools.map(tool => tool.name)))
   const missing = lists.filter(names => !names.includes('slow__echo') || !names.includes('quick__echo')).length
   t.equal(missing, 0, 'every first tools/list has both members')
   t.match(clients[0]?.getServerCapabilities(), { prompts: {}, resources: {} }, 'and initialize answered with what the members have')
-  const answers = await Promise.all(clients.map(async (c, i) => textOf(await c.callTool({ name: 'slow__echo', arguments: { text: `s${i}` } }))))
+  const answers = await Promise.all(clients.map(async (c, i) => textOf(await c.callTool({ name: 'slow__echo', arguments: { text: `s${i}` } }, undefined, { timeout: LONG_MS }))))
   t.same(answers, clients.map((_, i) => `s${i}`), 'the slow member serves every session')
 })
 
