@@ -260,7 +260,8 @@ t.test('legacy HTTP+SSE: a pooled session answers initialize with the version th
         body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'initialize', params: { protocolVersion: asked, capabilities: {}, clientInfo: { name: 'legacy-version', version: '1' } } })
       })
       t.equal(res.status, 202)
-      await stream.until(events => events.some(e => e.data.includes('"id":1')))
+      // A dedicated child starts first: a loaded machine may take seconds.
+      await stream.until(events => events.some(e => e.data.includes('"id":1')), 60_000)
       const answer = stream.events.filter(e => e.event !== 'endpoint' && e.data !== '').map(e => JSON.parse(e.data) as Record<string, unknown>).find(m => m.id === 1) as { result: { protocolVersion: string } }
       t.equal(answer.result.protocolVersion, asked, `${server === 'full' ? 'pooled' : 'dedicated'} session asked for ${asked} gets it`)
       abort.abort()
