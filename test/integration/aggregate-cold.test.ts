@@ -37,8 +37,10 @@ async function session (t: Test, gw: RunningGateway, i: number): Promise<Client>
 t.test('twenty concurrent sessions on a cold aggregate: a member still starting delays the first list, it does not vanish from it', async t => {
   const { gw } = await loggedGateway(t, {
     servers: {
-      quick: stdioFixture('full-server'),
-      slow: stdioFixture('full-server', ['--start-delay', '2500']),
+      // Forty children starting at once on two loaded cores may take longer than the members' own
+      // 60 s request deadline to answer initialize: that deadline bounds a start too.
+      quick: stdioFixture('full-server', [], { requestTimeoutMs: 240_000 }),
+      slow: stdioFixture('full-server', ['--start-delay', '2500'], { requestTimeoutMs: 240_000 }),
       agg: { transport: 'aggregate', memberTimeoutMs: 1000, memberStartTimeoutMs: 240_000, members: [{ server: 'quick' }, { server: 'slow' }] }
     }
   })
