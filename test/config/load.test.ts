@@ -535,10 +535,10 @@ t.test('parseArgs', async t => {
 t.test('parseArgs: MCP_GATEWAY_CONFIG names the file when no --config is given', async t => {
   t.equal(CONFIG_PATH_VARIABLE, 'MCP_GATEWAY_CONFIG')
   const env = { MCP_GATEWAY_CONFIG: '/etc/mcp-gateway/gateway.yaml' }
-  t.same(parseArgs([], env), { configPath: '/etc/mcp-gateway/gateway.yaml', help: false, checkOnly: false })
-  t.same(parseArgs(['--config', 'a.yaml'], env), { configPath: 'a.yaml', help: false, checkOnly: false }, '--config wins')
-  t.same(parseArgs(['--check-config', 'b.yaml'], env), { configPath: 'b.yaml', help: false, checkOnly: true }, '--check-config wins')
-  t.same(parseArgs([], { MCP_GATEWAY_CONFIG: '' }), { configPath: DEFAULT_CONFIG_PATH, help: false, checkOnly: false }, 'empty is unset')
+  t.same(parseArgs([], env), { configPath: '/etc/mcp-gateway/gateway.yaml', help: false, version: false, checkOnly: false })
+  t.same(parseArgs(['--config', 'a.yaml'], env), { configPath: 'a.yaml', help: false, version: false, checkOnly: false }, '--config wins')
+  t.same(parseArgs(['--check-config', 'b.yaml'], env), { configPath: 'b.yaml', help: false, version: false, checkOnly: true }, '--check-config wins')
+  t.same(parseArgs([], { MCP_GATEWAY_CONFIG: '' }), { configPath: DEFAULT_CONFIG_PATH, help: false, version: false, checkOnly: false }, 'empty is unset')
   t.same(parseArgs([], {}), { configPath: DEFAULT_CONFIG_PATH, help: false, checkOnly: false })
   t.match(USAGE, '$MCP_GATEWAY_CONFIG')
 })

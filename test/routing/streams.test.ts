@@ -11,7 +11,7 @@ import t, { type Test } from 'tap'
 import { parseConfig } from '../../src/config/load.js'
 import { ClientStreams, expectedResponsesOf, isRequestStreamId, newRequestStreamId, type OpenPostOptions, type OpenStreamOptions } from '../../src/routing/streams.js'
 import type { StreamWriter } from '../../src/http/sse.js'
-import { UPKEEP_SLICE } from '../../src/routing/upkeep.js'
+import { inBatches, UPKEEP_BATCH, UPKEEP_SLICE_MS, UPKEEP_WINDOW } from '../../src/routing/upkeep.js'
 import { MemoryBus } from '../../src/state/bus-memory.js'
 import { MemoryEventLog } from '../../src/state/event-log-memory.js'
 import { ANSWERED_DIRECTLY, formatEventId, GET_STREAM } from '../../src/state/event-log.js'
@@ -33,22 +33,34 @@ function memoryStreams (t: Test, http: Record<string, unknown> = {}): { store: M
   return { store, log, streams, eventLog }
 }
 
-t.test('renew walks every held stream and yields to the event loop between slices', async t => {
+t.test('renew walks every held stream, in batches', async t => {
   const { store, log, streams } = memoryStreams(t)
-  const count = UPKEEP_SLICE * 3 + 7
+  const count = UPKEEP_BATCH * 2 + 7
   for (let i = 0; i < count; i++) {
     const sid = `session-${String(i).padStart(12, '0')}`
     await store.create({ id: sid, server: 's', principal: 'anonymous', transport: 'streamable', protocolVersion: '2025-11-25', initializeParams: null, backendSessionId: null, createdAt: 0 }, 60_000)
     await streams.open({ res: {} as ServerResponse, sid, streamId: GET_STREAM, mode: 'sse', cursor: null, headers: {}, log })
   }
-  // Immediates queued before the walk run while it is still going only if the walk yields.
-  let spins = 0
-  const spin = (): void => { if (++spins < 5) setImmediate(spin) }
-  setImmediate(spin)
   const held = await streams.renew()
-  const spinsDuringWalk = spins
   t.equal(held.size, count, 'every session with a stream here is reported held')
-  t.ok(spinsDuringWalk >= 3, `the event loop turned during the walk (${spinsDuringWalk} turns)`)
+})
+
+t.test('an upkeep pass gives the event loop back once it has used its slice of CPU', async t => {
+  const batches = UPKEEP_WINDOW * 6
+  const items = Array.from({ length: UPKEEP_BATCH * batches }, (_, i) => i)
+  // Immediates queued before the pass run while it is still going only if the pass yields.
+  let spins = 0
+  const spin = (): void => { if (++spins < 100) setImmediate(spin) }
+  setImmediate(spin)
+  let done = 0
+  await inBatches(items, async batch => {
+    // Each batch costs more CPU than a whole slice, as a large pass on a busy loop does.
+    const until = process.cpuUsage().user / 1000 + UPKEEP_SLICE_MS * 1.5
+    while (process.cpuUsage().user / 1000 < until) { /* busy */ }
+    done += batch.length
+  })
+  t.equal(done, items.length, 'every item was handled once')
+  t.ok(spins >= 3, `the event loop turned during the pass (${spins} turns)`)
 })
 
 interface Frame { id: number, result?: unknown, error?: { code: number } }
