@@ -539,7 +539,7 @@ t.test('parseArgs: MCP_GATEWAY_CONFIG names the file when no --config is given',
   t.same(parseArgs(['--config', 'a.yaml'], env), { configPath: 'a.yaml', help: false, version: false, checkOnly: false }, '--config wins')
   t.same(parseArgs(['--check-config', 'b.yaml'], env), { configPath: 'b.yaml', help: false, version: false, checkOnly: true }, '--check-config wins')
   t.same(parseArgs([], { MCP_GATEWAY_CONFIG: '' }), { configPath: DEFAULT_CONFIG_PATH, help: false, version: false, checkOnly: false }, 'empty is unset')
-  t.same(parseArgs([], {}), { configPath: DEFAULT_CONFIG_PATH, help: false, checkOnly: false })
+  t.same(parseArgs([], {}), { configPath: DEFAULT_CONFIG_PATH, help: false, version: false, checkOnly: false })
   t.match(USAGE, '$MCP_GATEWAY_CONFIG')
 })
 
