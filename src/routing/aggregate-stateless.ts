@@ -7,6 +7,7 @@ import type { Logger } from 'pino'
 import { compileToolPolicy, type ToolPolicyLookup } from '../auth/tool-policy.js'
 import type { ServerSource } from '../config/live.js'
 import type { AggregateServerConfig } from '../config/schema.js'
+import { isAggregateConfig } from '../config/server-kind.js'
 import { GW_ERR_BACKEND_TIMEOUT, GW_ERR_BACKEND_UNAVAILABLE } from '../core/errors.js'
 import { errorResponse, isRecord, isResponse, JSONRPC_METHOD_NOT_FOUND, type JsonRpcRequest, type JsonRpcResponse } from '../core/jsonrpc.js'
 import type { GatewayMetrics } from '../telemetry/metrics.js'
@@ -58,7 +59,7 @@ export class StatelessAggregates {
   /** The aggregates that have `member` as a member (its pool's events concern their listeners). */
   aggregatesOf (member: string): string[] {
     return Object.entries(this.#o.live.servers)
-      .filter(([, c]) => c.transport === 'aggregate' && c.members.some(m => m.server === member))
+      .filter(([, c]) => isAggregateConfig(c) && c.members.some(m => m.server === member))
       .map(([name]) => name)
   }
 
@@ -132,7 +133,7 @@ export class StatelessAggregates {
 
   #configOf (server: string): AggregateServerConfig | undefined {
     const config = Object.hasOwn(this.#o.live.servers, server) ? this.#o.live.servers[server] : undefined
-    return config?.transport === 'aggregate' ? config : undefined
+    return isAggregateConfig(config) ? config : undefined
   }
 
   /** The (aggregate, tenant) entry, its members' info refreshed where they were down. */

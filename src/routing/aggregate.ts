@@ -16,6 +16,7 @@ import { performance } from 'node:perf_hooks'
 import { compileToolPolicy, type ToolPolicyLookup } from '../auth/tool-policy.js'
 import type { ServerSource } from '../config/live.js'
 import type { AggregateServerConfig, Config } from '../config/schema.js'
+import { backendConfigOf, kindNameOf, serverConfigOf } from '../config/server-kind.js'
 import {
   GW_ERR_BACKEND_TIMEOUT, GW_ERR_BACKEND_UNAVAILABLE, cancelledAnswer, isGatewayError, toJsonRpcError, type GatewayError
 } from '../core/errors.js'
@@ -138,7 +139,7 @@ export class AggregateRelay extends Relay {
     this.#capabilitiesOfClient = options.clientCapabilities
     this.#members = options.aggregate.members.map(m => {
       const memberConfig = options.live.servers[m.server]
-      const pooled = memberConfig?.transport === 'stdio' && memberConfig.sessions === 'pooled'
+      const pooled = kindNameOf(memberConfig) === 'pooled'
       const member: Member = {
         server: m.server,
         prefix: m.prefix ?? m.server,
@@ -560,8 +561,8 @@ class DedicatedLink implements MemberLink {
 
   async start (): Promise<BackendInfo> {
     const a = this.#a
-    const config = a.live.servers[this.server]
-    if (config === undefined || config.transport === 'aggregate') throw new GW_ERR_BACKEND_UNAVAILABLE(this.server, 'not a configured backend server')
+    const config = backendConfigOf(serverConfigOf(a.live, this.server))
+    if (config === undefined) throw new GW_ERR_BACKEND_UNAVAILABLE(this.server, 'not a configured backend server')
     const log = this.#outer.log.child({ member: this.server })
     const relay = new Relay({
       sid: this.#sid,

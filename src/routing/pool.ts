@@ -24,6 +24,7 @@ import type { Logger } from 'pino'
 import { filterToolsListOf, type ToolPolicyLookup } from '../auth/tool-policy.js'
 import type { ServerSource } from '../config/live.js'
 import type { BackendServerConfig as ServerConfig, Config } from '../config/schema.js'
+import { isAggregateConfig } from '../config/server-kind.js'
 import {
   GW_ERR_BACKEND_UNAVAILABLE, GW_ERR_POOL_BUSY, GW_ERR_SERVER_NOT_FOUND, GW_ERR_SHUTTING_DOWN, isGatewayError, withRetryAfter, type GatewayError
 } from '../core/errors.js'
@@ -421,7 +422,7 @@ export class ConnectionPool {
     const config = Object.hasOwn(servers, server) ? servers[server] : undefined
     if (config === undefined) throw new GW_ERR_SERVER_NOT_FOUND(server)
     // An aggregate has no backend of its own: its members have pools.
-    if (config.transport === 'aggregate') throw new GW_ERR_BACKEND_UNAVAILABLE(server, 'an aggregate server has no pool of its own')
+    if (isAggregateConfig(config)) throw new GW_ERR_BACKEND_UNAVAILABLE(server, 'an aggregate server has no pool of its own')
     return config
   }
 

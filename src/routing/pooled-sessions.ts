@@ -122,12 +122,6 @@ export class PooledSessions {
     this.#sweep.unref()
   }
 
-  /** Whether the server's 2025-era sessions are pooled (a stdio server with `sessions: pooled`). */
-  isPooled (server: string): boolean {
-    const config = Object.hasOwn(this.#o.live.servers, server) ? this.#o.live.servers[server] : undefined
-    return config?.transport === 'stdio' && config.sessions === 'pooled'
-  }
-
   /**
    * Before a new session's record is written: the pool can describe its backend (a child started
    * and initialised once per pool, not per session), and the server's maxSessions is not reached.
