@@ -1,8 +1,8 @@
 // One 2026-07-28 request in front of a legacy backend (ARCHITECTURE.md flow 8): what its pooled
-// call (routing/pool.ts) sends goes to the client's response, and the backend's mid-call
+// call (routing/upstream/pool.ts) sends goes to the client's response, and the backend's mid-call
 // sampling, elicitation or roots requests become `input_required` rounds (SPEC.md M-8): for a
 // capability the request did not declare the call is withdrawn with -32021; otherwise the asks
-// that arrive together go out as one round, the call is parked (routing/mrtr.ts) under a signed
+// that arrive together go out as one round, the call is parked (routing/upstream/mrtr.ts) under a signed
 // requestState, and the retry's `inputResponses` answer the backend, round after round.
 import {
   GW_ERR_MISSING_CAPABILITY, GW_ERR_RATE_LIMITED, withData, withRetryAfter
@@ -10,8 +10,8 @@ import {
 import {
   isRecord, isRequest, isResponse, type JsonRpcErrorObject, type JsonRpcMessage, type JsonRpcRequest, type JsonRpcResponse, type RequestId
 } from '../core/jsonrpc.js'
-import type { PoolSink, PooledCall } from '../routing/pool.js'
-import type { InputRequest, ParkedCall, ParkedCalls } from '../routing/mrtr.js'
+import type { PoolSink, PooledCall } from '../routing/upstream/pool.js'
+import type { InputRequest, ParkedCall, ParkedCalls } from '../routing/upstream/mrtr.js'
 import { completeResult, logPasses, type RequestEnvelope } from './modern-rules.js'
 import type { ResponseSink } from './modern-response.js'
 

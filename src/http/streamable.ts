@@ -12,7 +12,7 @@ import { checkAccept, GET_ACCEPTS, POST_ACCEPTS, clientHeaders, decodeBody, head
 import { isRequest, type JsonRpcMessage, type JsonRpcRequest } from '../core/jsonrpc.js'
 import { allowsBatches, allowsPriming, checkVersionHeader, negotiateVersion } from '../core/protocol-version.js'
 import type { Router } from '../routing/router.js'
-import { newRequestStreamId } from '../routing/streams.js'
+import { newRequestStreamId } from '../routing/replica/streams.js'
 import type { SessionRecord } from '../state/session-store.js'
 import { classifyPost } from './modern-rules.js'
 import { modernHeaders, type ModernFace } from './modern.js'

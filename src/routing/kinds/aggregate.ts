@@ -1,5 +1,5 @@
 // Aggregate sessions (ARCHITECTURE.md flow 10): a routed session whose relay is made of member
-// links (routing/aggregate.ts), one per dedicated member and the pool of each pooled member, all on
+// links (routing/aggregate/relay.ts), one per dedicated member and the pool of each pooled member, all on
 // the session's owner. Routing, ownership and takeover are the routed kind's; what differs is the
 // relay it opens, and that its pooled members' session-level events reach it.
 import type { ToolPolicyLookup } from '../../auth/tool-policy.js'
@@ -8,10 +8,10 @@ import type { JsonRpcMessage } from '../../core/jsonrpc.js'
 import type { SessionRecord } from '../../state/session-store.js'
 import { principalOfRecord } from '../../auth/principal.js'
 import { lazyChild, shortHash } from '../../telemetry/logger.js'
-import { AggregateRelay } from '../aggregate.js'
-import type { BackendPool, UpstreamLookup } from '../ownership.js'
-import type { ConnectionPool } from '../pool.js'
-import { capabilitiesOf, type RelayHost } from '../relay.js'
+import { AggregateRelay } from '../aggregate/relay.js'
+import type { BackendPool, UpstreamLookup } from '../upstream/ports.js'
+import type { ConnectionPool } from '../upstream/pool.js'
+import { capabilitiesOf, type RelayHost } from '../upstream/relay.js'
 import { serverConfigOf, type KindName } from './kind.js'
 import { RoutedKind, type RelayKindOptions } from './routed.js'
 

@@ -7,10 +7,10 @@ import type { DeliverEnvelope } from '../../state/bus.js'
 import { LEGACY_STREAM } from '../../state/event-log.js'
 import { shortHash } from '../../telemetry/logger.js'
 import type { TraceCarrier } from '../../telemetry/tracing.js'
-import type { ReplicaContext } from '../context.js'
-import type { Ownership } from '../ownership.js'
-import { capabilitiesOf, type Relay } from '../relay.js'
-import type { ClientStreams } from '../streams.js'
+import type { ReplicaContext } from '../replica/context.js'
+import type { Ownership } from '../replica/ownership.js'
+import { capabilitiesOf, type Relay } from '../upstream/relay.js'
+import type { ClientStreams } from '../replica/streams.js'
 
 export interface DeliveryOptions extends ReplicaContext {
   ownership: Ownership

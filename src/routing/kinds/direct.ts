@@ -7,7 +7,7 @@ import { GW_ERR_SESSION_NOT_FOUND } from '../../core/errors.js'
 import { cancelledRequestOf, isRequest, type JsonRpcMessage, type JsonRpcResponse } from '../../core/jsonrpc.js'
 import type { SessionRecord } from '../../state/session-store.js'
 import type { TraceCarrier } from '../../telemetry/tracing.js'
-import type { Relay } from '../relay.js'
+import type { Relay } from '../upstream/relay.js'
 import type { KindName, Route, SessionKind } from './kind.js'
 import type { RelayKindOptions } from './routed.js'
 

@@ -14,8 +14,8 @@ import type { KindName } from '../../config/server-kind.js'
 import type { JsonRpcMessage, JsonRpcRequest, JsonRpcResponse } from '../../core/jsonrpc.js'
 import type { SessionRecord } from '../../state/session-store.js'
 import type { TraceCarrier } from '../../telemetry/tracing.js'
-import type { Relay } from '../relay.js'
-import type { PooledRoute } from '../pooled-sessions.js'
+import type { Relay } from '../upstream/relay.js'
+import type { PooledRoute } from './pooled-sessions.js'
 
 export { kindNameOf, serverConfigOf, type KindName } from '../../config/server-kind.js'
 

@@ -1,7 +1,7 @@
 // The session kinds of one replica, and the one place that picks a message's kind: of(server),
 // from the live config on every call.
 import type { JsonRpcMessage } from '../../core/jsonrpc.js'
-import type { PooledSessions } from '../pooled-sessions.js'
+import type { PooledSessions } from './pooled-sessions.js'
 import { AggregateKind, type AggregateKindOptions } from './aggregate.js'
 import { DirectKind } from './direct.js'
 import { kindNameOf, serverConfigOf, type KindName, type SessionKind } from './kind.js'

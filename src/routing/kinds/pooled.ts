@@ -1,10 +1,10 @@
 // Pooled sessions (ARCHITECTURE.md flow 9): a session of a `sessions: pooled` stdio server holds
 // no child; each request borrows a connection of the (server, tenant) pool on the replica that
-// received it (routing/pooled-sessions.ts). No owner: losing a replica loses only the requests it
+// received it (routing/kinds/pooled-sessions.ts). No owner: losing a replica loses only the requests it
 // was running.
 import type { JsonRpcMessage, JsonRpcRequest, JsonRpcResponse } from '../../core/jsonrpc.js'
 import type { SessionRecord } from '../../state/session-store.js'
-import { PooledRoute, type PooledSessions } from '../pooled-sessions.js'
+import { PooledRoute, type PooledSessions } from './pooled-sessions.js'
 import type { Delivery } from './delivery.js'
 import type { KindName, Route, SessionKind } from './kind.js'
 

@@ -16,16 +16,16 @@ import { performance } from 'node:perf_hooks'
 import type { Logger } from 'pino'
 import {
   CANCELLED_MEMBER, GW_ERR_BACKEND_TIMEOUT, GW_ERR_BACKEND_UNAVAILABLE, cancelledAnswer, isCancelledAnswer, isGatewayError, toJsonRpcError, type GatewayError
-} from '../core/errors.js'
+} from '../../core/errors.js'
 import {
   errorResponse, idKey, isRecord, isNotification, isRequest, progressTokenOf, JSONRPC_METHOD_NOT_FOUND,
   type JsonRpcMessage, type JsonRpcNotification, type JsonRpcRequest, type JsonRpcResponse, type RequestId
-} from '../core/jsonrpc.js'
-import { GET_STREAM, LEGACY_STREAM } from '../state/event-log.js'
-import { tracing, type ClientSpan, type TraceCarrier } from '../telemetry/tracing.js'
-import { auditChild, auditSoon, type AuditLog } from '../telemetry/audit.js'
-import { toolNameOf } from '../auth/tool-policy.js'
-import { errorTypeOf, type BackendErrorKind, type SessionMetrics } from '../telemetry/metrics.js'
+} from '../../core/jsonrpc.js'
+import { GET_STREAM, LEGACY_STREAM } from '../../state/event-log.js'
+import { tracing, type ClientSpan, type TraceCarrier } from '../../telemetry/tracing.js'
+import { auditChild, auditSoon, type AuditLog } from '../../telemetry/audit.js'
+import { toolNameOf } from '../../auth/tool-policy.js'
+import { errorTypeOf, type BackendErrorKind, type SessionMetrics } from '../../telemetry/metrics.js'
 
 /** What a relay needs of its backend connection (the supervisor's BackendSession). */
 export interface BackendSessionHandle {

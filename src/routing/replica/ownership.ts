@@ -17,19 +17,18 @@
 //   failOrphans) and starts the backend with the client's replayed initialize, initialized, log
 //   level and subscriptions (the supervisor's crash path). What the backend kept in its memory is
 //   lost; the client keeps its session, streams and history.
-import { filterToolsListOf, type ToolPolicyLookup } from '../auth/tool-policy.js'
-import type { ServerConfig } from '../config/schema.js'
-import { isAggregateConfig } from '../config/server-kind.js'
-import type { ServerSource } from '../config/live.js'
-import { GW_ERR_BACKEND_UNAVAILABLE, GW_ERR_SERVER_NOT_FOUND, type GatewayError } from '../core/errors.js'
-import type { DeliverEnvelope } from '../state/bus.js'
-import type { EstablishedState, SessionRecord } from '../state/session-store.js'
-import { lazyChild, shortHash } from '../telemetry/logger.js'
-import type { SupervisedHandlers, SupervisedOpenOptions } from '../backends/supervisor.js'
-import type { TenantUpstream } from '../backends/backend.js'
+import { filterToolsListOf, type ToolPolicyLookup } from '../../auth/tool-policy.js'
+import type { ServerConfig } from '../../config/schema.js'
+import { isAggregateConfig } from '../../config/server-kind.js'
+import type { ServerSource } from '../../config/live.js'
+import { GW_ERR_BACKEND_UNAVAILABLE, GW_ERR_SERVER_NOT_FOUND, type GatewayError } from '../../core/errors.js'
+import type { DeliverEnvelope } from '../../state/bus.js'
+import type { EstablishedState, SessionRecord } from '../../state/session-store.js'
+import { lazyChild, shortHash } from '../../telemetry/logger.js'
+import type { BackendPool, UpstreamLookup } from '../upstream/ports.js'
 import type { ReplicaContext } from './context.js'
-import { principalOfRecord } from '../auth/principal.js'
-import { capabilitiesOf, Relay, type BackendSessionHandle, type RelayHost } from './relay.js'
+import { principalOfRecord } from '../../auth/principal.js'
+import { capabilitiesOf, Relay, type RelayHost } from '../upstream/relay.js'
 import { breathe } from './upkeep.js'
 
 /** How long a replica's heartbeat lives (at most the lease): a killed replica is dead after this. */
@@ -37,13 +36,6 @@ const HEARTBEAT_TTL_MS = 3000
 
 export function heartbeatTtl (leaseMs: number): number {
   return Math.min(leaseMs, HEARTBEAT_TTL_MS)
-}
-
-/** What ownership needs of the supervisor (src/backends/supervisor.ts implements it). */
-export interface BackendPool {
-  open (sid: string, server: string, handlers: SupervisedHandlers, options?: SupervisedOpenOptions): Promise<BackendSessionHandle>
-  stop (sid: string): Promise<void>
-  stopAll (options?: { detach?: boolean }): Promise<void>
 }
 
 export interface OwnershipOptions extends Omit<ReplicaContext, 'eventLog' | 'bus'> {
@@ -77,7 +69,6 @@ export interface OpenOptions {
   forwardedHeaders?: Record<string, string>
 }
 
-export type UpstreamLookup = (tenant: string | null | undefined, server: string) => TenantUpstream
 
 export class Ownership {
   readonly #o: OwnershipOptions

@@ -20,21 +20,21 @@
 //   pool holds the one upstream subscription per URI.
 import { performance } from 'node:perf_hooks'
 import type { Logger } from 'pino'
-import type { ServerSource } from '../config/live.js'
+import type { ServerSource } from '../../config/live.js'
 import {
   GW_ERR_BACKEND_CAPACITY, GW_ERR_BACKEND_UNAVAILABLE, GW_ERR_INTERNAL, cancelledAnswer, isGatewayError, toJsonRpcError,
   withRetryAfter, type GatewayError
-} from '../core/errors.js'
+} from '../../core/errors.js'
 import {
   errorResponse, idKey, isNotification, isRecord, isRequest, isResponse, progressTokenOf, JSONRPC_METHOD_NOT_FOUND,
   type JsonRpcMessage, type JsonRpcRequest, type JsonRpcResponse, type RequestId
-} from '../core/jsonrpc.js'
-import { GET_STREAM, LEGACY_STREAM } from '../state/event-log.js'
-import type { EstablishedState, SessionRecord, SessionStore } from '../state/session-store.js'
-import { shortHash } from '../telemetry/logger.js'
-import { LISTEN_REGISTRATION_MS, listenTopic, type BackendInfo, type ConnectionPool, type PooledCall, type Reservation } from './pool.js'
-import { capabilitiesOf, isJsonStream } from './relay.js'
-import { breathe } from './upkeep.js'
+} from '../../core/jsonrpc.js'
+import { GET_STREAM, LEGACY_STREAM } from '../../state/event-log.js'
+import type { EstablishedState, SessionRecord, SessionStore } from '../../state/session-store.js'
+import { shortHash } from '../../telemetry/logger.js'
+import { LISTEN_REGISTRATION_MS, listenTopic, type BackendInfo, type ConnectionPool, type PooledCall, type Reservation } from '../upstream/pool.js'
+import { capabilitiesOf, isJsonStream } from '../upstream/relay.js'
+import { breathe } from '../replica/upkeep.js'
 
 /** Retry-After of a new session refused at a pooled server's maxSessions. */
 const CAPACITY_RETRY_AFTER_S = 5

@@ -4,15 +4,15 @@
 // routed request is handed back to the modern face renamed for its member, and runs on that
 // member's pool like any modern request (input_required rounds, parked calls and all).
 import type { Logger } from 'pino'
-import { compileToolPolicy, type ToolPolicyLookup } from '../auth/tool-policy.js'
-import type { ServerSource } from '../config/live.js'
-import type { AggregateServerConfig } from '../config/schema.js'
-import { isAggregateConfig } from '../config/server-kind.js'
-import { GW_ERR_BACKEND_TIMEOUT, GW_ERR_BACKEND_UNAVAILABLE } from '../core/errors.js'
-import { errorResponse, isRecord, isResponse, JSONRPC_METHOD_NOT_FOUND, type JsonRpcRequest, type JsonRpcResponse } from '../core/jsonrpc.js'
-import type { GatewayMetrics } from '../telemetry/metrics.js'
-import { AggregateCatalogue, LIST_METHOD, unitedInfo, withTimeout, type CatalogueMember, type ListKind } from './aggregate-catalogue.js'
-import type { BackendInfo, ConnectionPool } from './pool.js'
+import { compileToolPolicy, type ToolPolicyLookup } from '../../auth/tool-policy.js'
+import type { ServerSource } from '../../config/live.js'
+import type { AggregateServerConfig } from '../../config/schema.js'
+import { isAggregateConfig } from '../../config/server-kind.js'
+import { GW_ERR_BACKEND_TIMEOUT, GW_ERR_BACKEND_UNAVAILABLE } from '../../core/errors.js'
+import { errorResponse, isRecord, isResponse, JSONRPC_METHOD_NOT_FOUND, type JsonRpcRequest, type JsonRpcResponse } from '../../core/jsonrpc.js'
+import type { GatewayMetrics } from '../../telemetry/metrics.js'
+import { AggregateCatalogue, LIST_METHOD, unitedInfo, withTimeout, type CatalogueMember, type ListKind } from './catalogue.js'
+import type { BackendInfo, ConnectionPool } from '../upstream/pool.js'
 
 /** How long a member found down is left out before it is tried again. */
 const RETRY_DOWN_MS = 5000

@@ -21,17 +21,17 @@
 //   requests in flight get -32007. An idle connection is stopped after the sessions' idle timeout.
 import { performance } from 'node:perf_hooks'
 import type { Logger } from 'pino'
-import { filterToolsListOf, type ToolPolicyLookup } from '../auth/tool-policy.js'
-import type { ServerSource } from '../config/live.js'
-import type { BackendServerConfig as ServerConfig, Config } from '../config/schema.js'
-import { isAggregateConfig } from '../config/server-kind.js'
+import { filterToolsListOf, type ToolPolicyLookup } from '../../auth/tool-policy.js'
+import type { ServerSource } from '../../config/live.js'
+import type { BackendServerConfig as ServerConfig, Config } from '../../config/schema.js'
+import { isAggregateConfig } from '../../config/server-kind.js'
 import {
   GW_ERR_BACKEND_UNAVAILABLE, GW_ERR_POOL_BUSY, GW_ERR_SERVER_NOT_FOUND, GW_ERR_SHUTTING_DOWN, isGatewayError, withRetryAfter, type GatewayError
-} from '../core/errors.js'
-import { isRecord, isRequest, isResponse, type JsonRpcMessage, type JsonRpcRequest, type JsonRpcResponse } from '../core/jsonrpc.js'
-import { LATEST_VERSION } from '../core/protocol-version.js'
-import type { GatewayMetrics } from '../telemetry/metrics.js'
-import type { BackendPool, UpstreamLookup } from './ownership.js'
+} from '../../core/errors.js'
+import { isRecord, isRequest, isResponse, type JsonRpcMessage, type JsonRpcRequest, type JsonRpcResponse } from '../../core/jsonrpc.js'
+import { LATEST_VERSION } from '../../core/protocol-version.js'
+import type { GatewayMetrics } from '../../telemetry/metrics.js'
+import type { BackendPool, UpstreamLookup } from './ports.js'
 import { asGatewayError, Relay } from './relay.js'
 
 /** What the client side of a pooled request hears: its answer (id = its key), and what relates to it. */

@@ -8,30 +8,30 @@
 //   (server, tenant) pool (pool.ts), as a pooled session's does.
 // The gateway answers `initialize` (the union of the members' capabilities, the aggregate's own
 // serverInfo, the members' instructions under their names), `ping` and `logging/setLevel` (sent to
-// every member); lists are merged under exposed names (aggregate-names.ts) and paged with a cursor
+// every member); lists are merged under exposed names (routing/aggregate/names.ts) and paged with a cursor
 // of the gateway's; a call is routed by its exposed name, a resource by its URI, a completion by
 // its ref. A member that is down or slow is left out of lists (a warning, a metric) and its calls
 // fail at once; it is tried again in the background, and its return is announced with list_changed.
 import { performance } from 'node:perf_hooks'
-import { compileToolPolicy, type ToolPolicyLookup } from '../auth/tool-policy.js'
-import type { ServerSource } from '../config/live.js'
-import type { AggregateServerConfig, Config } from '../config/schema.js'
-import { backendConfigOf, kindNameOf, serverConfigOf } from '../config/server-kind.js'
+import { compileToolPolicy, type ToolPolicyLookup } from '../../auth/tool-policy.js'
+import type { ServerSource } from '../../config/live.js'
+import type { AggregateServerConfig, Config } from '../../config/schema.js'
+import { backendConfigOf, kindNameOf, serverConfigOf } from '../../config/server-kind.js'
 import {
   GW_ERR_BACKEND_TIMEOUT, GW_ERR_BACKEND_UNAVAILABLE, cancelledAnswer, isGatewayError, toJsonRpcError, type GatewayError
-} from '../core/errors.js'
+} from '../../core/errors.js'
 import {
   errorResponse, idKey, isNotification, isRecord, isRequest, isResponse, progressTokenOf, JSONRPC_METHOD_NOT_FOUND,
   type JsonRpcMessage, type JsonRpcNotification, type JsonRpcRequest, type JsonRpcResponse, type RequestId
-} from '../core/jsonrpc.js'
-import { LATEST_VERSION } from '../core/protocol-version.js'
-import { GET_STREAM, LEGACY_STREAM } from '../state/event-log.js'
-import { errorTypeOf, type GatewayMetrics } from '../telemetry/metrics.js'
-import type { TraceCarrier } from '../telemetry/tracing.js'
-import { AggregateCatalogue, LIST_METHOD, unitedInfo, withTimeout, type CatalogueMember, type ListKind } from './aggregate-catalogue.js'
-import type { BackendPool, UpstreamLookup } from './ownership.js'
-import { BRIDGED_CAPABILITIES, type BackendInfo, type ConnectionPool, type PooledCall } from './pool.js'
-import { isJsonStream, Relay, type RelayHost, type RelayOptions } from './relay.js'
+} from '../../core/jsonrpc.js'
+import { LATEST_VERSION } from '../../core/protocol-version.js'
+import { GET_STREAM, LEGACY_STREAM } from '../../state/event-log.js'
+import { errorTypeOf, type GatewayMetrics } from '../../telemetry/metrics.js'
+import type { TraceCarrier } from '../../telemetry/tracing.js'
+import { AggregateCatalogue, LIST_METHOD, unitedInfo, withTimeout, type CatalogueMember, type ListKind } from './catalogue.js'
+import type { BackendPool, UpstreamLookup } from '../upstream/ports.js'
+import { BRIDGED_CAPABILITIES, type BackendInfo, type ConnectionPool, type PooledCall } from '../upstream/pool.js'
+import { isJsonStream, Relay, type RelayHost, type RelayOptions } from '../upstream/relay.js'
 
 /** How often a member that is down is tried again. */
 const MEMBER_RETRY_MS = 5000
