@@ -32,6 +32,7 @@ import { AggregateCatalogue, LIST_METHOD, unitedInfo, withTimeout, type Catalogu
 import type { BackendPool, UpstreamLookup } from '../upstream/ports.js'
 import { BRIDGED_CAPABILITIES, type BackendInfo, type ConnectionPool, type PooledCall } from '../upstream/pool.js'
 import { isJsonStream, Relay, type RelayHost, type RelayOptions } from '../upstream/relay.js'
+import { capabilityNeededBy } from '../../core/mcp.js'
 
 /** How often a member that is down is tried again. */
 const MEMBER_RETRY_MS = 5000
@@ -40,12 +41,6 @@ const LIST_CHANGED_COALESCE_MS = 50
 /** MCP's error for an unknown resource. */
 const RESOURCE_NOT_FOUND = -32002
 const INVALID_PARAMS = -32602
-
-const SERVER_ASKS: Record<string, string> = {
-  'sampling/createMessage': 'sampling',
-  'elicitation/create': 'elicitation',
-  'roots/list': 'roots'
-}
 
 const LIST_CHANGED_KINDS: Record<string, ListKind[]> = {
   'notifications/tools/list_changed': ['tools'],
@@ -462,7 +457,7 @@ export class AggregateRelay extends Relay {
 
   /** A member's server-to-client request: to the client if it declared the capability, under its opaque id. */
   #askClient (request: JsonRpcRequest, streamId: string, answer: (response: JsonRpcResponse) => void): void {
-    const capability = SERVER_ASKS[request.method]
+    const capability = capabilityNeededBy(request.method)
     if (capability !== undefined && this.#capabilitiesOfClient[capability] === undefined) {
       answer(errorResponse(request.id, JSONRPC_METHOD_NOT_FOUND, `Client does not support ${request.method} (no '${capability}' capability)`))
       return
