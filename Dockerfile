@@ -1,8 +1,11 @@
 # mcp-gateway image: build with dev dependencies, run with production ones only.
 #   docker compose up --build      two replicas behind nginx with a shared Redis (docker-compose.yml)
 #   docker build -t mcp-gateway . && docker run --rm -p 8080:8080 -e REDIS_URL=redis://HOST:6379/0 mcp-gateway
-# The default config (config/gateway.docker.yaml) needs REDIS_URL; mount another file over it or
-# pass `node dist/src/main.js --config FILE` as the command to change it.
+# The default config (config/gateway.docker.yaml) needs REDIS_URL; point MCP_GATEWAY_CONFIG at another
+# file (e.g. a mounted ConfigMap) to change it, without replacing the command.
+# An npm mirror for both installs: --build-arg NPM_CONFIG_REGISTRY=https://npm.example.internal/
+# (never a token here: build arguments stay in the image's history; use a BuildKit secret for one).
+# Without a registry: tools/container/run.sh builds a local base image and runs this file (docs/deploying.md).
 
 # Node 26, the Active LTS line since October 2026 (CI runs the runtime-heavy tests on it; the whole
 # suite runs on 20.18+, 22 and 24, tools/runtimes). Node 20 reached end of life in April 2026.
@@ -11,6 +14,7 @@ ARG NODE_IMAGE=node:26-bookworm-slim
 
 # ---- build: compile TypeScript to dist/ ----
 FROM ${NODE_IMAGE} AS build
+ARG NPM_CONFIG_REGISTRY
 WORKDIR /app
 COPY package.json package-lock.json ./
 # --ignore-scripts: `prepare` runs tsc, and the sources are not copied yet (this layer is cached
@@ -22,6 +26,7 @@ RUN npm run build
 
 # ---- runtime ----
 FROM ${NODE_IMAGE} AS runtime
+ARG NPM_CONFIG_REGISTRY
 # tini is PID 1: it forwards SIGTERM to node (which stops its stdio children itself, gracefully)
 # and reaps any process that is orphaned, so no zombies pile up. No -g: signalling the whole
 # group would kill the children before the gateway's own stop ladder runs.
@@ -36,10 +41,15 @@ COPY package.json package-lock.json ./
 RUN npm ci --omit=dev --ignore-scripts && npm cache clean --force
 COPY --from=build /app/dist ./dist
 COPY config ./config
-# The image's unprivileged user; the app files stay root-owned, so the gateway cannot rewrite them.
-USER node
+# The config file, unless --config is given: an orchestrator sets this rather than the command,
+# which would drop tini from the entrypoint.
+ENV MCP_GATEWAY_CONFIG=/app/config/gateway.docker.yaml
+# The image's unprivileged user (node, uid 1000), by number so that Kubernetes' runAsNonRoot can
+# verify it; the app files stay root-owned, so the gateway cannot rewrite them.
+USER 1000:1000
 EXPOSE 8080
-HEALTHCHECK --interval=10s --timeout=3s --start-period=10s --retries=3 \
-  CMD ["node", "-e", "fetch('http://127.0.0.1:8080/healthz').then(r => process.exit(r.ok ? 0 : 1), () => process.exit(1))"]
+# Asks /healthz on the port of the config the gateway runs (the same MCP_GATEWAY_CONFIG).
+HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 \
+  CMD ["node", "dist/src/healthcheck.js"]
 ENTRYPOINT ["/usr/bin/tini", "--"]
-CMD ["node", "dist/src/main.js", "--config", "/app/config/gateway.docker.yaml"]
+CMD ["node", "dist/src/main.js"]

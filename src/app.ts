@@ -26,6 +26,7 @@ import httpLimits from './http/limits.js'
 import httpOps from './http/ops.js'
 import httpStreamable from './http/streamable.js'
 import { clientErrorHandler, drainBody, frameworkError } from './http/edge.js'
+import { clientAddresses } from './http/client-address.js'
 import { createLogger, requestChildLogger } from './telemetry/logger.js'
 import { startTracing, stopTracing } from './telemetry/tracing.js'
 import { createMetrics, type GatewayMetrics } from './telemetry/metrics.js'
@@ -320,6 +321,8 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
   })
 
   const handleError = errorHandler(config, metrics, adminStats)
+  // The client's address: the TCP peer's, or what a trusted proxy's header says (http.trustedProxies).
+  const addressOf = clientAddresses(config.http)
   const app = Fastify({
     loggerInstance: log as FastifyBaseLogger,
     childLoggerFactory: requestChildLogger(),
@@ -350,7 +353,7 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
   // every request a hook run even when it logs nothing.
   if (log.isLevelEnabled('debug')) {
     app.addHook('onResponse', (req, reply, done) => {
-      req.log.debug({ method: req.method, route: req.routeOptions.url, status: reply.statusCode, ms: Math.round(reply.elapsedTime) }, 'request')
+      req.log.debug({ method: req.method, route: req.routeOptions.url, status: reply.statusCode, ms: Math.round(reply.elapsedTime), address: addressOf(req) }, 'request')
       done()
     })
   }
@@ -358,10 +361,10 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
   await app.register(httpGuard, { config })
   // One failed-authentication budget per address for tenants' credentials and the admin token alike.
   const failures = new AuthFailureBudget(services.limiter, config.auth.failures)
-  await app.register(httpAuthenticate, { tenants, jwt: new JwtVerifier(tenants).check, failures })
+  await app.register(httpAuthenticate, { tenants, jwt: new JwtVerifier(tenants).check, failures, addressOf, live })
   await app.register(httpOauthMetadata, { tenants })
   let draining = false
-  await app.register(httpOps, { router, store: services.store, draining: () => draining })
+  await app.register(httpOps, { router, store: services.store, draining: () => draining, storeGraceMs: config.redis?.readinessGraceMs ?? 0 })
   // /metrics: on the main listener unless it has an address of its own; never under /mcp.
   const metricsApp = await metricsListener(config, metrics, log)
   if (metricsApp === null) await app.register(httpMetrics, { metrics, token: config.metrics.token })
@@ -381,7 +384,7 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
       pools: () => pool.stats(),
       draining: () => draining
     })
-    const adminOptions = { token: config.admin.token, service: admin, failures }
+    const adminOptions = { token: config.admin.token, service: admin, failures, addressOf }
     if (config.admin.listen === undefined) {
       await app.register(httpAdmin, adminOptions)
     } else {

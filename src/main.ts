@@ -1,16 +1,14 @@
+#!/usr/bin/env node
 // Process entry: load config (or only check it), build the gateway, listen, stop gracefully.
 // SIGTERM drains first (/readyz 503 for shutdown.drainMs while requests are still served), then
 // stops; SIGINT (Ctrl-C) and a second signal skip the drain. shutdown.deadlineMs bounds the stop.
 // SIGHUP re-reads the config file (and so, with reload.watch, does a change on disk): see
 // config/reload.ts.
-import { buildGateway } from './app.js'
-import { closeHttpDispatchers } from './backends/http.js'
-import { stopAllChildren } from './backends/stdio.js'
 import { loadConfig, parseArgs, USAGE } from './config/load.js'
-import { ConfigReloader } from './config/reload.js'
-import { createLogger } from './telemetry/logger.js'
+import type { ConfigReloader } from './config/reload.js'
 import { newReplicaId } from './core/replica.js'
 import { keyCommand } from './auth/key-command.js'
+import { GATEWAY_VERSION } from './core/version.js'
 
 async function main (): Promise<void> {
   if (process.argv[2] === 'key') {
@@ -27,6 +25,7 @@ async function main (): Promise<void> {
   try {
     const args = parseArgs(process.argv.slice(2))
     if (args.help) { process.stdout.write(USAGE); return }
+    if (args.version) { process.stdout.write(`mcp-gateway ${GATEWAY_VERSION}\n`); return }
     configPath = args.configPath
     checkOnly = args.checkOnly
   } catch (err) {
@@ -47,6 +46,11 @@ async function main (): Promise<void> {
     process.stdout.write(`mcp-gateway: ${configPath} is valid (${servers.length} server${servers.length === 1 ? '' : 's'}: ${servers.join(', ')})\n`)
     return
   }
+  // Loaded only to serve, so --help, --version and --check-config answer without loading the
+  // whole gateway (seconds on a busy machine, paid by every `npx mcp-gateway --check-config`).
+  const [{ buildGateway }, { closeHttpDispatchers }, { stopAllChildren }, { ConfigReloader }, { createLogger }] = await Promise.all([
+    import('./app.js'), import('./backends/http.js'), import('./backends/stdio.js'), import('./config/reload.js'), import('./telemetry/logger.js')
+  ])
   const replicaId = newReplicaId()
   const log = createLogger(config.log.level, replicaId, undefined, config.log.flushMs)
   process.on('uncaughtException', err => {

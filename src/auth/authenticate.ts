@@ -19,8 +19,11 @@ export interface Endpoint {
   server: string
 }
 
-/** Verifies a JWT presented for an endpoint (jwt.ts); absent: no tenant accepts JWTs. */
-export type JwtCheck = (token: string, endpoint: Endpoint) => Promise<{ tenant: string, subject: string }>
+/**
+ * Verifies a JWT presented for an endpoint (jwt.ts); absent: no tenant accepts JWTs.
+ * `heldKeysOnly`: with the keys already held, never fetching a key set.
+ */
+export type JwtCheck = (token: string, endpoint: Endpoint, heldKeysOnly?: boolean) => Promise<{ tenant: string, subject: string }>
 
 export type Credential = { type: 'api-key' | 'jwt', value: string } | null
 
@@ -72,8 +75,10 @@ export function invalidToken (directory: TenantDirectory, endpoint: Endpoint, re
 /**
  * The principal a request's headers authenticate as, for one endpoint. Throws an AuthRefusal
  * whose error is the answer (401, 400, or 503 when a JWT's keys cannot be fetched).
+ * `heldOnly`: only what verifies from what the gateway holds (an API key's digest, a JWT signed
+ * by a key already fetched); a token that would need a key set fetched is refused.
  */
-export async function authenticate (headers: IncomingHttpHeaders, endpoint: Endpoint, directory: TenantDirectory, jwt?: JwtCheck): Promise<Principal> {
+export async function authenticate (headers: IncomingHttpHeaders, endpoint: Endpoint, directory: TenantDirectory, jwt?: JwtCheck, heldOnly = false): Promise<Principal> {
   const credential = credentialOf(headers)
   if (credential === null) throw new AuthRefusal(challenge(directory, endpoint), 'no credential', 'none')
   if (credential === 'malformed') {
@@ -87,6 +92,6 @@ export async function authenticate (headers: IncomingHttpHeaders, endpoint: Endp
     return principal
   }
   if (jwt === undefined) throw new AuthRefusal(invalidToken(directory, endpoint, 'no JWT issuer is configured'), 'jwt without issuers', 'jwt')
-  const { tenant, subject } = await jwt(credential.value, endpoint)
+  const { tenant, subject } = await jwt(credential.value, endpoint, heldOnly)
   return principalOf(tenant, subject, 'jwt')
 }

@@ -67,6 +67,12 @@ export class IssuerKeys {
     }
   }
 
+  /**
+   * Verifies with the keys already held and never fetches (an address whose failed-authentication
+   * budget is spent: a token signed by a known key still passes, one needing a fetch does not).
+   */
+  readonly getHeldKey: JWTVerifyGetKey = async (header, token) => await this.#fromHeld(header, token, undefined)
+
   /** Verifies with the keys held from the last good fetch; none fits: KeysUnavailable. */
   async #fromHeld (...[header, token, cause]: [...Parameters<JWTVerifyGetKey>, unknown]): Promise<Awaited<ReturnType<JWTVerifyGetKey>>> {
     const retryAfterS = Math.max(1, Math.ceil((this.#retryAt - this.#now()) / 1000))
@@ -110,14 +116,17 @@ export class JwtVerifier {
    * One remote key set per JWKS URL, shared by every tenant naming it (so one fetch serves them
    * all) and kept across reloads; its cooldown is that of the first config that used it.
    */
-  readonly #keySets = new Map<string, JWTVerifyGetKey>()
+  readonly #keySets = new Map<string, IssuerKeys>()
 
   constructor (directory: TenantDirectory) {
     this.#directory = directory
   }
 
-  /** The tenant and subject a token authenticates, or an AuthRefusal (401, or 503 with Retry-After). */
-  readonly check = async (token: string, endpoint: Endpoint): Promise<{ tenant: string, subject: string }> => {
+  /**
+   * The tenant and subject a token authenticates, or an AuthRefusal (401, or 503 with Retry-After).
+   * `heldKeysOnly`: no key set is fetched; a token that would need one is refused.
+   */
+  readonly check = async (token: string, endpoint: Endpoint, heldKeysOnly = false): Promise<{ tenant: string, subject: string }> => {
     const refuse = (reason: string): AuthRefusal => new AuthRefusal(invalidToken(this.#directory, endpoint, reason), `jwt: ${reason}`, 'jwt')
     let iss: unknown
     try {
@@ -135,7 +144,7 @@ export class JwtVerifier {
     let reason: string | undefined
     let mismatch: string | undefined
     for (const candidate of candidates) {
-      const result = await this.#accept(token, candidate, endpoint)
+      const result = await this.#accept(token, candidate, endpoint, heldKeysOnly)
       if ('tenant' in result) return result
       if ('mismatch' in result) mismatch ??= result.mismatch
       else reason ??= result.reason
@@ -144,10 +153,11 @@ export class JwtVerifier {
   }
 
   /** The principal's tenant and subject, or why this tenant's issuer config refuses the token. */
-  async #accept (token: string, { tenant, jwt }: TenantIssuer, endpoint: Endpoint): Promise<{ tenant: string, subject: string } | { reason: string } | { mismatch: string }> {
+  async #accept (token: string, { tenant, jwt }: TenantIssuer, endpoint: Endpoint, heldKeysOnly: boolean): Promise<{ tenant: string, subject: string } | { reason: string } | { mismatch: string }> {
     let payload: JWTPayload
     try {
-      ({ payload } = await jwtVerify(token, this.#keySet(jwt.jwksUri, jwt.jwksCooldownMs), {
+      const keys = this.#keySet(jwt.jwksUri, jwt.jwksCooldownMs)
+      ;({ payload } = await jwtVerify(token, heldKeysOnly ? keys.getHeldKey : keys.getKey, {
         issuer: jwt.issuer,
         algorithms: jwt.algorithms,
         requiredClaims: ['exp'],
@@ -173,10 +183,10 @@ export class JwtVerifier {
     return { tenant, subject: `jwt:${jwt.issuer}\0${subject}` }
   }
 
-  #keySet (uri: string, cooldownMs: number): JWTVerifyGetKey {
+  #keySet (uri: string, cooldownMs: number): IssuerKeys {
     let keys = this.#keySets.get(uri)
     if (keys === undefined) {
-      keys = new IssuerKeys(uri, cooldownMs).getKey
+      keys = new IssuerKeys(uri, cooldownMs)
       this.#keySets.set(uri, keys)
     }
     return keys

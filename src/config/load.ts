@@ -1,5 +1,5 @@
 // Reads the gateway's configuration once at boot: YAML or JSON, `${NAME}` placeholders expanded
-// from the environment, validated against schema.ts with every failing path listed in one
+// from the environment and `${file:PATH}` ones from files (mounted secrets), validated against schema.ts with every failing path listed in one
 // error, then deep-frozen (STYLE.md habit 2, ARCHITECTURE.md section 3).
 //
 // This is the only module that reads process.env, and only as a default parameter, so tests and
@@ -12,29 +12,38 @@
 // - a relative `cwd` resolves against the gateway's working directory;
 // - `args` are handed to the child verbatim, so the child resolves them against its own cwd.
 // `npm start` runs from the repository root, so the shipped configs use repo-relative paths.
+import { readFileSync } from 'node:fs'
 import { readFile } from 'node:fs/promises'
 import { extname } from 'node:path'
 import { parseArgs as parseNodeArgs } from 'node:util'
-import { Ajv, type ErrorObject } from 'ajv'
+import { Ajv, type ErrorObject, type ValidateFunction } from 'ajv'
 import { parseDocument } from 'yaml'
-import { configSchema, type AggregateServerConfig, type Config } from './schema.js'
+import { configSchema, NAME_PATTERN, type AggregateServerConfig, type Config } from './schema.js'
 import { GW_ERR_CONFIG_INVALID } from '../core/errors.js'
 import { isLoopbackAddress } from '../core/loopback.js'
+import { trustedProxyProblem } from '../http/client-address.js'
 import { deepFreeze } from '../core/freeze.js'
 
 export type { Config }
 
 export const DEFAULT_CONFIG_PATH = 'config/gateway.yaml'
+/**
+ * The config file when no --config is given: an image sets it, so an orchestrator can point at a
+ * mounted file without replacing the command (and with it the init process in the entrypoint).
+ */
+export const CONFIG_PATH_VARIABLE = 'MCP_GATEWAY_CONFIG'
 
 export const USAGE = `Usage: mcp-gateway [--config FILE]
        mcp-gateway --check-config FILE
        mcp-gateway key TENANT ID
 
 Options:
-  -c, --config FILE        configuration file, YAML or JSON (default: ${DEFAULT_CONFIG_PATH})
+  -c, --config FILE        configuration file, YAML or JSON (default: $${CONFIG_PATH_VARIABLE}
+                           when set, else ${DEFAULT_CONFIG_PATH})
       --check-config FILE  validate FILE (every problem listed), print the result and exit:
                            0 valid, 1 invalid; nothing is started
   -h, --help               print this help and exit
+  -V, --version            print the version and exit
 
 Commands:
   key TENANT ID            print a new API key for TENANT (key id ID) and the config line
@@ -45,6 +54,8 @@ export interface CliArgs {
   configPath: string
   /** --help was given: the caller prints USAGE and exits 0. */
   help: boolean
+  /** --version was given: the caller prints it and exits 0. */
+  version: boolean
   /** --check-config FILE: validate configPath and exit without starting. */
   checkOnly: boolean
 }
@@ -52,8 +63,9 @@ export interface CliArgs {
 /**
  * Parses the gateway's command line (argv without the node binary and script, i.e.
  * `process.argv.slice(2)`). Unknown options and stray positionals are GW_ERR_CONFIG_INVALID.
+ * Without --config, the file is $MCP_GATEWAY_CONFIG when set and not empty, else the default.
  */
-export function parseArgs (argv: string[]): CliArgs {
+export function parseArgs (argv: string[], env: NodeJS.ProcessEnv = process.env): CliArgs {
   let parsed
   try {
     parsed = parseNodeArgs({
@@ -61,7 +73,8 @@ export function parseArgs (argv: string[]): CliArgs {
       options: {
         config: { type: 'string', short: 'c' },
         'check-config': { type: 'string' },
-        help: { type: 'boolean', short: 'h' }
+        help: { type: 'boolean', short: 'h' },
+        version: { type: 'boolean', short: 'V' }
       },
       strict: true,
       allowPositionals: false
@@ -71,9 +84,10 @@ export function parseArgs (argv: string[]): CliArgs {
   }
   const check = parsed.values['check-config']
   if (check !== undefined && parsed.values.config !== undefined) throw new GW_ERR_CONFIG_INVALID(`--check-config and --config do not go together\n${USAGE}`)
-  const configPath = check ?? parsed.values.config ?? DEFAULT_CONFIG_PATH
+  const fromEnv = env[CONFIG_PATH_VARIABLE]
+  const configPath = check ?? parsed.values.config ?? (fromEnv === undefined || fromEnv === '' ? DEFAULT_CONFIG_PATH : fromEnv)
   if (configPath === '') throw new GW_ERR_CONFIG_INVALID(`${check !== undefined ? '--check-config' : '--config'} needs a file name\n${USAGE}`)
-  return { configPath, help: parsed.values.help === true, checkOnly: check !== undefined }
+  return { configPath, help: parsed.values.help === true, version: parsed.values.version === true, checkOnly: check !== undefined }
 }
 
 /**
@@ -93,32 +107,65 @@ export async function loadConfig (path: string, env: NodeJS.ProcessEnv = process
 
 /**
  * Expands placeholders in `raw` (which is not modified), validates the result, applies the
- * schema's defaults and returns it deep-frozen. No I/O.
+ * schema's defaults and returns it deep-frozen. Its only I/O is reading the files that
+ * `${file:PATH}` placeholders name, so a reload sees a rotated secret.
  */
 export function parseConfig (raw: unknown, env: NodeJS.ProcessEnv = process.env): Readonly<Config> {
   const problems = new Problems()
   const expanded = expand(raw, '', env, problems)
+  // Read before validation fills in defaults: whether poolSize was written decides below.
+  const poolSizeGiven = serversSetting(expanded, 'poolSize')
+  const validate = validator()
   if (!validate(expanded)) {
     for (const e of relevantErrors(validate.errors ?? [])) problems.add(...renderAjvError(e))
   } else {
-    checkSemantics(expanded as Config, problems)
+    checkSemantics(expanded as Config, poolSizeGiven, problems)
   }
   problems.throwIfAny()
-  applyModeDefaults(expanded as Config)
-  return deepFreeze(expanded as Config)
+  applyModeDefaults(expanded as Config, poolSizeGiven)
+  return deepFreeze(withNameMaps(expanded as Config))
+}
+
+/**
+ * The maps keyed by configured names (servers, tenants, a tenant's servers) without a prototype:
+ * a server or tenant may be named `constructor`, `toString` or `valueOf`, and `servers[name]` must
+ * then read that server, and `servers.toString` (for a name nobody configured) nothing, wherever
+ * the code looks a name up.
+ */
+function withNameMaps (config: Config): Config {
+  const bare = <T>(map: Record<string, T>): Record<string, T> => Object.assign(Object.create(null) as Record<string, T>, map)
+  config.servers = bare(config.servers)
+  if (config.tenants !== undefined) {
+    config.tenants = bare(config.tenants)
+    for (const tenant of Object.values(config.tenants)) tenant.servers = bare(tenant.servers)
+  }
+  return config
 }
 
 /** Default sessions per replica of a stdio server: children when dedicated, sessions when pooled. */
 export const DEDICATED_MAX_SESSIONS = 100
 export const POOLED_MAX_SESSIONS = 10_000
 
-/** Defaults that depend on another key (the schema cannot say them): maxSessions by mode. */
-function applyModeDefaults (config: Config): void {
-  for (const server of Object.values(config.servers)) {
+/**
+ * Defaults that depend on another key (the schema cannot say them): maxSessions by mode, and a
+ * poolSize left unset is at most poolMax (`poolMax: 2` alone means a pool of at most 2).
+ */
+function applyModeDefaults (config: Config, poolSizeGiven: ReadonlySet<string>): void {
+  for (const [name, server] of Object.entries(config.servers)) {
+    if (server.transport === 'aggregate') continue
+    if (!poolSizeGiven.has(name) && server.poolSize !== undefined && server.poolMax !== undefined && server.poolSize > server.poolMax) {
+      (server as { poolSize: number }).poolSize = server.poolMax
+    }
     if (server.transport !== 'stdio') continue
     const mutable = server as { maxSessions?: number }
     mutable.maxSessions ??= server.sessions === 'pooled' ? POOLED_MAX_SESSIONS : DEDICATED_MAX_SESSIONS
   }
+}
+
+/** The servers (by name) whose settings, as written, have `key`. */
+function serversSetting (raw: unknown, key: string): Set<string> {
+  const servers = isPlainObject(raw) && isPlainObject(raw.servers) ? raw.servers : {}
+  return new Set(Object.entries(servers).filter(([, s]) => isPlainObject(s) && Object.hasOwn(s, key)).map(([name]) => name))
 }
 
 // strict: true rejects unknown keywords, ignored defaults and type-less keywords in the schema
@@ -127,8 +174,34 @@ function applyModeDefaults (config: Config): void {
 // coerceTypes: placeholders always expand to strings (`port: ${PORT:-8080}`), and YAML reads
 // `args: [--port, 3000]` as a number; coercion turns each into the type the schema asks for.
 // Its one lax case, null -> 0 / '' / false, is closed by expand(), which rejects null values.
-const ajv = new Ajv({ allErrors: true, useDefaults: true, coerceTypes: true, strict: true })
-const validate = ajv.compile(configSchema)
+// Compiled on first use, not at import: the image's HEALTHCHECK imports this module every few
+// seconds for readListenAddress() alone, and the compile is most of an import's cost.
+let compiled: ValidateFunction | undefined
+function validator (): ValidateFunction {
+  compiled ??= new Ajv({ allErrors: true, useDefaults: true, coerceTypes: true, strict: true }).compile(configSchema)
+  return compiled
+}
+
+/**
+ * The address the config at `path` listens on (placeholders expanded, the schema's defaults),
+ * without validating the rest of the file: cheap enough for a health check run every few seconds.
+ */
+export async function readListenAddress (path: string, env: NodeJS.ProcessEnv = process.env): Promise<{ host: string, port: number }> {
+  let text: string
+  try {
+    text = await readFile(path, 'utf8')
+  } catch (err) {
+    throw new GW_ERR_CONFIG_INVALID(`cannot read ${path}: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`, { cause: err })
+  }
+  const raw = extname(path).toLowerCase() === '.json' ? parseJson(path, text) : parseYaml(path, text)
+  const listen = isPlainObject(raw) && isPlainObject(raw.listen) ? raw.listen : {}
+  const problems = new Problems()
+  const expanded = expand({ host: listen.host ?? configSchema.properties.listen.properties.host.default, port: listen.port ?? configSchema.properties.listen.properties.port.default }, '/listen', env, problems) as { host: unknown, port: unknown }
+  problems.throwIfAny()
+  const port = Number(expanded.port)
+  if (typeof expanded.host !== 'string' || !Number.isInteger(port) || port < 0 || port > 65535) throw new GW_ERR_CONFIG_INVALID('/listen: not a valid host and port')
+  return { host: expanded.host, port }
+}
 
 class Problems {
   readonly #lines = new Set<string>()
@@ -160,8 +233,12 @@ const pointer = (base: string, key: string | number): string =>
 // `$${` is a literal `${` (the leftmost match wins: `$$${X}` is `$` then a literal `${X}`);
 // `${NAME}` or `${NAME:-default}` is a placeholder; a `${` that matches neither is reported
 // rather than passed on, since it is almost always a typo. Other `$` characters are kept.
+// `${file:PATH}` is the content of the file at PATH (relative to the working directory), one
+// trailing newline dropped: a secret mounted as a file (a Kubernetes Secret volume, a compose
+// secret) can be rotated without restarting, as every reload reads it again.
 const PLACEHOLDER = /\$\$\{|\$\{([^}]*)\}|\$\{/g
 const INNER = /^([A-Za-z_][A-Za-z0-9_]*)(?::-(.*))?$/s
+const FILE_INNER = /^file:(.+)$/s
 
 /** Copies `value` with every string expanded; records nulls, non-JSON values and bad placeholders. */
 function expand (value: unknown, path: string, env: NodeJS.ProcessEnv, problems: Problems): unknown {
@@ -194,6 +271,8 @@ function isPlainObject (value: unknown): value is Record<string, unknown> {
 function expandString (text: string, path: string, env: NodeJS.ProcessEnv, problems: Problems): string {
   return text.replace(PLACEHOLDER, (match: string, inner: string | undefined) => {
     if (match === '$${') return '${'
+    const file = inner === undefined ? null : FILE_INNER.exec(inner)
+    if (file !== null) return readPlaceholderFile(file[1] as string, path, problems)
     const m = inner === undefined ? null : INNER.exec(inner)
     if (m === null) {
       // The text is not echoed: it may sit next to a secret.
@@ -211,6 +290,19 @@ function expandString (text: string, path: string, env: NodeJS.ProcessEnv, probl
     }
     return found
   })
+}
+
+function readPlaceholderFile (file: string, path: string, problems: Problems): string {
+  let text: string
+  try {
+    text = readFileSync(file, 'utf8')
+  } catch (err) {
+    // The file's name is said, never its content.
+    problems.addRoot(path, `cannot read file ${file}: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`)
+    return ''
+  }
+  // `echo secret > file` and `kubectl create secret --from-file` keep the newline the value lacks.
+  return text.endsWith('\r\n') ? text.slice(0, -2) : text.endsWith('\n') ? text.slice(0, -1) : text
 }
 
 // An `if` error only says "must match then/else" next to the branch's real errors; a
@@ -234,13 +326,43 @@ function relevantErrors (errors: ErrorObject[]): ErrorObject[] {
   })
 }
 
+/** The longest aggregate member prefix, and the separator's length range (schema.ts patterns). */
+export const MAX_PREFIX = 32
+const PREFIX_WORDS = `must be at most ${MAX_PREFIX} characters, each a letter, digit, "_", "." or "-" ("" for no prefix)`
+const SEPARATOR_WORDS = 'must be 1 to 8 characters, each a letter, digit, "_", "." or "-"'
+// Patterns told in words: a regular expression is no way to tell an author a limit.
+const PATTERN_WORDS: Array<[RegExp, string]> = [
+  [/\/members\/items\/properties\/prefix\/pattern$/, PREFIX_WORDS],
+  [/\/properties\/separator\/pattern$/, SEPARATOR_WORDS]
+]
+
+// Each server option and the transports it belongs to, so an option set on the wrong kind of
+// server says where it belongs instead of only that it is unknown here.
+const SERVER_BRANCHES = configSchema.properties.servers.additionalProperties
+const SERVER_KINDS: Array<{ label: string, keys: string[] }> = [
+  { label: 'stdio servers', keys: Object.keys(SERVER_BRANCHES.then.properties) },
+  { label: 'HTTP servers (streamable-http, sse)', keys: Object.keys(SERVER_BRANCHES.else.else.properties) },
+  { label: 'aggregate servers', keys: Object.keys(SERVER_BRANCHES.else.then.properties) }
+]
+
+function unknownOption (instancePath: string, key: string): string {
+  if (!/^\/servers\/[^/]+$/.test(instancePath)) return 'is not a known option'
+  const owners = SERVER_KINDS.filter(k => k.keys.includes(key)).map(k => k.label)
+  return owners.length === 0 ? 'is not a known option' : `is an option of ${owners.join(' and ')} only`
+}
+
 /** One ajv error as [path, reason]. Reasons never include the offending value (it may be a secret). */
 function renderAjvError (e: ErrorObject): [string, string] {
   const params = e.params as Record<string, unknown>
+  if (e.propertyName !== undefined && e.keyword === 'pattern' && params.pattern === NAME_PATTERN) return [pointer(e.instancePath, e.propertyName), 'is not a valid name: a letter or digit, then letters, digits, - or _ (64 at most)']
   if (e.propertyName !== undefined) return [pointer(e.instancePath, e.propertyName), `name ${e.message ?? 'is invalid'}`]
   switch (e.keyword) {
     case 'required': return [pointer(e.instancePath, String(params.missingProperty)), 'is required']
-    case 'additionalProperties': return [pointer(e.instancePath, String(params.additionalProperty)), 'is not a known option']
+    case 'additionalProperties': return [pointer(e.instancePath, String(params.additionalProperty)), unknownOption(e.instancePath, String(params.additionalProperty))]
+    case 'pattern': {
+      const words = PATTERN_WORDS.find(([re]) => re.test(e.schemaPath))?.[1]
+      return [e.instancePath, words ?? e.message ?? 'fails pattern']
+    }
     case 'enum': return [e.instancePath, `must be one of: ${(params.allowedValues as unknown[]).map(String).join(', ')}`]
     case 'const': return [e.instancePath, `must be ${String(params.allowedValue)}`]
     default: return [e.instancePath, e.message ?? `fails ${e.keyword}`]
@@ -254,15 +376,31 @@ const MANAGED_HEADERS = new Set([
   'content-length', 'host', 'mcp-session-id', 'mcp-protocol-version', 'last-event-id'
 ])
 const TOKEN = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/
+const BEARER_TOKEN = /^[\x21-\x7e]+$/
 // The client's own credentials never go upstream (SPEC.md A-UP-1, issue 8); the backends drop them too.
 const CLIENT_CREDENTIALS = new Set(['authorization', 'x-api-key', 'cookie', 'proxy-authorization'])
 
 /** Checks the schema cannot express. Each names the path only, never the value. */
-function checkSemantics (config: Config, problems: Problems): void {
+function checkSemantics (config: Config, poolSizeGiven: ReadonlySet<string>, problems: Problems): void {
   if (config.redis !== undefined && !isUrl(config.redis.url)) problems.add('/redis/url', 'must be a valid URL')
   if (config.tracing !== undefined && !isUrl(config.tracing.otlpEndpoint)) problems.add('/tracing/otlpEndpoint', 'must be a valid URL')
+  // `Authorization: Bearer <token>` carries one run of visible ASCII: a token with a space can never
+  // be presented, and one with other characters arrives in another encoding than it was sent in.
+  for (const [path, token] of [['/admin/token', config.admin?.token], ['/metrics/token', config.metrics.token]] as const) {
+    if (token !== undefined && !BEARER_TOKEN.test(token)) problems.add(path, 'can never be presented in `Authorization: Bearer`: use visible ASCII characters only, no spaces (e.g. openssl rand -base64 32)')
+  }
+  config.http.trustedProxies.forEach((entry, i) => {
+    const problem = trustedProxyProblem(entry)
+    if (problem !== undefined) problems.add(`/http/trustedProxies/${i}`, problem)
+  })
   for (const [name, server] of Object.entries(config.servers)) {
     const base = pointer('/servers', name)
+    // A poolSize written above poolMax (given or default) is a contradiction: which one was meant
+    // cannot be guessed. Unset, poolSize follows poolMax (applyModeDefaults).
+    if (server.transport !== 'aggregate' && poolSizeGiven.has(name) && server.poolMax !== undefined && server.poolSize !== undefined && server.poolMax < server.poolSize) {
+      const defaultMax = server.transport === 'stdio' ? SERVER_BRANCHES.then.properties.poolMax.default : SERVER_BRANCHES.else.else.properties.poolMax.default
+      problems.add(`${base}/poolMax`, `must be at least poolSize (poolMax is ${server.poolMax}, poolSize ${server.poolSize}; unset, poolMax is ${defaultMax} for this transport)`)
+    }
     if (server.transport === 'stdio') {
       checkDelays(`${base}/restart`, server.restart, problems)
       // spawn() throws on these at the first session; better to say so at boot.
@@ -297,6 +435,12 @@ function checkMembers (base: string, server: AggregateServerConfig, servers: Con
     else if (target.transport === 'aggregate') problems.add(at, 'names an aggregate server: an aggregate cannot be a member of another')
     if (seen.has(member.server)) problems.add(at, 'names a server that is already a member')
     seen.add(member.server)
+    // The default prefix is the server name (up to 64 characters): held to an explicit prefix's
+    // limit, since past it every exposed name would be shortened to a digest with no trace of the
+    // tool's own name (routing/aggregate/names.ts rule 2), leaving the model nothing to choose by.
+    if (member.prefix === undefined && member.server.length > MAX_PREFIX) {
+      problems.add(`${base}/members/${i}/prefix`, `is required for a server whose name is longer than ${MAX_PREFIX} characters (the default prefix is the server name; ${PREFIX_WORDS})`)
+    }
   })
 }
 

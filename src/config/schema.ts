@@ -3,7 +3,8 @@
 // defaults; config/gateway.example.yaml shows each of them.
 import type { FromSchema } from 'json-schema-to-ts'
 
-const serverName = '^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$'
+/** Server and tenant names: `__proto__` cannot be one (maps by name: see withNameMaps in load.ts). */
+export const NAME_PATTERN = '^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$'
 
 const restartSchema = {
   type: 'object',
@@ -146,7 +147,7 @@ const aggregateServerSchema = {
         additionalProperties: false,
         required: ['server'],
         properties: {
-          server: { type: 'string', pattern: serverName },
+          server: { type: 'string', pattern: NAME_PATTERN },
           /** Prefix of its tool and prompt names; default the member's server name; "" for none. */
           prefix: { type: 'string', pattern: '^[A-Za-z0-9_.-]{0,32}$' },
           /** Globs on the member's own tool names. */
@@ -231,7 +232,7 @@ const tenantSchema = {
       }
     },
     /** The servers this tenant may use; any other does not exist for it. */
-    servers: { type: 'object', propertyNames: { pattern: serverName }, additionalProperties: tenantServerSchema },
+    servers: { type: 'object', propertyNames: { pattern: NAME_PATTERN }, additionalProperties: tenantServerSchema },
     limits: {
       type: 'object',
       additionalProperties: false,
@@ -309,7 +310,14 @@ export const configSchema = {
         /** SSE comment keep-alive interval. */
         keepAliveMs: { type: 'integer', minimum: 1000, default: 15_000 },
         /** SSE `retry` hint sent to 2025-11-25 clients and on shutdown. */
-        retryMs: { type: 'integer', minimum: 0, default: 1000 }
+        retryMs: { type: 'integer', minimum: 0, default: 1000 },
+        /**
+         * Proxies (addresses or CIDRs) whose forwarding header names the client: its address for
+         * the failed-authentication budget, audit lines and logs. Empty: the TCP peer's, nothing believed.
+         */
+        trustedProxies: { type: 'array', items: { type: 'string' }, default: [] },
+        /** The header those proxies set (only it is read): X-Forwarded-For, or RFC 7239 Forwarded. */
+        forwardedHeader: { enum: ['x-forwarded-for', 'forwarded'], default: 'x-forwarded-for' }
       }
     },
     sessions: {
@@ -395,7 +403,12 @@ export const configSchema = {
         keyPrefix: { type: 'string', pattern: '^[A-Za-z0-9_.-]+$', default: 'mcpgw' },
         /** Lease of an owner and of a stream holder; a replica's heartbeat lives min(leaseMs, 3000) ms. */
         leaseMs: { type: 'integer', minimum: 500, default: 10_000 },
-        connectTimeoutMs: { type: 'integer', minimum: 100, default: 5000 }
+        connectTimeoutMs: { type: 'integer', minimum: 100, default: 5000 },
+        /**
+         * How long Redis may be unreachable before /readyz answers 503. Every replica shares it,
+         * so answering 503 at once would take them all out of a load balancer together.
+         */
+        readinessGraceMs: { type: 'integer', minimum: 0, default: 15_000 }
       }
     },
     /** OpenTelemetry tracing; absent: off, and the SDK is not loaded. */
@@ -438,13 +451,13 @@ export const configSchema = {
     /** Who may call: with tenants, every MCP endpoint needs a credential. */
     tenants: {
       type: 'object',
-      propertyNames: { pattern: serverName },
+      propertyNames: { pattern: NAME_PATTERN },
       additionalProperties: tenantSchema
     },
     servers: {
       type: 'object',
       minProperties: 1,
-      propertyNames: { pattern: serverName },
+      propertyNames: { pattern: NAME_PATTERN },
       additionalProperties: {
         type: 'object',
         required: ['transport'],

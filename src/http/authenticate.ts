@@ -9,12 +9,18 @@ import type { EndpointKind, TenantDirectory } from '../auth/tenants.js'
 import type { AuthFailureBudget } from '../auth/failure-budget.js'
 import { GW_ERR_AUTH_THROTTLED, GW_ERR_SERVER_NOT_ALLOWED, GW_ERR_SERVER_NOT_FOUND, withRetryAfter } from '../core/errors.js'
 import { audit } from '../telemetry/audit.js'
+import type { AddressOf } from './client-address.js'
+import type { ServerSource } from '../config/live.js'
 
 export interface HttpAuthenticateOptions {
   tenants: TenantDirectory
   jwt?: JwtCheck
   /** Failed authentication charged per client address (issue 28); absent: not charged. */
   failures?: AuthFailureBudget
+  /** The client's address (http/client-address.ts): the TCP peer's, or what a trusted proxy says. */
+  addressOf: AddressOf
+  /** The servers configured now (a reload changes them). */
+  live: ServerSource
 }
 
 /** Route patterns of the MCP endpoints, and which protected resource each belongs to. */
@@ -31,7 +37,7 @@ export function isMcpRoute (url: string | undefined): boolean {
 }
 
 export default fp<HttpAuthenticateOptions>(async function httpAuthenticate (app: FastifyInstance, opts) {
-  const { tenants, jwt, failures } = opts
+  const { tenants, jwt, failures, addressOf, live } = opts
   app.addHook('onRequest', (req: FastifyRequest, _reply, done) => {
     // Callback-style: with tenants off, a request costs no promise here.
     if (!tenants.enabled) { done(); return }
@@ -45,31 +51,41 @@ export default fp<HttpAuthenticateOptions>(async function httpAuthenticate (app:
     // A name no server can have is 404 at once: it would otherwise end up in the challenge header.
     if (!SERVER_NAME.test(server)) throw new GW_ERR_SERVER_NOT_FOUND(server.slice(0, 64))
     const endpoint: Endpoint = { kind, server }
-    const wait = failures?.blocked(req.ip) ?? 0
-    if (wait > 0) throw throttled(req, server, wait)
+    const address = addressOf(req)
+    // An address whose budget is spent still gets what verifies from what the gateway holds (a
+    // known API key, a JWT signed by a key already fetched): clients behind one proxy or NAT share
+    // an address, and one client's failures must not lock the others out. Anything else that
+    // presents a credential is 429 without a fetch or a charge, whatever its reason, so the
+    // answer tells a guesser nothing a 401 would not.
+    const wait = failures?.blocked(address) ?? 0
     let principal
     try {
-      principal = await authenticate(req.headers, endpoint, tenants, jwt)
+      principal = await authenticate(req.headers, endpoint, tenants, jwt, wait > 0)
     } catch (err) {
       if (!(err instanceof AuthRefusal)) throw err
-      audit(req.log, 'request.refused', { server, method: req.method, status: err.error.statusCode, reason: err.reason, via: err.via })
+      if (wait > 0 && err.via !== 'none') throw throttled(req, server, wait, address)
+      audit(req.log, 'request.refused', { server, method: req.method, status: err.error.statusCode, reason: err.reason, via: err.via, address })
       // A credential that failed is charged (no credential at all is discovery's first step, and a
       // 503 is the issuer's fault, not the client's); once the address's budget is spent: 429.
       if (failures !== undefined && err.via !== 'none' && err.error.statusCode === 401) {
-        const spent = await failures.charge(req.ip)
-        if (spent > 0) throw throttled(req, server, spent)
+        const spent = await failures.charge(address)
+        if (spent > 0) throw throttled(req, server, spent, address)
       }
       throw err.error
     }
+    // No such server (never configured, or removed by a reload: its sessions ended) is 404 for
+    // everyone, as without tenants: the client's cue that the session is gone. Which servers exist
+    // is no secret (their OAuth metadata is public); another tenant's server stays 403.
+    if (!Object.hasOwn(live.servers, server)) throw new GW_ERR_SERVER_NOT_FOUND(server)
     if (principal.tenant === null || tenants.server(principal.tenant, server) === undefined) {
-      audit(req.log, 'request.refused', { tenant: principal.tenant, subject: principal.subjectDigest, server, method: req.method, status: 403, reason: 'server not allowed' })
+      audit(req.log, 'request.refused', { tenant: principal.tenant, subject: principal.subjectDigest, server, method: req.method, status: 403, reason: 'server not allowed', address })
       throw new GW_ERR_SERVER_NOT_ALLOWED(server)
     }
     req.principal = principal
   }
 }, { name: 'gateway-authenticate', fastify: '5.x' })
 
-function throttled (req: FastifyRequest, server: string, retryAfter: number): Error {
-  audit(req.log, 'request.refused', { server, method: req.method, status: 429, reason: 'failed authentication budget', retryAfter })
+function throttled (req: FastifyRequest, server: string, retryAfter: number, address: string): Error {
+  audit(req.log, 'request.refused', { server, method: req.method, status: 429, reason: 'failed authentication budget', retryAfter, address })
   return withRetryAfter(new GW_ERR_AUTH_THROTTLED(retryAfter), retryAfter)
 }

@@ -2,6 +2,7 @@
 // Origin must be allowed (403 otherwise); the Host header must be allowed too when the gateway
 // listens on loopback (the SDK's localhost host validation). CORS and the Origin check use the
 // same allow-list so they can never disagree.
+import { isIP } from 'node:net'
 import cors from '@fastify/cors'
 import type { FastifyInstance, FastifyRequest } from 'fastify'
 import fp from 'fastify-plugin'
@@ -18,6 +19,17 @@ function hostName (hostHeader: string): string {
   // "[::1]:8080" -> "[::1]", "localhost:8080" -> "localhost"
   if (hostHeader.startsWith('[')) return hostHeader.slice(0, hostHeader.indexOf(']') + 1).toLowerCase()
   return (hostHeader.split(':')[0] ?? '').toLowerCase()
+}
+
+/**
+ * A scrape of /metrics addressed to an IP literal (Prometheus scraping a pod's address): exempt from
+ * http.allowedHosts, which names the public host clients use. DNS rebinding, which the Host check
+ * stops, always arrives with a name, never an address; /metrics keeps its own token.
+ */
+function isScrapeByAddress (url: string, host: string | undefined): boolean {
+  if (host === undefined || !(url === '/metrics' || url.startsWith('/metrics?'))) return false
+  const name = hostName(host)
+  return isIP(name.startsWith('[') ? name.slice(1, -1) : name) !== 0
 }
 
 export function makeOriginCheck (config: Readonly<Config>): (origin: string) => boolean {
@@ -72,7 +84,7 @@ export default fp<HttpGuardOptions>(async function httpGuard (app: FastifyInstan
   app.addHook('onRequest', (req: FastifyRequest, _reply, done) => {
     if (req.url.startsWith('/healthz') || req.url.startsWith('/readyz')) { done(); return }
     const host = req.headers.host
-    if (host !== lastAllowedHost || host === undefined) {
+    if ((host !== lastAllowedHost || host === undefined) && !isScrapeByAddress(req.url, host)) {
       if (!hostAllowed(host)) { done(new GW_ERR_FORBIDDEN('Host header not allowed')); return }
       lastAllowedHost = host
     }

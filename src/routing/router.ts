@@ -30,8 +30,9 @@ import { isValidSessionId, Sessions, type NewSession } from './sessions.js'
 import { APPEND_RETRY_MS, ClientStreams, type OpenPostOptions, type OpenStreamOptions } from './replica/streams.js'
 import type { ConnectionPool } from './upstream/pool.js'
 import { PooledSessions } from './kinds/pooled-sessions.js'
-import type { StreamKind } from '../telemetry/metrics.js'
+import type { StreamKind, UpkeepPass } from '../telemetry/metrics.js'
 import { shortHash } from '../telemetry/logger.js'
+import { inBatches } from './replica/upkeep.js'
 import { Delivery } from './kinds/delivery.js'
 import { SessionKinds } from './kinds/kinds.js'
 import { serverConfigOf, type KindName, type Route, type SessionKind } from './kinds/kind.js'
@@ -74,6 +75,10 @@ export class Router {
   readonly #delivery: Delivery
   readonly #kinds: SessionKinds
   #tick: NodeJS.Timeout | undefined
+  /** Whether a tick is running (#onTick). */
+  #ticking = false
+  /** The server of sessions whose streams are held here, as last read (#watchOwners). */
+  readonly #serverOf = new Map<string, string>()
   #beat: NodeJS.Timeout | undefined
   #storeDown = false
   /** When the heartbeat first failed in the outage going on, if one is. */
@@ -153,7 +158,7 @@ export class Router {
     this.#beat = setInterval(() => {
       if (beating) return
       beating = true
-      this.#onBeat(beatTtl).catch(err => this.#o.log.warn({ err }, 'heartbeat failed')).finally(() => { beating = false })
+      this.#timed('heartbeat', async () => { await this.#onBeat(beatTtl) }).catch(err => this.#o.log.warn({ err }, 'heartbeat failed')).finally(() => { beating = false })
     }, Math.floor(beatTtl / 3))
     this.#beat.unref()
   }
@@ -272,7 +277,10 @@ export class Router {
   /** `record`: the session's, when the stream is its GET or legacy stream (a pooled session's events come to it). */
   async openStream (options: OpenStreamOptions, record?: SessionRecord): Promise<StreamWriter> {
     const writer = await this.#streams.open(options)
-    if (record !== undefined) this.#kinds.of(record.server).listen(record)
+    if (record !== undefined) {
+      this.#serverOf.set(record.id, record.server)
+      this.#kinds.of(record.server).listen(record)
+    }
     return writer
   }
 
@@ -478,11 +486,25 @@ export class Router {
     }
   }
 
+  /**
+   * One upkeep tick (a third of a lease apart): owner leases, holder leases, then the watch over
+   * sessions whose streams are held here and whose owner is elsewhere. A tick never starts while
+   * the last one still runs: two passes at once would only slow each other past the leases.
+   */
   async #onTick (): Promise<void> {
-    const { store } = this.#o
+    if (this.#ticking) return
+    this.#ticking = true
+    try {
+      await this.#tickOnce()
+    } finally {
+      this.#ticking = false
+    }
+  }
+
+  async #tickOnce (): Promise<void> {
     const ownership = this.#ownership
     this.#sessions.sweep()
-    const { expired, leaseLost } = await ownership.renew()
+    const { expired, leaseLost } = await this.#timed('owner_leases', async () => await ownership.renew())
     // Idle timeout reached (or deleted elsewhere): stop the backend (idle reaping).
     for (const sid of expired) await this.#sessions.end(sid, 'idle timeout')
     // Another replica took the session over (it thought this one dead): only the backend stops
@@ -493,14 +515,55 @@ export class Router {
       const server = ownership.local(sid)?.server ?? '?'
       await ownership.drop(sid, new GW_ERR_BACKEND_LOST(server, 'another replica took the session over'))
     }))
-    const held = await this.#streams.renew()
-    for (const sid of held) {
-      if (ownership.has(sid)) continue
-      const owner = await store.getOwner(sid)
-      if (owner !== null && await store.isAlive(owner)) continue
-      const record = await store.get(sid)
-      // Carried on, taken over here, or ended, as its kind says.
-      if (record !== null) await this.#kinds.of(record.server).ownerGone(record)
+    const held = await this.#timed('stream_leases', async () => await this.#streams.renew())
+    await this.#timed('owner_watch', async () => { await this.#watchOwners(held) })
+  }
+
+  /**
+   * Sessions whose streams are held here and whose backend runs elsewhere: an owner found gone is
+   * acted on. Pooled sessions have no owner: known by their server (learnt once per session, and
+   * never stored: a reload may change a server's mode), they cost nothing here.
+   */
+  async #watchOwners (held: Set<string>): Promise<void> {
+    const { store } = this.#o
+    const ownership = this.#ownership
+    for (const sid of this.#serverOf.keys()) if (!held.has(sid)) this.#serverOf.delete(sid)
+    const watched = [...held].filter(sid => {
+      if (ownership.has(sid)) return false
+      const server = this.#serverOf.get(sid)
+      return server === undefined || this.#kinds.of(server).leased
+    })
+    await inBatches(watched, async batch => {
+      const owners = await Promise.all(batch.map(async sid => await store.getOwner(sid)))
+      const orphaned: string[] = []
+      for (const [i, sid] of batch.entries()) {
+        const owner = owners[i] ?? null
+        if (owner === null || !await ownership.isAlive(owner)) orphaned.push(sid)
+      }
+      const records = await Promise.all(orphaned.map(async sid => await store.get(sid)))
+      for (const [i, sid] of orphaned.entries()) {
+        const record = records[i] ?? null
+        if (record === null) continue
+        this.#serverOf.set(sid, record.server)
+        // Carried on, taken over here, or ended, as its kind says (a pooled session has no owner: nothing was lost).
+        await this.#kinds.of(record.server).ownerGone(record)
+      }
+    })
+  }
+
+  /**
+   * Runs one upkeep pass and records how long it took. A pass longer than a third of the lease
+   * (the renewal interval) is logged: leases then lapse between renewals, and only re-claiming
+   * keeps them.
+   */
+  async #timed<T> (pass: UpkeepPass, run: () => Promise<T>): Promise<T> {
+    const started = performance.now()
+    try {
+      return await run()
+    } finally {
+      const ms = performance.now() - started
+      this.#o.metrics.upkeepPass(pass, ms / 1000)
+      if (ms > this.#leaseMs / 3) this.#o.log.warn({ pass, ms: Math.round(ms), leaseMs: this.#leaseMs }, 'upkeep pass took longer than a third of the lease')
     }
   }
 }

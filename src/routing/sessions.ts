@@ -17,6 +17,8 @@ import { shortHash } from '../telemetry/logger.js'
 import { deepFreeze } from '../core/freeze.js'
 
 const SESSION_ID = /^[A-Za-z0-9_-]{16,64}$/
+/** A session's last-active time is written at most this often (the console shows it in seconds). */
+const ACTIVE_MARK_MS = 5000
 
 export function isValidSessionId (sid: string): boolean {
   return SESSION_ID.test(sid)
@@ -41,6 +43,8 @@ export class Sessions {
   readonly #o: SessionsOptions
   /** When each session's TTL was last refreshed from here. */
   readonly #lastTouch = new Map<string, number>()
+  /** When each session's last-active time was last written (touch). */
+  readonly #lastActive = new Map<string, number>()
   /**
    * Redis mode: the records of routed Streamable HTTP sessions whose backend runs here, as last
    * read. What a POST needs of them (server, principal, transport, version, tenant) never changes
@@ -153,15 +157,24 @@ export class Sessions {
     this.#o.streams.endSession(sid, err)
     this.#o.pooled.endLocal(sid, err)
     this.#lastTouch.delete(sid)
+    this.#lastActive.delete(sid)
     this.#owned.delete(sid)
     if (await this.#o.ownership.drop(sid, err)) {
       relay?.log.info({ reason }, 'session ended')
     }
   }
 
-  /** Refreshes the session TTL, at most every tenth of the idle timeout (saves store round trips). */
+  /**
+   * The client sent something: refreshes the session TTL, at most every tenth of the idle timeout
+   * (saves store round trips), and its last-active time, at most every ACTIVE_MARK_MS. An open
+   * stream's keep-alive refreshes the TTL elsewhere (streams.ts) and is no client activity.
+   */
   touch (sid: string): void {
     const now = Date.now()
+    if (now - (this.#lastActive.get(sid) ?? 0) >= ACTIVE_MARK_MS) {
+      this.#lastActive.set(sid, now)
+      this.#o.store.update(sid, { lastActiveAt: now }).catch(() => {})
+    }
     const last = this.#lastTouch.get(sid) ?? 0
     if (now - last < this.#idleMs / 10) return
     this.#lastTouch.set(sid, now)
@@ -175,6 +188,7 @@ export class Sessions {
   sweep (): void {
     const stale = Date.now() - this.#idleMs
     for (const [sid, at] of this.#lastTouch) if (at < stale) this.#lastTouch.delete(sid)
+    for (const [sid, at] of this.#lastActive) if (at < stale) this.#lastActive.delete(sid)
     for (const sid of this.#owned.keys()) if (this.#o.ownership.local(sid)?.isOwner !== true) this.#owned.delete(sid)
   }
 }

@@ -2,7 +2,7 @@
 // default when no Redis is configured. It keeps the Redis twin's semantics, TTLs included, so the
 // shared contract suite (test/state/contract-session-store.ts) holds for both.
 import { GW_ERR_CONFLICT } from '../core/errors.js'
-import type { IndexedSession, SessionRecord, SessionStore } from './session-store.js'
+import type { HeldStream, IndexedSession, OwnerKeep, SessionRecord, SessionStore, StreamKeep } from './session-store.js'
 import { deepFreeze } from '../core/freeze.js'
 
 interface Expiring<T> {
@@ -191,6 +191,39 @@ export class MemorySessionStore implements SessionStore {
   holderOf (sid: string, streamId: string): string | null {
     const holder = this.#sides.get(sid)?.holders.get(streamId)
     return live(holder, Date.now()) ? holder.value : null
+  }
+
+  async keepStreams (streams: readonly HeldStream[], replicaId: string, leaseMs: number, idleMs: number): Promise<StreamKeep[]> {
+    const now = Date.now()
+    return streams.map(({ sid, streamId, leased }) => {
+      const record = this.#records.get(sid)
+      if (!live(record, now)) return 'gone'
+      record.expiresAt = now + idleMs
+      if (!leased) return 'held'
+      const holder = this.#sides.get(sid)?.holders.get(streamId)
+      if (live(holder, now)) {
+        if (holder.value !== replicaId) return 'taken'
+        holder.expiresAt = now + leaseMs
+        return 'held'
+      }
+      this.setHolder(sid, streamId, replicaId, leaseMs)
+      return 'reclaimed'
+    })
+  }
+
+  async keepOwners (sids: readonly string[], replicaId: string, leaseMs: number): Promise<OwnerKeep[]> {
+    const now = Date.now()
+    return sids.map(sid => {
+      if (!live(this.#records.get(sid), now)) return 'gone'
+      const side = this.#side(sid)
+      if (live(side.owner, now)) {
+        if (side.owner.value !== replicaId) return 'taken'
+        side.owner.expiresAt = now + leaseMs
+        return 'held'
+      }
+      side.owner = { value: replicaId, expiresAt: now + leaseMs }
+      return 'claimed'
+    })
   }
 
   async setCursor (sid: string, streamId: string, entryId: string, ttlMs: number): Promise<void> {

@@ -4,7 +4,7 @@ import { GW_ERR_CONFLICT } from '../core/errors.js'
 import { listenKey, replicaKey, sessionIndexKey, sessionKeys, summaryIndexKey, summaryKey } from './redis/keys.js'
 import { isRedisReady, storeCall, type Redis } from './redis/client.js'
 import { defineScripts } from './redis/scripts.js'
-import type { IndexedSession, SessionRecord, SessionStore } from './session-store.js'
+import type { HeldStream, IndexedSession, OwnerKeep, SessionRecord, SessionStore, StreamKeep } from './session-store.js'
 
 /** Hash fields hold JSON, so null, numbers and objects come back as they went in. */
 function encode (fields: Partial<SessionRecord>): string[] {
@@ -21,6 +21,10 @@ function decode (hash: Record<string, string>): SessionRecord | null {
   for (const [field, json] of Object.entries(hash)) record[field] = JSON.parse(json)
   return record as unknown as SessionRecord
 }
+
+/** keepStream's and keepOwner's answers, by the code the script returns. */
+const STREAM_KEEPS = ['gone', 'held', 'reclaimed', 'taken'] as const satisfies readonly StreamKeep[]
+const OWNER_KEEPS = ['gone', 'held', 'claimed', 'taken'] as const satisfies readonly OwnerKeep[]
 
 export class RedisSessionStore implements SessionStore {
   readonly #redis: Redis
@@ -100,16 +104,20 @@ export class RedisSessionStore implements SessionStore {
 
   async delete (sid: string): Promise<boolean> {
     const keys = this.#keys(sid)
-    // Every key named (Redis Cluster): read the stream set, then delete; retried if it grew meanwhile.
+    // Every key named (Redis Cluster): read the stream set, then delete. The record goes in the
+    // first call; streams added meanwhile are deleted by the next ones (bounded: their keys
+    // expire by themselves if a client keeps adding more).
+    let existed = false
     for (let attempt = 0; ; attempt++) {
       const streams = await storeCall(this.#redis.smembers(keys.streams))
       const perStream = streams.flatMap(s => [keys.events(s), keys.holder(s), keys.cursor(s)])
       // The index entry goes with the script, in the same write.
       const [result] = await Promise.all([
         storeCall(this.#redis.deleteSession(5 + perStream.length, keys.meta, keys.owner, keys.streams, keys.pending, ...perStream, keys.seq, ...streams)),
-        storeCall(this.#redis.zrem(sessionIndexKey(this.#prefix), sid)).catch(() => 0)
+        attempt === 0 ? storeCall(this.#redis.zrem(sessionIndexKey(this.#prefix), sid)).catch(() => 0) : 0
       ])
-      if (result !== -1 || attempt >= 10) return result === 1
+      existed ||= (result & 1) === 1
+      if (result < 2 || attempt >= 10) return existed
     }
   }
 
@@ -149,6 +157,35 @@ export class RedisSessionStore implements SessionStore {
 
   async getHolder (sid: string, streamId: string): Promise<string | null> {
     return await storeCall(this.#redis.get(this.#keys(sid).holder(streamId)))
+  }
+
+  async keepStreams (streams: readonly HeldStream[], replicaId: string, leaseMs: number, idleMs: number): Promise<StreamKeep[]> {
+    if (streams.length === 0) return []
+    // One script per stream (the batch spans sessions, so hash slots: Cluster-safe), all written
+    // at once: the batch costs one round trip, not one per stream.
+    const codes = await Promise.all(streams.map(async ({ sid, streamId, leased }) => {
+      const keys = this.#keys(sid)
+      return await storeCall(this.#redis.keepStream(keys.meta, keys.holder(streamId), keys.streams, replicaId, leaseMs, idleMs, streamId, leased ? '1' : '0'))
+    }))
+    // The index entries of the sessions kept alive, refreshed as touch does, in one command.
+    const live = new Set<string>()
+    const gone = new Set<string>()
+    codes.forEach((code, i) => { const sid = streams[i]?.sid ?? ''; (code === 0 ? gone : live).add(sid) })
+    const index = sessionIndexKey(this.#prefix)
+    const expiresAt = Date.now() + idleMs
+    const multi = this.#redis.multi()
+    if (live.size > 0) multi.zadd(index, ...[...live].flatMap(sid => [expiresAt, sid])).pexpire(index, idleMs)
+    if (gone.size > 0) multi.zrem(index, ...gone)
+    await storeCall(multi.exec()).catch(() => {})
+    return codes.map(code => STREAM_KEEPS[code])
+  }
+
+  async keepOwners (sids: readonly string[], replicaId: string, leaseMs: number): Promise<OwnerKeep[]> {
+    const codes = await Promise.all(sids.map(async sid => {
+      const keys = this.#keys(sid)
+      return await storeCall(this.#redis.keepOwner(keys.meta, keys.owner, replicaId, leaseMs))
+    }))
+    return codes.map(code => OWNER_KEEPS[code])
   }
 
   async setCursor (sid: string, streamId: string, entryId: string, ttlMs: number): Promise<void> {

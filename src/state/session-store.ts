@@ -34,6 +34,11 @@ export interface SessionRecord {
    */
   established?: EstablishedState | null
   createdAt: number
+  /**
+   * When the client last sent something on the session (ms since the epoch, to within a few
+   * seconds; absent: not since it was created). Not moved by stream keep-alives (admin console).
+   */
+  lastActiveAt?: number
 }
 
 /** The session state a client set on its backend, as the supervisor replays it after a restart. */
@@ -54,6 +59,31 @@ export interface IndexedSession {
   /** When the record's idle TTL runs out (ms since the epoch). */
   expiresAt: number
 }
+
+/** One client stream this replica holds, in a batch of holder renewals (SessionStore.keepStreams). */
+export interface HeldStream {
+  sid: string
+  streamId: string
+  /**
+   * Whether the stream has a holder lease to keep. A POST stream whose mark is still on its way
+   * has none yet (no other replica can hold it): only its session is kept alive.
+   */
+  leased: boolean
+}
+
+/**
+ * What keepStreams found for one stream: `held` (the lease was this replica's and is renewed, or
+ * there is none to keep), `reclaimed` (it had lapsed and nobody had taken it: this replica holds
+ * it again), `taken` (another replica holds it now) or `gone` (the session no longer exists).
+ */
+export type StreamKeep = 'held' | 'reclaimed' | 'taken' | 'gone'
+
+/**
+ * What keepOwners found for one session: `held` (the owner lease was this replica's and is
+ * renewed), `claimed` (it was free and is this replica's now), `taken` (another replica owns
+ * it) or `gone` (the session no longer exists).
+ */
+export type OwnerKeep = 'held' | 'claimed' | 'taken' | 'gone'
 
 /** How many sessions an admin listing reads from the index at most (bounds its cost). */
 export const SESSION_INDEX_READ_MAX = 10_000
@@ -89,6 +119,21 @@ export interface SessionStore {
   renewHolder (sid: string, streamId: string, replicaId: string, ttlMs: number): Promise<boolean>
   releaseHolder (sid: string, streamId: string, replicaId: string): Promise<void>
   getHolder (sid: string, streamId: string): Promise<string | null>
+
+  /**
+   * Upkeep of the streams this replica holds, a batch in one go (pipelined with Redis, one script
+   * per stream: a batch spans sessions, so hash slots): for each, its session's idle TTL is
+   * refreshed (`idleMs`) and its holder lease renewed (`leaseMs`), or re-claimed when it lapsed
+   * and nobody took it (a busy event loop is no reason to drop a stream). Answers in order.
+   */
+  keepStreams (streams: readonly HeldStream[], replicaId: string, leaseMs: number, idleMs: number): Promise<StreamKeep[]>
+  /**
+   * Upkeep of the owner leases of sessions whose backend connection is here, a batch in one go:
+   * whether each session still exists (its idle TTL is not refreshed here) and its owner lease,
+   * renewed when this replica's, taken when free (lapsed while this replica could not renew it,
+   * or its holder died). Answers in order.
+   */
+  keepOwners (sids: readonly string[], replicaId: string, leaseMs: number): Promise<OwnerKeep[]>
 
   /** Last entry id written to any connection of a stream, for a GET without Last-Event-ID. */
   setCursor (sid: string, streamId: string, entryId: string, ttlMs: number): Promise<void>

@@ -2,7 +2,7 @@
 // server, calls and refusals per tenant, in ten-second slots aligned on the clock, so every
 // replica's slots line up and the admin API adds them up. Kept whether or not Prometheus metrics
 // are on; each record is an array write, no allocation (the relay records every answer).
-import type { GatewayMetrics, MetricSources, SessionMetrics, StreamKind, BackendErrorKind } from './metrics.js'
+import type { GatewayMetrics, MetricSources, SessionMetrics, StreamKind, BackendErrorKind, UpkeepPass } from './metrics.js'
 import type { Bus } from '../state/bus.js'
 import type { Redis } from '../state/redis/client.js'
 
@@ -167,6 +167,7 @@ export class AdminStatsMetrics implements GatewayMetrics {
   eventLogLost (kind: StreamKind, count: number): void { this.inner.eventLogLost(kind, count) }
   resumeCursorMissing (kind: StreamKind): void { this.inner.resumeCursorMissing(kind) }
   aggregateMemberLeftOut (aggregate: string, member: string, why: 'down' | 'slow' | 'error'): void { this.inner.aggregateMemberLeftOut(aggregate, member, why) }
+  upkeepPass (pass: UpkeepPass, seconds: number): void { this.inner.upkeepPass(pass, seconds) }
   observe (sources: MetricSources): void { this.inner.observe(sources) }
   reconfigure (servers: Iterable<string>, tenants: Iterable<string>): void {
     const s = [...servers]

@@ -63,6 +63,8 @@ export function refusalReason (status: number, code: string): string {
 
 export type BackendErrorKind = 'timeout' | 'unavailable' | 'shutdown' | 'error_response'
 export type StreamKind = 'request' | 'get' | 'legacy'
+/** The router tick's upkeep passes (routing/replica/upkeep.ts): the label of mcpgw_upkeep_pass_duration_seconds. */
+export type UpkeepPass = 'owner_leases' | 'stream_leases' | 'owner_watch' | 'heartbeat'
 export const streamKindOf = (streamId: string): StreamKind => streamId === 'get' ? 'get' : streamId === 'legacy' ? 'legacy' : 'request'
 
 /** What a relay records: bound to one server and tenant. */
@@ -105,6 +107,8 @@ export interface GatewayMetrics {
   resumeCursorMissing (kind: StreamKind): void
   /** An aggregate's member left out of its lists: `down` (not started or gone), `slow` or `error` (a list failed). */
   aggregateMemberLeftOut (aggregate: string, member: string, why: 'down' | 'slow' | 'error'): void
+  /** One upkeep pass took `seconds` (wall clock, store round trips included). */
+  upkeepPass (pass: UpkeepPass, seconds: number): void
   observe (sources: MetricSources): void
   /** Live reload: the configured server and tenant names (the only label values allowed). */
   reconfigure (servers: Iterable<string>, tenants: Iterable<string>): void
@@ -132,6 +136,7 @@ export const NO_METRICS: GatewayMetrics = {
   eventLogLost () {},
   resumeCursorMissing () {},
   aggregateMemberLeftOut () {},
+  upkeepPass () {},
   observe () {},
   reconfigure () {},
   instrumentRedis () {},
@@ -141,6 +146,7 @@ export const NO_METRICS: GatewayMetrics = {
 const OPERATION_BUCKETS = [0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30, 60, 120, 300]
 const SESSION_BUCKETS = [1, 10, 60, 300, 900, 1800, 3600, 7200, 14_400, 43_200, 86_400]
 const REDIS_BUCKETS = [0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1]
+const UPKEEP_BUCKETS = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30]
 const LAG_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5]
 
 type Observe = (value: number) => void
@@ -221,6 +227,7 @@ class PromMetrics implements GatewayMetrics {
   readonly #lost: Counter<string>
   readonly #cursorMissing: Counter<string>
   readonly #memberLeftOut: Counter<string>
+  readonly #upkeep: Bound<Observe>
   readonly #busSent: Bound<Inc>
   readonly #busReceived: Bound<Inc>
   readonly #busLag: Observe
@@ -257,6 +264,8 @@ class PromMetrics implements GatewayMetrics {
     this.#memberLeftOut = new Counter({ name: 'mcpgw_aggregate_member_left_out_total', help: 'Times an aggregate server left a member out: down (not started, gone), slow (a list past memberTimeoutMs) or error (a list failed)', labelNames: ['aggregate', 'member', 'reason'], registers })
     this.#lost = new Counter({ name: 'mcpgw_event_log_lost_total', help: 'Messages trimmed from a client stream\'s bounded log before they were delivered (a slow or absent client lost them)', labelNames: ['stream'], registers })
     this.#cursorMissing = new Counter({ name: 'mcpgw_event_log_resume_cursor_missing_total', help: 'Resumes whose Last-Event-ID was already trimmed from the log (an unknown number of messages lost)', labelNames: ['stream'], registers })
+    const upkeep = new Histogram({ name: 'mcpgw_upkeep_pass_duration_seconds', help: 'How long one upkeep pass over this replica\'s leases and streams took (a pass near a third of redis.leaseMs risks leases), by pass', labelNames: ['pass'], buckets: UPKEEP_BUCKETS, registers })
+    this.#upkeep = new Bound(pass => { const h = upkeep.labels({ pass }); return (v: number) => { h.observe(v) } })
     const sent = new Counter({ name: 'mcpgw_bus_envelopes_sent_total', help: 'Envelopes sent to other replicas, by kind', labelNames: ['kind'], registers })
     const received = new Counter({ name: 'mcpgw_bus_envelopes_received_total', help: 'Envelopes received from other replicas, by kind', labelNames: ['kind'], registers })
     const lag = new Histogram({ name: 'mcpgw_bus_envelope_lag_seconds', help: 'Time from sending an envelope to its receipt (clocks of two replicas)', buckets: LAG_BUCKETS, registers })
@@ -366,6 +375,7 @@ class PromMetrics implements GatewayMetrics {
   aggregateMemberLeftOut (aggregate: string, member: string, why: 'down' | 'slow' | 'error'): void {
     this.#memberLeftOut.inc({ aggregate: this.#server(aggregate), member: this.#server(member), reason: why })
   }
+  upkeepPass (pass: UpkeepPass, seconds: number): void { this.#upkeep.get(pass)(seconds) }
   observe (sources: MetricSources): void { this.#sources = sources }
 
   reconfigure (servers: Iterable<string>, tenants: Iterable<string>): void {

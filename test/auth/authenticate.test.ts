@@ -84,9 +84,11 @@ t.test('an API key as Bearer or X-API-Key opens a session', async t => {
   t.equal(del.status, 200)
 })
 
-t.test('a server not in the tenant\'s list is 403 without a scope challenge, whether it exists or not', async t => {
+t.test('a server not in the tenant\'s list is 403 without a scope challenge; one that does not exist is 404', async t => {
+  // Which servers exist is no secret (their OAuth metadata is public): a server that does not
+  // exist, or was removed by a reload, is 404 as without tenants, the client's cue to start over.
   const gw = await gateway(t)
-  for (const server of ['other', 'nosuch']) {
+  for (const [server, status, code] of [['other', 403, 'GW_ERR_SERVER_NOT_ALLOWED'], ['nosuch', 404, 'GW_ERR_SERVER_NOT_FOUND']] as const) {
     for (const [method, path] of [['POST', `/mcp/${server}`], ['GET', `/sse/${server}`]] as const) {
       const res = await fetch(gw.url + path, {
         method,
@@ -94,9 +96,9 @@ t.test('a server not in the tenant\'s list is 403 without a scope challenge, whe
         ...(method === 'POST' ? { body: JSON.stringify(initMessage()) } : {})
       })
       const r = await refusal(res)
-      t.equal(r.status, 403, `${method} ${path}`)
+      t.equal(r.status, status, `${method} ${path}`)
       t.equal(r.challenge, null, 'no WWW-Authenticate')
-      t.equal(r.body.error.data.code, 'GW_ERR_SERVER_NOT_ALLOWED')
+      t.equal(r.body.error.data.code, code)
     }
   }
   // beta's own server works for beta.

@@ -1,19 +1,22 @@
 // Issue 28: failed authentication is charged to a budget per client address. Guessing is
 // throttled (429 with Retry-After), successes cost nothing, and another address is never refused
-// because of it. With Redis, two replicas draw on one budget.
+// because of it. With Redis, two replicas draw on one budget. Issue 32: once an address's budget
+// is spent, a credential that verifies from what the gateway holds still passes (clients behind one
+// proxy share an address); a refused one, or a JWT that would need a key set fetched, is 429.
 import { request } from 'node:http'
 import t from 'tap'
-import { ACCEPT_BOTH, newKey, PUBLIC_URL } from '../helpers/auth.js'
+import { ACCEPT_BOTH, bearer, newKey, PUBLIC_URL } from '../helpers/auth.js'
+import { newIssuerKey, startIssuer } from '../helpers/jwks.js'
 import { startGateway, stdioFixture } from '../helpers/gateway.js'
 import { randomPrefix, startRedis } from '../helpers/redis-server.js'
 import { AuthFailureBudget } from '../../src/auth/failure-budget.js'
 import { MemoryRateLimiter } from '../../src/auth/rate-limit.js'
 
 /** A DELETE of a session that does not exist, from a given local address: 404 once authenticated. */
-async function attempt (base: string, key: string, from = '127.0.0.1'): Promise<{ status: number, retryAfter: string | undefined, code: string | undefined }> {
+async function attempt (base: string, key: string, from = '127.0.0.1', headers: Record<string, string> = { 'x-api-key': key }): Promise<{ status: number, retryAfter: string | undefined, code: string | undefined }> {
   const url = new URL(`${base}/mcp/full`)
   return await new Promise((resolve, reject) => {
-    const req = request({ host: url.hostname, port: url.port, path: url.pathname, method: 'DELETE', localAddress: from, headers: { 'x-api-key': key, 'mcp-session-id': 'nope', accept: ACCEPT_BOTH } }, res => {
+    const req = request({ host: url.hostname, port: url.port, path: url.pathname, method: 'DELETE', localAddress: from, headers: { ...headers, 'mcp-session-id': 'nope', accept: ACCEPT_BOTH } }, res => {
       let text = ''
       res.on('data', chunk => { text += String(chunk) })
       res.on('end', () => {
@@ -54,9 +57,35 @@ t.test('guessing from one address: throttled after the burst; that address only;
   t.equal(sixth.status, 429, 'the sixth: 429')
   t.equal(sixth.code, 'GW_ERR_AUTH_THROTTLED')
   t.ok(Number(sixth.retryAfter) >= 1, 'with Retry-After')
-  t.equal((await attempt(gw.url, key)).status, 429, 'the address is refused without a check for now, even with a good key')
+  t.equal((await attempt(gw.url, BAD)).status, 429, 'the address\'s refused credentials stay throttled')
+  t.equal((await attempt(gw.url, key)).status, 404, 'a valid key from the same address still passes (another client behind the same proxy)')
+  t.equal((await attempt(gw.url, BAD)).status, 429, 'and does not reopen the budget for the guesser')
   t.equal((await attempt(gw.url, key, '127.0.0.2')).status, 404, 'a valid credential from another address is never refused')
   t.equal((await attempt(gw.url, BAD, '127.0.0.2')).status, 401, 'and another address has a budget of its own')
+})
+
+t.test('a spent budget: a JWT signed by a key held passes; one needing a key-set fetch is 429 and fetches nothing', async t => {
+  const aud = `${PUBLIC_URL}/mcp/full`
+  const issuer = await startIssuer(t, 'https://login.acme.test/', { sub: 'alice', aud })
+  const gw = await startGateway(t, {
+    auth: { publicUrl: PUBLIC_URL, failures: { burst: 3, ratePerSecond: 0.1 } },
+    tenants: { acme: { jwt: [{ issuer: issuer.issuer, jwksUri: issuer.jwksUri, jwksCooldownMs: 0 }], servers: { full: {} } } },
+    servers: { full: stdioFixture('full-server') }
+  })
+  const jwt = async (token: string): Promise<number> => (await attempt(gw.url, '', '127.0.0.1', bearer(token))).status
+  t.equal(await jwt(await issuer.mint()), 404, 'a good token: the key set is fetched and held')
+  t.equal(issuer.fetches, 1)
+  const statuses: number[] = []
+  for (let i = 0; i < 4; i++) statuses.push(await jwt(await issuer.mint({ sub: `x${i}` }, { expiresIn: -60 })))
+  t.same(statuses, [401, 401, 401, 429], 'expired tokens spend the budget')
+  t.equal(await jwt(await issuer.mint({ sub: 'bob' })), 404, 'a token signed by the key held still passes')
+  t.equal(await jwt(await issuer.mint({}, { expiresIn: -60 })), 429, 'a refused one: 429')
+  const rotated = await newIssuerKey('k2')
+  issuer.keys.push(rotated)
+  t.equal(await jwt(await issuer.mint({}, { key: rotated })), 429, 'a token naming a kid not held (a fetch): 429')
+  t.equal(issuer.fetches, 1, 'and no fetch was made for it')
+  t.equal((await attempt(gw.url, '', '127.0.0.2', bearer(await issuer.mint({}, { key: rotated })))).status, 404, 'from another address the same token refetches and passes')
+  t.equal(issuer.fetches, 2)
 })
 
 t.test('burst 0 turns the budget off', async t => {

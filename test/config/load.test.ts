@@ -2,10 +2,11 @@
 // Over 500 lines on purpose: one case per rule of the one schema, kept together so a new key gets
 // its default and its refusals side by side.
 import t from 'tap'
-import { readFile } from 'node:fs/promises'
+import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises'
+import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
-import { loadConfig, parseArgs, parseConfig, DEFAULT_CONFIG_PATH, USAGE } from '../../src/config/load.js'
+import { loadConfig, parseArgs, parseConfig, CONFIG_PATH_VARIABLE, DEFAULT_CONFIG_PATH, USAGE } from '../../src/config/load.js'
 import { configSchema, type StdioServerConfig, type HttpServerConfig } from '../../src/config/schema.js'
 import { isGatewayError } from '../../src/core/errors.js'
 
@@ -44,9 +45,9 @@ t.test('defaults are applied everywhere the schema has one', async t => {
   }, {})
   t.same(config.listen, { host: '127.0.0.1', port: 8080 })
   t.same(config.log, { level: 'info', flushMs: 100 })
-  t.same(config.http, { bodyLimit: 4_194_304, allowedOrigins: [], allowedHosts: [], responseMode: 'sse', lazySseMs: 50, keepAliveMs: 15_000, retryMs: 1000 })
+  t.same(config.http, { bodyLimit: 4_194_304, allowedOrigins: [], allowedHosts: [], responseMode: 'sse', lazySseMs: 50, keepAliveMs: 15_000, retryMs: 1000, trustedProxies: [], forwardedHeader: 'x-forwarded-for' })
   t.same(config.sessions, { idleTimeoutMs: 1_800_000, eventLogMaxLen: 1000, clientRequestTimeoutMs: 300_000 })
-  t.same(config.redis, { url: 'redis://127.0.0.1:6379', sentinels: [], name: 'mymaster', cluster: [], keyPrefix: 'mcpgw', leaseMs: 10_000, connectTimeoutMs: 5000 })
+  t.same(config.redis, { url: 'redis://127.0.0.1:6379', sentinels: [], name: 'mymaster', cluster: [], keyPrefix: 'mcpgw', leaseMs: 10_000, connectTimeoutMs: 5000, readinessGraceMs: 15_000 })
   t.same(config.servers.x, {
     transport: 'stdio',
     command: 'node',
@@ -187,7 +188,7 @@ t.test('a bad config lists every bad path in one error', async t => {
     '/listen/port: must be <= 65535',
     '/log/level: must be one of: fatal, error, warn, info, debug, trace, silent',
     '/redis/url: must match pattern "^rediss?://"',
-    '/servers/bad name!: name must match pattern "^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"',
+    '/servers/bad name!: is not a valid name: a letter or digit, then letters, digits, - or _ (64 at most)',
     '/servers/everything/args: must be array',
     '/servers/everything/command: must be string'
   ])
@@ -225,13 +226,13 @@ t.test('null (an empty YAML value) is rejected, not coerced to 0 or ""', async t
 t.test('stdio and HTTP servers each have their own shape', async t => {
   t.test('stdio: command required, HTTP options unknown', async t => {
     const lines = problemsOf(() => parseConfig(minimal({ s: { transport: 'stdio', url: 'http://x/mcp', headers: {} } }), {}))
-    t.same(lines, ['/servers/s/command: is required', '/servers/s/headers: is not a known option', '/servers/s/url: is not a known option'])
+    t.same(lines, ['/servers/s/command: is required', '/servers/s/headers: is an option of HTTP servers (streamable-http, sse) only', '/servers/s/url: is an option of HTTP servers (streamable-http, sse) only'])
   })
 
   t.test('streamable-http and sse: url required, stdio options unknown', async t => {
     for (const transport of ['streamable-http', 'sse']) {
       const lines = problemsOf(() => parseConfig(minimal({ h: { transport, command: 'node', restart: {} } }), {}))
-      t.same(lines, ['/servers/h/command: is not a known option', '/servers/h/restart: is not a known option', '/servers/h/url: is required'], transport)
+      t.same(lines, ['/servers/h/command: is an option of stdio servers only', '/servers/h/restart: is an option of stdio servers only', '/servers/h/url: is required'], transport)
     }
   })
 
@@ -307,7 +308,7 @@ t.test('semantic checks the schema cannot express', async t => {
   })
 
   t.test('a server name with "/" or "~" is escaped in the path', async t => {
-    t.same(problemsOf(() => parseConfig(minimal({ 'a/b~c': stdio }), {})), ['/servers/a~1b~0c: name must match pattern "^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"'])
+    t.same(problemsOf(() => parseConfig(minimal({ 'a/b~c': stdio }), {})), ['/servers/a~1b~0c: is not a valid name: a letter or digit, then letters, digits, - or _ (64 at most)'])
   })
 })
 
@@ -510,23 +511,75 @@ t.test('the shipped configs validate', async t => {
 })
 
 t.test('parseArgs', async t => {
-  t.same(parseArgs([]), { configPath: DEFAULT_CONFIG_PATH, help: false, checkOnly: false })
+  t.same(parseArgs([]), { configPath: DEFAULT_CONFIG_PATH, help: false, version: false, checkOnly: false })
   t.equal(DEFAULT_CONFIG_PATH, 'config/gateway.yaml')
-  t.same(parseArgs(['--config', 'a.yaml']), { configPath: 'a.yaml', help: false, checkOnly: false })
-  t.same(parseArgs(['--config=b.json']), { configPath: 'b.json', help: false, checkOnly: false })
-  t.same(parseArgs(['-c', 'c.yaml']), { configPath: 'c.yaml', help: false, checkOnly: false })
-  t.same(parseArgs(['--config', 'a.yaml', '--config', 'last.yaml']), { configPath: 'last.yaml', help: false, checkOnly: false }, 'the last one wins')
-  t.same(parseArgs(['--help']), { configPath: DEFAULT_CONFIG_PATH, help: true, checkOnly: false })
-  t.same(parseArgs(['-h', '-c', 'x.yaml']), { configPath: 'x.yaml', help: true, checkOnly: false })
+  t.same(parseArgs(['--config', 'a.yaml']), { configPath: 'a.yaml', help: false, version: false, checkOnly: false })
+  t.same(parseArgs(['--config=b.json']), { configPath: 'b.json', help: false, version: false, checkOnly: false })
+  t.same(parseArgs(['-c', 'c.yaml']), { configPath: 'c.yaml', help: false, version: false, checkOnly: false })
+  t.same(parseArgs(['--config', 'a.yaml', '--config', 'last.yaml']), { configPath: 'last.yaml', help: false, version: false, checkOnly: false }, 'the last one wins')
+  t.same(parseArgs(['--help']), { configPath: DEFAULT_CONFIG_PATH, help: true, version: false, checkOnly: false })
+  t.same(parseArgs(['-h', '-c', 'x.yaml']), { configPath: 'x.yaml', help: true, version: false, checkOnly: false })
   t.match(USAGE, '--config FILE')
+  t.same(parseArgs(['--version']), { configPath: DEFAULT_CONFIG_PATH, help: false, version: true, checkOnly: false })
+  t.same(parseArgs(['-V']).version, true)
   t.throws(() => parseArgs(['--verbose']), { code: 'GW_ERR_CONFIG_INVALID', message: /Unknown option '--verbose'[\s\S]*Usage:/ })
   t.throws(() => parseArgs(['-x']), { code: 'GW_ERR_CONFIG_INVALID', message: /Unknown option '-x'/ })
   t.throws(() => parseArgs(['gateway.yaml']), { code: 'GW_ERR_CONFIG_INVALID', message: /Unexpected argument 'gateway.yaml'/ })
   t.throws(() => parseArgs(['--config']), { code: 'GW_ERR_CONFIG_INVALID', message: /argument missing/ })
   t.throws(() => parseArgs(['--config=']), { code: 'GW_ERR_CONFIG_INVALID', message: /--config needs a file name/ })
-  t.same(parseArgs(['--check-config', 'mine.yaml']), { configPath: 'mine.yaml', help: false, checkOnly: true })
+  t.same(parseArgs(['--check-config', 'mine.yaml']), { configPath: 'mine.yaml', help: false, version: false, checkOnly: true })
   t.throws(() => parseArgs(['--check-config=']), { code: 'GW_ERR_CONFIG_INVALID', message: /--check-config needs a file name/ })
   t.throws(() => parseArgs(['--check-config', 'a.yaml', '--config', 'b.yaml']), { code: 'GW_ERR_CONFIG_INVALID', message: /do not go together/ })
+})
+
+t.test('parseArgs: MCP_GATEWAY_CONFIG names the file when no --config is given', async t => {
+  t.equal(CONFIG_PATH_VARIABLE, 'MCP_GATEWAY_CONFIG')
+  const env = { MCP_GATEWAY_CONFIG: '/etc/mcp-gateway/gateway.yaml' }
+  t.same(parseArgs([], env), { configPath: '/etc/mcp-gateway/gateway.yaml', help: false, checkOnly: false })
+  t.same(parseArgs(['--config', 'a.yaml'], env), { configPath: 'a.yaml', help: false, checkOnly: false }, '--config wins')
+  t.same(parseArgs(['--check-config', 'b.yaml'], env), { configPath: 'b.yaml', help: false, checkOnly: true }, '--check-config wins')
+  t.same(parseArgs([], { MCP_GATEWAY_CONFIG: '' }), { configPath: DEFAULT_CONFIG_PATH, help: false, checkOnly: false }, 'empty is unset')
+  t.same(parseArgs([], {}), { configPath: DEFAULT_CONFIG_PATH, help: false, checkOnly: false })
+  t.match(USAGE, '$MCP_GATEWAY_CONFIG')
+})
+
+t.test('${file:PATH} placeholders: a mounted secret file', async t => {
+  const dir = await mkdtemp(join(tmpdir(), 'mcpgw-file-placeholder-'))
+  t.teardown(async () => { await rm(dir, { recursive: true, force: true }) })
+  await writeFile(join(dir, 'token'), 's3cret\n')
+  await writeFile(join(dir, 'crlf'), 'two\r\n')
+  await writeFile(join(dir, 'lines'), 'a\nb\n\n')
+  await writeFile(join(dir, 'bare'), 'no-newline')
+
+  t.test('the file\'s content, one trailing newline dropped; mixed with text and env placeholders', async t => {
+    const config = parseConfig(minimal({
+      x: { ...stdio, env: { A: `\${file:${join(dir, 'token')}}`, B: `Bearer \${file:${join(dir, 'crlf')}}!`, C: `\${file:${join(dir, 'lines')}}`, D: `\${file:${join(dir, 'bare')}}-\${E}` } }
+    }), { E: 'e' })
+    t.same((config.servers.x as StdioServerConfig).env, { A: 's3cret', B: 'Bearer two!', C: 'a\nb\n', D: 'no-newline-e' })
+  })
+
+  t.test('the content is not expanded again', async t => {
+    await writeFile(join(dir, 'dollar'), '${NOT_A_PLACEHOLDER}')
+    const config = parseConfig(minimal({ x: { ...stdio, env: { A: `\${file:${join(dir, 'dollar')}}` } } }), {})
+    t.equal((config.servers.x as StdioServerConfig).env.A, '${NOT_A_PLACEHOLDER}')
+  })
+
+  t.test('a numeric option from a file is coerced like an env placeholder', async t => {
+    await writeFile(join(dir, 'port'), '9123\n')
+    const config = parseConfig({ listen: { port: `\${file:${join(dir, 'port')}}` }, servers: { x: stdio } }, {})
+    t.equal(config.listen.port, 9123)
+  })
+
+  t.test('an unreadable file is an error naming the path and the file, never content', async t => {
+    const missing = join(dir, 'missing')
+    const lines = problemsOf(() => parseConfig(minimal({ x: { ...stdio, env: { A: `\${file:${missing}}`, B: `\${file:${dir}}` } } }), {}))
+    t.same(lines, [`/servers/x/env/A: cannot read file ${missing}: ENOENT`, `/servers/x/env/B: cannot read file ${dir}: EISDIR`])
+  })
+
+  t.test('${file:} with nothing after it is malformed', async t => {
+    const lines = problemsOf(() => parseConfig(minimal({ x: { ...stdio, env: { A: '${file:}' } } }), {}))
+    t.match(lines[0], /^\/servers\/x\/env\/A: malformed placeholder/)
+  })
 })
 
 t.test('pooled sessions: maxSessions defaults by mode', async t => {
@@ -536,7 +589,33 @@ t.test('pooled sessions: maxSessions defaults by mode', async t => {
   const dedicated = parseConfig(minimal({ x: stdio }), {})
   t.equal((dedicated.servers.x as StdioServerConfig).maxSessions, 100, 'dedicated: children, 100 by default')
   t.equal((parseConfig(minimal({ x: { ...stdio, sessions: 'pooled', maxSessions: 50 } }), {}).servers.x as StdioServerConfig).maxSessions, 50, 'a given maxSessions stands')
-  t.equal((parseConfig(minimal({ x: { ...stdio, poolMax: 2 } }), {}).servers.x as StdioServerConfig).poolSize, 4, 'a poolMax below the default poolSize is taken as it is (at most poolMax are ever kept)')
+  t.equal((parseConfig(minimal({ x: { ...stdio, poolMax: 2 } }), {}).servers.x as StdioServerConfig).poolSize, 2, 'an unset poolSize is at most the poolMax given')
   t.throws(() => parseConfig(minimal({ x: { ...stdio, sessions: 'shared' } }), {}), /sessions.*must be one of: dedicated, pooled/)
-  t.throws(() => parseConfig(minimal({ h: { transport: 'streamable-http', url: 'http://127.0.0.1:9/mcp', sessions: 'pooled' } }), {}), /sessions/, 'only stdio servers have a mode')
+  t.same(problemsOf(() => parseConfig(minimal({ h: { transport: 'streamable-http', url: 'http://127.0.0.1:9/mcp', sessions: 'pooled' } }), {})),
+    ['/servers/h/sessions: is an option of stdio servers only'], 'only stdio servers have a mode, and the message says so')
+  t.same(problemsOf(() => parseConfig(minimal({ a: { transport: 'aggregate', members: [{ server: 'x' }], poolSize: 2 }, x: stdio }), {})),
+    ['/servers/a/poolSize: is an option of stdio servers and HTTP servers (streamable-http, sse) only'])
+})
+
+t.test('poolMax below poolSize is refused with both named (issue 32)', async t => {
+  t.same(problemsOf(() => parseConfig(minimal({ x: { ...stdio, poolSize: 8, poolMax: 4 } }), {})),
+    ['/servers/x/poolMax: must be at least poolSize (poolMax is 4, poolSize 8; unset, poolMax is 16 for this transport)'])
+  t.same(problemsOf(() => parseConfig(minimal({ x: { ...stdio, poolSize: 20 } }), {})),
+    ['/servers/x/poolMax: must be at least poolSize (poolMax is 16, poolSize 20; unset, poolMax is 16 for this transport)'], 'the default poolMax counts')
+  t.same(problemsOf(() => parseConfig(minimal({ h: { transport: 'streamable-http', url: 'http://127.0.0.1:9/mcp', poolSize: 64, poolMax: 32 } }), {})),
+    ['/servers/h/poolMax: must be at least poolSize (poolMax is 32, poolSize 64; unset, poolMax is 256 for this transport)'])
+  const equal = parseConfig(minimal({ x: { ...stdio, poolSize: 4, poolMax: 4 } }), {}).servers.x as StdioServerConfig
+  t.same([equal.poolSize, equal.poolMax], [4, 4], 'equal is fine')
+})
+
+t.test('aggregate prefixes and separators: limits in words, the default prefix held to them (issue 32)', async t => {
+  const long = 'a'.repeat(33)
+  t.same(problemsOf(() => parseConfig(minimal({ agg: { transport: 'aggregate', members: [{ server: long }] }, [long]: stdio }), {})),
+    [`/servers/agg/members/0/prefix: is required for a server whose name is longer than 32 characters (the default prefix is the server name; must be at most 32 characters, each a letter, digit, "_", "." or "-" ("" for no prefix))`])
+  t.doesNotThrow(() => parseConfig(minimal({ agg: { transport: 'aggregate', members: [{ server: long, prefix: 'short' }] }, [long]: stdio }), {}), 'an explicit prefix stands in for the long name')
+  t.doesNotThrow(() => parseConfig(minimal({ agg: { transport: 'aggregate', members: [{ server: 'a'.repeat(32) }] }, ['a'.repeat(32)]: stdio }), {}), '32 characters is the limit')
+  t.same(problemsOf(() => parseConfig(minimal({ agg: { transport: 'aggregate', members: [{ server: 'x', prefix: 'has space' }], separator: '' }, x: stdio }), {})), [
+    '/servers/agg/members/0/prefix: must be at most 32 characters, each a letter, digit, "_", "." or "-" ("" for no prefix)',
+    '/servers/agg/separator: must be 1 to 8 characters, each a letter, digit, "_", "." or "-"'
+  ])
 })

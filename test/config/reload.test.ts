@@ -49,6 +49,22 @@ t.test('a bad file is refused with every problem listed, and the running config 
   t.equal(live.current, before)
 })
 
+t.test('a reload reads ${file:} placeholders again: a rotated secret file is picked up', async t => {
+  const { file, live, reloader } = await setup(t, ['a'])
+  const secret = `${file}.key`
+  await writeFile(secret, 'first\n')
+  const withSecret = JSON.stringify({ servers: { a: { ...stdio, env: { KEY: `\${file:${secret}}` } } } })
+  await writeFile(file, withSecret)
+  t.match(await reloader.reload('test'), { ok: true, change: { servers: { changed: ['a'] } } })
+  t.same((live.servers.a as { env: Record<string, string> }).env, { KEY: 'first' })
+  await writeFile(secret, 'second\n')
+  t.match(await reloader.reload('test'), { ok: true, change: { servers: { changed: ['a'] } } }, 'the same config bytes, another secret')
+  t.same((live.servers.a as { env: Record<string, string> }).env, { KEY: 'second' })
+  await unlink(secret)
+  t.match(await reloader.reload('test'), { ok: false, errors: [/\/servers\/a\/env\/KEY: cannot read file .*ENOENT/] }, 'a secret gone: refused')
+  t.same((live.servers.a as { env: Record<string, string> }).env, { KEY: 'second' }, 'the running config stays')
+})
+
 t.test('reloads run one after another; the last read wins', async t => {
   const { file, live, reloader } = await setup(t, ['a'])
   await writeFile(file, text(['a', 'b']))

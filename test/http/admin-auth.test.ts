@@ -38,6 +38,18 @@ t.test('the token must be at least 32 characters', async t => {
   t.ok(parseConfig({ admin: { token: 'x'.repeat(32) }, servers: { full: stdioFixture('full-server') } }).admin)
 })
 
+t.test('a token no request can present is refused at config check', async t => {
+  const servers = { full: stdioFixture('full-server') }
+  t.throws(() => parseConfig({ admin: { token: 'correct horse battery staple 0123456789' }, servers }), /\/admin\/token: can never be presented/, 'spaces')
+  t.throws(() => parseConfig({ admin: { token: `${'x'.repeat(32)}\u00e9t\u00e9` }, servers }), /\/admin\/token: can never be presented/, 'non-ASCII')
+  t.throws(() => parseConfig({ metrics: { token: 'a metrics token with spaces' }, servers }), /\/metrics\/token: can never be presented/, 'the metrics token too')
+  t.ok(parseConfig({ admin: { token: `${'x'.repeat(32)}+/=~!` }, servers }).admin, 'visible ASCII of any kind')
+  // What a presentable token looks like on the wire: it passes.
+  const token = `${TOKEN}+/=~!`
+  const gw = await startGateway(t, { admin: { token }, servers })
+  t.equal((await get(`${gw.url}/admin/api/overview`, bearer(token))).status, 200)
+})
+
 t.test('no token, a wrong one, a tenant key: 401; the admin token: 200', async t => {
   const { config, tenantKey } = adminConfig({ auth: { publicUrl: PUBLIC_URL, failures: { burst: 0 } } })
   const gw = await startGateway(t, config)
@@ -65,16 +77,18 @@ t.test('no token, a wrong one, a tenant key: 401; the admin token: 200', async t
   t.same(body.servers.map(s => s.name), ['full'])
 })
 
-t.test('failed admin authentication spends the address\'s budget: 429, then even the right token waits', async t => {
+t.test('failed admin authentication spends the address\'s budget: 429 for wrong tokens; the right one still passes', async t => {
   const { config } = adminConfig()
   const gw = await startGateway(t, config)
   const statuses: number[] = []
   for (let i = 0; i < 6; i++) statuses.push((await get(`${gw.url}/admin/api/overview`, bearer(`wrong-${i}-${TOKEN}`))).status)
   t.same(statuses.slice(0, 4), [401, 401, 401, 401], 'the burst of four is answered 401')
   t.same(statuses.slice(4), [429, 429], 'then 429')
-  const refused = await get(`${gw.url}/admin/api/overview`, bearer(TOKEN))
-  t.equal(refused.status, 429, 'the address is refused without a check until Retry-After')
+  const refused = await get(`${gw.url}/admin/api/overview`, bearer(`wrong-7-${TOKEN}`))
+  t.equal(refused.status, 429, 'a wrong token stays throttled until Retry-After')
   t.ok(Number(refused.headers.get('retry-after')) >= 1, 'with Retry-After')
+  t.equal((await get(`${gw.url}/admin/api/overview`, bearer(TOKEN))).status, 200, 'the right token is never refused for another client\'s failures')
+  t.equal((await get(`${gw.url}/admin/api/overview`)).status, 429, 'no token from the spent address: 429')
   t.equal((await get(`${gw.url}/admin`)).status, 200, 'the page itself (no data) still loads')
 })
 

@@ -22,7 +22,8 @@ async function cluster (t: Test, server: Record<string, unknown> = {}, n = 3): P
   const redis = await startRedis(t)
   const prefix = randomPrefix()
   // The default lease (10 s): a dead owner must be noticed from its heartbeat, not its lease.
-  const config = { redis: { url: redis.url, keyPrefix: prefix, connectTimeoutMs: 2000 }, servers: { full: stdioFixture('full-server', [], server) } }
+  // readinessGraceMs 0: the Redis-outage test below asserts /readyz turns 503 at once.
+  const config = { redis: { url: redis.url, keyPrefix: prefix, connectTimeoutMs: 2000, readinessGraceMs: 0 }, servers: { full: stdioFixture('full-server', [], server) } }
   const replicas = await Promise.all(['A', 'B', 'C'].slice(0, n).map(async name => await startReplica(t, name, config)))
   const proxy = await startRoundRobinProxy(t, replicas.map(r => r.url))
   return { redis, prefix, replicas, proxy }

@@ -25,7 +25,8 @@ async function cluster (t: Test, n = 3, redis?: RedisServer, serverOptions: Reco
   const server = redis ?? await startRedis(t)
   const prefix = randomPrefix()
   const config = {
-    redis: { url: server.url, keyPrefix: prefix, leaseMs, connectTimeoutMs: 2000 },
+    // readinessGraceMs 0: the Redis restart test asserts that /readyz follows Redis at once.
+    redis: { url: server.url, keyPrefix: prefix, leaseMs, connectTimeoutMs: 2000, readinessGraceMs: 0 },
     servers: { full: stdioFixture('full-server', [], serverOptions) }
   }
   const replicas = await Promise.all(['A', 'B', 'C', 'D'].slice(0, n).map(async name => await startReplica(t, name, config)))

@@ -9,6 +9,7 @@ import { startGateway, stdioFixture, type RunningGateway } from '../helpers/gate
 import { randomPrefix, startRedis, testRedis } from '../helpers/redis-server.js'
 import { call, open, post, type RawSession } from '../helpers/raw-session.js'
 import { eventually } from '../helpers/wait.js'
+import { SseReader } from '../helpers/sse-client.js'
 import { sessionKeys } from '../../src/state/redis/keys.js'
 import { MemorySessionStore } from '../../src/state/session-store-memory.js'
 import { MemoryEventLog } from '../../src/state/event-log-memory.js'
@@ -20,7 +21,9 @@ const TICK_MS = 1000
 
 async function pidOf (gw: RunningGateway, session: RawSession, id: number): Promise<string> {
   const res = await post(gw, call(id, 'pid'), session)
-  const body = await res.json() as { result?: { content?: Array<{ text?: string }> }, error?: unknown }
+  // One JSON body, or an SSE stream when the answer took longer than the lazy-SSE window (a loaded machine).
+  const sse = (res.headers.get('content-type') ?? '').includes('text/event-stream')
+  const body = (sse ? await (async () => { const reader = new SseReader(res); await reader.finished; return reader.messages().find(m => 'result' in m || 'error' in m) ?? {} })() : await res.json()) as { result?: { content?: Array<{ text?: string }> }, error?: unknown }
   if (body.result?.content?.[0]?.text === undefined) throw new Error(`pid call failed: ${JSON.stringify(body)}`)
   return body.result.content[0].text
 }

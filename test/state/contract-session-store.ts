@@ -215,6 +215,59 @@ export function sessionStoreContract (t: Test, make: MakeSessionStore): void {
     t.equal(await store.getHolder(sid, 'b'), 'replica-a')
   })
 
+  t.test('keepStreams renews held leases and session TTLs in one batch, re-claims a lapsed lease nobody took (issue 32)', async t => {
+    const store = await make(t)
+    const mine = sampleRecord()
+    const lapsed = sampleRecord()
+    const moved = sampleRecord()
+    const unmarked = sampleRecord()
+    for (const record of [mine, lapsed, moved, unmarked]) await store.create(record, SHORT_TTL * 5)
+    await store.claimHolder(mine.id, 'get', 'replica-a', SHORT_TTL)
+    await store.claimHolder(lapsed.id, 'get', 'replica-a', SHORT_TTL)
+    await store.claimHolder(moved.id, 'get', 'replica-a', SHORT_TTL)
+    await sleep(SHORT_TTL / 2)
+    t.same(await store.keepStreams([{ sid: mine.id, streamId: 'get', leased: true }], 'replica-a', SHORT_TTL, LONG_TTL), ['held'])
+    await sleep(PAST_SHORT_TTL - SHORT_TTL / 2)
+    // `lapsed` and `moved` lapsed (a busy event loop); another replica resumed `moved` meanwhile.
+    t.equal(await store.getHolder(lapsed.id, 'get'), null, 'the lease lapsed')
+    await store.claimHolder(moved.id, 'get', 'replica-b', LONG_TTL)
+    const gone = randomUUID()
+    const kept = await store.keepStreams([
+      { sid: lapsed.id, streamId: 'get', leased: true },
+      { sid: moved.id, streamId: 'get', leased: true },
+      { sid: gone, streamId: 'get', leased: true },
+      { sid: unmarked.id, streamId: 'r1_x', leased: false },
+      { sid: lapsed.id, streamId: 'r1_y', leased: true }
+    ], 'replica-a', LONG_TTL, LONG_TTL)
+    t.same(kept, ['reclaimed', 'taken', 'gone', 'held', 'reclaimed'])
+    t.equal(await store.getHolder(lapsed.id, 'get'), 'replica-a', 're-claimed')
+    t.equal(await store.getHolder(moved.id, 'get'), 'replica-b', 'a lease another replica holds is left to it')
+    t.equal(await store.getHolder(gone, 'get'), null, 'no lease is made for a session that is gone')
+    t.equal(await store.getHolder(unmarked.id, 'r1_x'), null, 'an unleased stream gets no lease')
+    await sleep(PAST_SHORT_TTL)
+    // Session TTLs were refreshed to LONG_TTL by the batch (created with a short one).
+    for (const record of [lapsed, moved, unmarked]) t.equal(await store.exists(record.id), true, 'the session TTL was refreshed')
+    t.equal(await store.exists(mine.id), true, 'refreshed by the first batch too')
+    t.same(await store.keepStreams([], 'replica-a', LONG_TTL, LONG_TTL), [], 'an empty batch')
+    await store.delete(lapsed.id)
+    t.same(await store.keepStreams([{ sid: lapsed.id, streamId: 'get', leased: true }], 'replica-a', LONG_TTL, LONG_TTL), ['gone'], 'a deleted session is gone')
+    t.equal(await store.getHolder(lapsed.id, 'get'), null)
+  })
+
+  t.test('keepOwners renews, claims a free lease, and tells a taken lease and a gone session apart (issue 32)', async t => {
+    const store = await make(t)
+    const [held, free, taken] = [sampleRecord(), sampleRecord(), sampleRecord()]
+    for (const record of [held, free, taken]) await store.create(record, LONG_TTL)
+    await store.claimOwner(held.id, 'replica-a', SHORT_TTL)
+    await store.claimOwner(taken.id, 'replica-b', LONG_TTL)
+    t.same(await store.keepOwners([held.id, free.id, taken.id, randomUUID()], 'replica-a', LONG_TTL), ['held', 'claimed', 'taken', 'gone'])
+    await sleep(PAST_SHORT_TTL)
+    t.equal(await store.getOwner(held.id), 'replica-a', 'renewed past its first TTL')
+    t.equal(await store.getOwner(free.id), 'replica-a')
+    t.equal(await store.getOwner(taken.id), 'replica-b')
+    t.same(await store.keepOwners([], 'replica-a', LONG_TTL), [])
+  })
+
   t.test('cursor set and get, per stream, with a TTL', async t => {
     const store = await make(t)
     const sid = randomUUID()

@@ -35,3 +35,27 @@ t.test('update of an expired record does not leave a key behind', async t => {
   t.equal(await store.update(record.id, { backendSessionId: 'x' }), false)
   t.equal(await redis.exists(`${prefix}:{${record.id}}:meta`), 0, 'no TTL-less key resurrected')
 })
+
+t.test('delete removes the record in its first call, even while streams keep being added (issue 32)', async t => {
+  const redis = await testRedis(t, server.url)
+  const prefix = randomPrefix()
+  const store = new RedisSessionStore(redis, prefix)
+  const record = sampleRecord()
+  await store.create(record, 60_000)
+  await store.claimHolder(record.id, 'get', 'replica-a', 60_000)
+  const streamsKey = `${prefix}:{${record.id}}:streams`
+  // A client that opens a new stream every time delete has read the stream set (a POST flood on
+  // the session): delete used to refuse and retry, and gave up with the record still there.
+  const smembers = redis.smembers.bind(redis)
+  let added = 0
+  ;(redis as unknown as { smembers: typeof smembers }).smembers = (async (key: string) => {
+    const members = await smembers(key)
+    if (key === streamsKey) await redis.sadd(streamsKey, `r1_flood${++added}`)
+    return members
+  }) as typeof smembers
+  t.equal(await store.delete(record.id), true, 'the record existed')
+  t.equal(await redis.exists(`${prefix}:{${record.id}}:meta`), 0, 'the record is gone')
+  t.equal(await store.get(record.id), null, 'nobody finds the session any more')
+  t.equal(await store.getHolder(record.id, 'get'), null, 'its holder lease is gone')
+  t.ok(added > 1, `delete went on for the streams added meanwhile (${added} calls)`)
+})

@@ -2,6 +2,7 @@
 // child through a gateway in this process), a child crash and restart, hostile label values, the
 // token and the own listen address, and messages a client lost to the bounded event log.
 import { randomBytes } from 'node:crypto'
+import { request } from 'node:http'
 import { Client } from '@modelcontextprotocol/sdk/client/index.js'
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
 import t, { type Test } from 'tap'
@@ -151,6 +152,21 @@ t.test('metrics.listen: /metrics is served on its own address only', async t => 
   t.equal(m.sum(OPS, { mcp_method_name: 'tools/list' }), 1, 'the gateway\'s metrics, on the other address')
   t.equal(m.sum('mcpgw_http_refusals_total', { status: '404' }), 1, 'the main listener\'s 404 for /metrics is counted')
   t.equal((await fetch(`${address}/mcp/full`, { method: 'POST', headers: HEADERS, body: '{}' })).status, 404, 'no MCP endpoint there')
+})
+
+t.test('pinned http.allowedHosts: /metrics still answers a scrape addressed to an IP, not to another name', async t => {
+  const gw = await startGateway(t, { http: { allowedHosts: ['mcp.example.com'] }, servers: { full: stdioFixture('full-server') } })
+  const port = new URL(gw.url).port
+  const scrapeAs = async (host: string, path = '/metrics'): Promise<number> => await new Promise((resolve, reject) => {
+    const req = request({ host: '127.0.0.1', port, path, headers: { host } }, res => { res.resume(); resolve(res.statusCode ?? 0) })
+    req.on('error', reject)
+    req.end()
+  })
+  t.equal(await scrapeAs(`10.1.2.3:${port}`), 200, 'a pod IP as Host (Prometheus)')
+  t.equal(await scrapeAs(`[fd00::1]:${port}`), 200, 'an IPv6 address as Host')
+  t.equal(await scrapeAs('mcp.example.com'), 200, 'the pinned name')
+  t.equal(await scrapeAs('rebind.attacker.example'), 403, 'another name is refused, as on every path')
+  t.equal(await scrapeAs(`10.1.2.3:${port}`, '/mcp/full'), 403, 'an IP as Host is exempt on /metrics only')
 })
 
 t.test('metrics.enabled false: no /metrics and no registry', async t => {

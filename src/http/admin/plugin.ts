@@ -12,11 +12,14 @@ import type { AuthFailureBudget } from '../../auth/failure-budget.js'
 import { GW_ERR_ADMIN_UNAUTHORIZED, GW_ERR_AUTH_THROTTLED, GW_ERR_BAD_REQUEST, GW_ERR_SESSION_NOT_FOUND, withRetryAfter } from '../../core/errors.js'
 import { audit } from '../../telemetry/audit.js'
 import type { AdminService } from './service.js'
+import type { AddressOf } from '../client-address.js'
 
 export interface HttpAdminOptions {
   token: string
   service: AdminService
   failures?: AuthFailureBudget | undefined
+  /** The client's address (http/client-address.ts), for the budget and the audit lines. */
+  addressOf: AddressOf
 }
 
 export const ADMIN_CSP = "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
@@ -59,7 +62,7 @@ function boundedInt (value: unknown, fallback: number, min: number, max: number)
 }
 
 export default async function httpAdmin (app: FastifyInstance, opts: HttpAdminOptions): Promise<void> {
-  const { service, failures } = opts
+  const { service, failures, addressOf } = opts
   const expected = digest(opts.token)
   // Read once: the console's files are part of the build (dist/src/http/admin/console/).
   const folder = consoleFolder()
@@ -79,13 +82,17 @@ export default async function httpAdmin (app: FastifyInstance, opts: HttpAdminOp
     api.addHook('onRequest', async (req, reply) => {
       securityHeaders(reply)
       reply.header('cache-control', 'no-store')
-      const wait = failures?.blocked(req.ip) ?? 0
-      if (wait > 0) throw throttled(req, wait)
+      // As on the MCP routes (http/authenticate.ts): the right token passes even from an address
+      // whose budget is spent (an operator behind the same proxy as a guesser); a wrong one is
+      // then 429 without a charge.
+      const address = addressOf(req)
+      const wait = failures?.blocked(address) ?? 0
       const presented = bearerOf(req)
       if (presented !== null && timingSafeEqual(digest(presented), expected)) return
-      audit(req.log, 'request.refused', { route: 'admin', method: req.method, status: 401, reason: presented === null ? 'no admin token' : 'wrong admin token' })
-      const spent = await failures?.charge(req.ip) ?? 0
-      if (spent > 0) throw throttled(req, spent)
+      if (wait > 0) throw throttled(req, wait, address)
+      audit(req.log, 'request.refused', { route: 'admin', method: req.method, status: 401, reason: presented === null ? 'no admin token' : 'wrong admin token', address })
+      const spent = await failures?.charge(address) ?? 0
+      if (spent > 0) throw throttled(req, spent, address)
       reply.header('www-authenticate', 'Bearer realm="admin"')
       throw new GW_ERR_ADMIN_UNAUTHORIZED()
     })
@@ -107,13 +114,13 @@ export default async function httpAdmin (app: FastifyInstance, opts: HttpAdminOp
       const { session } = req.params as { session: string }
       if (!DIGEST.test(session)) throw new GW_ERR_SESSION_NOT_FOUND()
       const ended = await service.endSession(session)
-      audit(req.log, 'admin.action', { action: 'session.end', session, found: ended !== null, tenant: ended?.tenant ?? null, ...(ended !== null ? { server: ended.server } : {}), address: req.ip })
+      audit(req.log, 'admin.action', { action: 'session.end', session, found: ended !== null, tenant: ended?.tenant ?? null, ...(ended !== null ? { server: ended.server } : {}), address: addressOf(req) })
       if (ended === null) throw new GW_ERR_SESSION_NOT_FOUND()
       return { ended: session, ...ended }
     })
     api.post('/reload', async req => {
       const outcome = await service.reloadAll()
-      audit(req.log, 'admin.action', { action: 'config.reload', ok: outcome.local.ok, replicas: outcome.notified.length + 1, address: req.ip })
+      audit(req.log, 'admin.action', { action: 'config.reload', ok: outcome.local.ok, replicas: outcome.notified.length + 1, address: addressOf(req) })
       return outcome
     })
   }, { prefix: '/admin/api' })
@@ -129,7 +136,7 @@ function consoleFolder (): URL {
   return new URL('../../../../src/http/admin/console/', import.meta.url)
 }
 
-function throttled (req: FastifyRequest, retryAfter: number): Error {
-  audit(req.log, 'request.refused', { route: 'admin', method: req.method, status: 429, reason: 'failed authentication budget', retryAfter })
+function throttled (req: FastifyRequest, retryAfter: number, address: string): Error {
+  audit(req.log, 'request.refused', { route: 'admin', method: req.method, status: 429, reason: 'failed authentication budget', retryAfter, address })
   return withRetryAfter(new GW_ERR_AUTH_THROTTLED(retryAfter), retryAfter)
 }

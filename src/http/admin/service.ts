@@ -88,6 +88,14 @@ function clientName (record: SessionRecord): string | null {
   return typeof info?.name === 'string' ? info.name.slice(0, 64) : null
 }
 
+/**
+ * A replica's count or series for a configured name. Summaries arrive as parsed JSON, whose
+ * objects inherit `constructor`, `toString` and the like, which are valid server and tenant names.
+ */
+function own<T> (map: Readonly<Record<string, T>>, name: string): T | undefined {
+  return Object.hasOwn(map, name) ? map[name] : undefined
+}
+
 /** Adds `b`'s slots into `a`'s where both cover the same clock slots. */
 function addSlots (into: number[], from: number, values: readonly number[], valuesFrom: number, max = false): void {
   values.forEach((v, i) => {
@@ -212,15 +220,15 @@ export class AdminService {
       let children = 0
       const pool = { inUse: 0, warm: 0, waiting: 0 }
       for (const r of replicas) {
-        sessions += r.sessions[name] ?? 0
-        children += r.children[name] ?? 0
+        sessions += own(r.sessions, name) ?? 0
+        children += own(r.children, name) ?? 0
         for (const p of r.pools) {
           if (p.server !== name) continue
           pool.inUse += p.busy
           pool.warm += Math.max(0, p.connections - p.busy)
           pool.waiting += p.waiting
         }
-        const s = r.servers[name]
+        const s = own(r.servers, name)
         if (s === undefined) continue
         addSlots(calls, from, s.calls, s.from)
         addSlots(errors, from, s.errors, s.from)
@@ -264,7 +272,7 @@ export class AdminService {
       let rateLimited = 0
       let quota = 0
       for (const r of replicas) {
-        const t = r.tenants[name]
+        const t = own(r.tenants, name)
         if (t === undefined) continue
         calls += sum(t.calls, MINUTE_SLOTS)
         rateLimited += sum(t.rateLimited, MINUTE_SLOTS)
@@ -298,10 +306,12 @@ export class AdminService {
     const all = await this.#allSessions()
     const matching = all.filter(({ record }) =>
       (filter.tenant === undefined || record.tenant === filter.tenant) && (filter.server === undefined || record.server === filter.server))
+    // Most recently active first, by the client's last message: idle clients sink to the end.
+    const lastActive = (record: SessionRecord): number => record.lastActiveAt ?? record.createdAt
+    matching.sort((a, b) => lastActive(b.record) - lastActive(a.record))
     const page = matching.slice(filter.offset, filter.offset + filter.limit)
-    const idleMs = this.#o.config.sessions.idleTimeoutMs
     const { store, router } = this.#o
-    const sessions = await Promise.all(page.map(async ({ record, expiresAt }) => {
+    const sessions = await Promise.all(page.map(async ({ record }) => {
       // A pooled session has no owner lease: its read finds none.
       const [owner, holder] = await Promise.all([
         store.getOwner(record.id).catch(() => null),
@@ -317,7 +327,9 @@ export class AdminService {
         client: clientName(record),
         pooled: router.kindNameOf(record.server) === 'pooled',
         createdAt: record.createdAt,
-        lastActivityAt: Math.min(Date.now(), expiresAt - idleMs),
+        // The client's last message, not the idle TTL's renewal, which an open stream's
+        // keep-alive moves too (every session with a GET stream would look active).
+        lastActivityAt: lastActive(record),
         owner,
         holder
       }

@@ -16,6 +16,17 @@ export const AGGREGATE_PAGE_SIZE = 100
 const MAX_MEMBER_PAGES = 50
 /** `_meta` key naming the member an entry comes from. */
 export const META_MEMBER = 'io.mcp-gateway/member'
+/** MCP Apps (`io.modelcontextprotocol/ui`): the scheme of a server's UI resources, and the older flat key of a tool's one. */
+const UI_SCHEME = 'ui://'
+const FLAT_UI_RESOURCE = 'ui/resourceUri'
+
+/** Whether an MCP App may call a tool: it has UI metadata and its visibility (default both) includes "app". */
+function isAppCallable (tool: Record<string, unknown>): boolean {
+  const meta = isRecord(tool._meta) ? tool._meta : {}
+  if (!isRecord(meta.ui) && typeof meta[FLAT_UI_RESOURCE] !== 'string') return false
+  const visibility = isRecord(meta.ui) ? meta.ui.visibility : undefined
+  return !Array.isArray(visibility) || visibility.includes('app')
+}
 
 export type ListKind = 'tools' | 'prompts' | 'resources' | 'resourceTemplates'
 export const LIST_METHOD: Record<ListKind, string> = {
@@ -73,9 +84,13 @@ export class AggregateCatalogue<M extends CatalogueMember> {
     }
     const all = offset === 0 || !this.#lists.has(kind) ? await this.#merge(kind) : this.#lists.get(kind) ?? []
     const slice = all.slice(offset, offset + AGGREGATE_PAGE_SIZE)
-    let items: unknown = slice.map(e => kind === 'tools' || kind === 'prompts'
-      ? { ...e.entry, name: e.exposed, _meta: { ...(isRecord(e.entry._meta) ? e.entry._meta : {}), [META_MEMBER]: e.server } }
-      : e.entry)
+    let items: unknown = slice.map(e => {
+      if (kind === 'tools' || kind === 'prompts') {
+        const meta = { ...(isRecord(e.entry._meta) ? e.entry._meta : {}), [META_MEMBER]: e.server }
+        return { ...e.entry, name: e.exposed, _meta: kind === 'tools' ? this.#exposeToolUi(e.member, meta) : meta }
+      }
+      return kind === 'resources' ? { ...e.entry, uri: e.exposed } : { ...e.entry, uriTemplate: e.exposed }
+    })
     if (kind === 'tools') items = (filterToolsListOf('tools/list', { tools: items }, this.#o.toolPolicy()) as { tools: unknown[] }).tools
     const next = offset + AGGREGATE_PAGE_SIZE < all.length ? { nextCursor: encodeCursor(kind, offset + AGGREGATE_PAGE_SIZE) } : {}
     return { [kind]: items, ...next }
@@ -95,35 +110,90 @@ export class AggregateCatalogue<M extends CatalogueMember> {
 
   /**
    * A name no member listed: a server may serve names it does not list (some only to clients that
-   * declared an extension). Its prefix says the member; else the first member whose names pass
+   * declared an extension). Its prefix says the member; else, for a tool, the one member that
+   * lists an app-callable tool by that own name (an MCP App calls its server's tools by their own
+   * names: the app's code cannot know the aggregate's); else the first member whose names pass
    * through unchanged (`prefix: ""`) gets it. A member's own tool filter still applies.
    */
   #unlisted (kind: 'tools' | 'prompts', exposed: string): { member: M, name: string } | null {
-    const { members, separator } = this.#o
-    const byPrefix = members.find(m => m.prefix !== '' && exposed.startsWith(`${m.prefix}${separator}`) && exposed.length > m.prefix.length + separator.length)
-    const hit = byPrefix !== undefined
-      ? { member: byPrefix, name: exposed.slice(byPrefix.prefix.length + separator.length) }
-      : (() => { const m = members.find(m => m.prefix === ''); return m === undefined ? null : { member: m, name: exposed } })()
+    const { members } = this.#o
+    const byPrefix = this.#prefixed(exposed, '')
+    const hit = byPrefix !== null
+      ? { member: byPrefix.member, name: byPrefix.rest }
+      : (kind === 'tools' ? this.#appCallable(exposed) : null) ??
+        (() => { const m = members.find(m => m.prefix === ''); return m === undefined ? null : { member: m, name: exposed } })()
     if (hit === null || (kind === 'tools' && hit.member.tools !== undefined && !hit.member.tools.allows(hit.name))) return null
     return hit
   }
 
-  /** The member serving a URI: the first that listed it, else the first whose template matches it. */
-  async byUri (uri: string): Promise<M | null> {
-    const find = (): M | null => {
+  /** The member whose prefix (and separator) starts `text` after `scheme`, and the rest. */
+  #prefixed (text: string, scheme: string): { member: M, rest: string } | null {
+    const { members, separator } = this.#o
+    if (!text.startsWith(scheme)) return null
+    const body = text.slice(scheme.length)
+    const member = members.find(m => m.prefix !== '' && body.startsWith(`${m.prefix}${separator}`) && body.length > m.prefix.length + separator.length)
+    return member === undefined ? null : { member, rest: body.slice(member.prefix.length + separator.length) }
+  }
+
+  /** The one member listing a tool whose own name is `name` and that an app may call; null if none or several. */
+  #appCallable (name: string): { member: M, name: string } | null {
+    const owners = new Set((this.#lists.get('tools') ?? []).filter(e => e.name === name && isAppCallable(e.entry)).map(e => e.member))
+    if (owners.size > 1) this.#o.log.warn({ tool: name, members: [...owners].map(m => m.server) }, 'aggregate: an app called a tool by its own name, which several members have: refused')
+    const [only] = owners
+    return owners.size === 1 && only !== undefined ? { member: only, name } : null
+  }
+
+  /**
+   * The member serving a URI, and the URI it knows: the first that listed it, else the first whose
+   * template matches it, else (MCP Apps: a server may leave its `ui://` resources out of its lists)
+   * the member whose prefix the `ui://` URI carries (`uiUri`).
+   */
+  async byUri (uri: string): Promise<{ member: M, uri: string } | null> {
+    const find = (): { member: M, uri: string } | null => {
       const listed = this.#lists.get('resources')?.find(e => e.exposed === uri)
-      if (listed !== undefined) return listed.member
+      if (listed !== undefined) return { member: listed.member, uri: listed.name }
       const templated = this.#lists.get('resourceTemplates')?.find(e => templateMatches(e.exposed, uri))
-      return templated?.member ?? null
+      return templated === undefined ? null : { member: templated.member, uri: this.#ownUri(templated.member, uri) }
     }
-    let member = find()
-    if (member !== null) return member
+    let hit = find()
+    if (hit !== null) return hit
     await Promise.all([this.#merge('resources'), this.#merge('resourceTemplates')])
-    member = find()
-    if (member !== null) return member
-    // Listed nowhere (a server may serve URIs it does not list): the only member with resources, if one.
+    hit = find()
+    if (hit !== null) return hit
+    const ui = this.#prefixed(uri, UI_SCHEME)
+    if (ui !== null) return { member: ui.member, uri: `${UI_SCHEME}${ui.rest}` }
+    // Listed nowhere (a server may serve URIs it does not list): a ui:// URI with no member's
+    // prefix is a `prefix: ""` member's; else the only member with resources, if one.
     const withResources = this.#o.members.filter(m => m.down === null && m.info?.capabilities.resources !== undefined)
-    return withResources.length === 1 ? withResources[0] ?? null : null
+    const unprefixed = uri.startsWith(UI_SCHEME) ? withResources.find(m => m.prefix === '') : undefined
+    const only = unprefixed ?? (withResources.length === 1 ? withResources[0] : undefined)
+    return only === undefined ? null : { member: only, uri }
+  }
+
+  /** A member's `ui://` URI as the aggregate shows it: `ui://<prefix><separator><rest>`; others as they are. */
+  uiUri (member: M, uri: string): string {
+    return member.prefix === '' || !uri.startsWith(UI_SCHEME) ? uri : `${UI_SCHEME}${member.prefix}${this.#o.separator}${uri.slice(UI_SCHEME.length)}`
+  }
+
+  /** The member's own URI behind an exposed one (the inverse of uiUri). */
+  #ownUri (member: M, uri: string): string {
+    const head = `${UI_SCHEME}${member.prefix}${this.#o.separator}`
+    return member.prefix !== '' && uri.startsWith(head) ? `${UI_SCHEME}${uri.slice(head.length)}` : uri
+  }
+
+  /** A member's resources/read result with its `ui://` URIs as the aggregate shows them. */
+  exposeReadResult (member: M, result: Record<string, unknown>): Record<string, unknown> {
+    if (member.prefix === '' || !Array.isArray(result.contents)) return result
+    return { ...result, contents: result.contents.map(c => isRecord(c) && typeof c.uri === 'string' ? { ...c, uri: this.uiUri(member, c.uri) } : c) }
+  }
+
+  /** A tool's `_meta` with its UI resource (`ui.resourceUri`, and the older flat `ui/resourceUri`) made the aggregate's. */
+  #exposeToolUi (member: M, meta: Record<string, unknown>): Record<string, unknown> {
+    if (member.prefix === '') return meta
+    const out = { ...meta }
+    if (isRecord(meta.ui) && typeof meta.ui.resourceUri === 'string') out.ui = { ...meta.ui, resourceUri: this.uiUri(member, meta.ui.resourceUri) }
+    if (typeof meta[FLAT_UI_RESOURCE] === 'string') out[FLAT_UI_RESOURCE] = this.uiUri(member, meta[FLAT_UI_RESOURCE])
+    return out
   }
 
   invalidate (kinds: readonly ListKind[] = ALL_KINDS): void {
@@ -163,10 +233,12 @@ export class AggregateCatalogue<M extends CatalogueMember> {
       merged = []
       for (const l of lists) {
         for (const entry of l.entries) {
-          const id = entry[key]
-          if (typeof id !== 'string' || seen.has(id)) continue
+          const own = entry[key]
+          if (typeof own !== 'string') continue
+          const id = this.uiUri(l.member, own)
+          if (seen.has(id)) continue
           seen.add(id)
-          merged.push({ exposed: id, server: l.member.server, name: id, entry, member: l.member })
+          merged.push({ exposed: id, server: l.member.server, name: own, entry, member: l.member })
         }
       }
     }

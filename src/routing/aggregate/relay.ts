@@ -88,6 +88,8 @@ interface Running {
   tool: string | undefined
   /** performance.now() at arrival. */
   startedAt: number
+  /** The member's result as the aggregate shows it, where that differs (resources/read of ui:// URIs). */
+  shown: ((result: Record<string, unknown>) => Record<string, unknown>) | undefined
 }
 
 export interface AggregateOptions extends Omit<RelayOptions, 'legacy' | 'direct' | 'isOwner' | 'cancelOnTimeout' | 'backendTransport' | 'clientRequestTimeoutMs'> {
@@ -325,9 +327,11 @@ export class AggregateRelay extends Relay {
       case 'resources/unsubscribe': {
         const uri = params.uri
         if (typeof uri !== 'string') { fail(INVALID_PARAMS, 'Invalid params: uri must be a string'); return }
-        const member = await this.#catalogue.byUri(uri)
-        if (member === null) { fail(RESOURCE_NOT_FOUND, `Resource not found: ${uri}`); return }
-        this.#run(member, request, streamId, holder)
+        const routed = await this.#catalogue.byUri(uri)
+        if (routed === null) { fail(RESOURCE_NOT_FOUND, `Resource not found: ${uri}`); return }
+        // Under the member's own URI; a read's contents come back under the aggregate's.
+        const shown = request.method === 'resources/read' ? (r: Record<string, unknown>) => this.#catalogue.exposeReadResult(routed.member, r) : undefined
+        this.#run(routed.member, { ...request, params: { ...params, uri: routed.uri } }, streamId, holder, undefined, shown)
         return
       }
       case 'completion/complete': {
@@ -339,9 +343,9 @@ export class AggregateRelay extends Relay {
           return
         }
         if (ref.type === 'ref/resource' && typeof ref.uri === 'string') {
-          const member = await this.#catalogue.byUri(ref.uri)
-          if (member === null) { fail(RESOURCE_NOT_FOUND, `Resource not found: ${ref.uri}`); return }
-          this.#run(member, request, streamId, holder)
+          const routed = await this.#catalogue.byUri(ref.uri)
+          if (routed === null) { fail(RESOURCE_NOT_FOUND, `Resource not found: ${ref.uri}`); return }
+          this.#run(routed.member, { ...request, params: { ...params, ref: { ...ref, uri: routed.uri } } }, streamId, holder)
           return
         }
         fail(INVALID_PARAMS, 'Invalid params: ref must name a prompt or a resource')
@@ -370,7 +374,7 @@ export class AggregateRelay extends Relay {
 
   // ---- running a request on a member -------------------------------------------------------
 
-  #run (member: Member, request: JsonRpcRequest, streamId: string, holder: string | undefined, tool?: string): void {
+  #run (member: Member, request: JsonRpcRequest, streamId: string, holder: string | undefined, tool?: string, shown?: (result: Record<string, unknown>) => Record<string, unknown>): void {
     if (member.down !== null) {
       this.#reply(streamId, toJsonRpcError(new GW_ERR_BACKEND_UNAVAILABLE(member.server, `aggregate member is down (${member.down})`), request.id), holder)
       return
@@ -390,6 +394,7 @@ export class AggregateRelay extends Relay {
       holder,
       method: request.method,
       tool,
+      shown,
       startedAt: performance.now(),
       timer: setTimeout(() => {
         if (!this.#settle(request.id)) return
@@ -438,7 +443,8 @@ export class AggregateRelay extends Relay {
     }
     if (isResponse(message)) {
       this.#settle(running.clientId)
-      this.#answered(running, { ...message, id: running.clientId } as JsonRpcResponse)
+      const shown = running.shown !== undefined && 'result' in message && isRecord(message.result) ? { ...message, result: running.shown(message.result) } : message
+      this.#answered(running, { ...shown, id: running.clientId } as JsonRpcResponse)
       return
     }
     const side = isJsonStream(running.streamId) ? GET_STREAM : running.streamId

@@ -8,7 +8,7 @@ import { compileToolPolicy, type ToolPolicyLookup } from '../../auth/tool-policy
 import type { ServerSource } from '../../config/live.js'
 import type { AggregateServerConfig } from '../../config/schema.js'
 import { isAggregateConfig } from '../../config/server-kind.js'
-import { GW_ERR_BACKEND_TIMEOUT, GW_ERR_BACKEND_UNAVAILABLE } from '../../core/errors.js'
+import { GW_ERR_BACKEND_TIMEOUT, GW_ERR_BACKEND_UNAVAILABLE, isGatewayError, toJsonRpcError } from '../../core/errors.js'
 import { errorResponse, isRecord, isResponse, JSONRPC_METHOD_NOT_FOUND, type JsonRpcRequest, type JsonRpcResponse } from '../../core/jsonrpc.js'
 import type { GatewayMetrics } from '../../telemetry/metrics.js'
 import { AggregateCatalogue, LIST_METHOD, unitedInfo, withTimeout, type CatalogueMember, type ListKind } from './catalogue.js'
@@ -102,8 +102,14 @@ export class StatelessAggregates {
       }
       case 'resources/read': {
         if (typeof params.uri !== 'string') return fail(INVALID_PARAMS, 'Invalid params: uri must be a string')
-        const m = await entry.catalogue.byUri(params.uri)
-        return m === null ? fail(RESOURCE_NOT_FOUND, `Resource not found: ${params.uri}`) : member(m, params)
+        const routed = await entry.catalogue.byUri(params.uri)
+        if (routed === null) return fail(RESOURCE_NOT_FOUND, `Resource not found: ${params.uri}`)
+        if (routed.uri === params.uri || routed.member.down !== null) return member(routed.member, params)
+        // A ui:// URI the aggregate rewrote: read here, so the contents come back under its URI
+        // (a UI resource is a static document: no input_required rounds to carry).
+        const read = await this.#send(routed.member.server, tenant, 'resources/read', { ...params, uri: routed.uri })
+        if ('error' in read) return { kind: 'answer', response: { ...read, id: request.id } }
+        return answer(entry.catalogue.exposeReadResult(routed.member, isRecord(read.result) ? read.result : {}))
       }
       case 'completion/complete': {
         const ref = isRecord(params.ref) ? params.ref : {}
@@ -112,8 +118,8 @@ export class StatelessAggregates {
           return routed === null ? fail(INVALID_PARAMS, `Unknown prompt: ${ref.name}`) : member(routed.member, { ...params, ref: { ...ref, name: routed.name } })
         }
         if (ref.type === 'ref/resource' && typeof ref.uri === 'string') {
-          const m = await entry.catalogue.byUri(ref.uri)
-          return m === null ? fail(RESOURCE_NOT_FOUND, `Resource not found: ${ref.uri}`) : member(m, params)
+          const routed = await entry.catalogue.byUri(ref.uri)
+          return routed === null ? fail(RESOURCE_NOT_FOUND, `Resource not found: ${ref.uri}`) : member(routed.member, { ...params, ref: { ...ref, uri: routed.uri } })
         }
         return fail(INVALID_PARAMS, 'Invalid params: ref must name a prompt or a resource')
       }
@@ -185,12 +191,26 @@ export class StatelessAggregates {
 
   /** A list request to a member, on its pool. */
   async #ask (server: string, tenant: string | null, method: string, params: Record<string, unknown>): Promise<Record<string, unknown>> {
-    const message = await new Promise<JsonRpcResponse>((resolve, reject) => {
+    const message = await this.#call(server, tenant, method, params)
+    if ('error' in message) throw new GW_ERR_BACKEND_UNAVAILABLE(server, `${method}: ${message.error.message}`)
+    return isRecord(message.result) ? message.result : {}
+  }
+
+  /** A request of the gateway's own to a member, on its pool: its answer, or a failure to get one as an error answer. */
+  async #send (server: string, tenant: string | null, method: string, params: Record<string, unknown>): Promise<JsonRpcResponse> {
+    try {
+      return await this.#call(server, tenant, method, params)
+    } catch (err) {
+      return toJsonRpcError(isGatewayError(err) ? err : new GW_ERR_BACKEND_UNAVAILABLE(server, err instanceof Error ? err.message : String(err)), null)
+    }
+  }
+
+  /** A request of the gateway's own to a member, on its pool: its answer; rejects when none can come. */
+  async #call (server: string, tenant: string | null, method: string, params: Record<string, unknown>): Promise<JsonRpcResponse> {
+    return await new Promise<JsonRpcResponse>((resolve, reject) => {
       this.#o.pool.call(server, tenant, key => ({ jsonrpc: '2.0', id: key, method, params }), {
         onMessage: m => { if (isResponse(m)) resolve(m) }
       }).catch(reject)
     })
-    if ('error' in message) throw new GW_ERR_BACKEND_UNAVAILABLE(server, `${method}: ${message.error.message}`)
-    return isRecord(message.result) ? message.result : {}
   }
 }

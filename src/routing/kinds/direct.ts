@@ -14,6 +14,7 @@ import type { RelayKindOptions } from './routed.js'
 export class DirectKind implements SessionKind {
   readonly name: KindName = 'direct'
   readonly hasOwner = false
+  readonly leased = true
   readonly #o: RelayKindOptions
 
   constructor (options: RelayKindOptions) {

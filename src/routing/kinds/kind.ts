@@ -33,6 +33,11 @@ export interface SessionKind {
    * heartbeat watch and the console's owner column read it. Direct and pooled sessions have none.
    */
   readonly hasOwner: boolean
+  /**
+   * Whether its sessions hold an owner lease at all (routed, aggregate: the backend's owner; direct:
+   * the backend GET stream's listener), so a stream held here watches for that owner's loss.
+   */
+  readonly leased: boolean
 
   /** Before a new session's record is written: may refuse (capacity) or get the backend ready. */
   prepare (server: string, tenant: string | null): Promise<void>

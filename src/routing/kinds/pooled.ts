@@ -11,6 +11,7 @@ import type { KindName, Route, SessionKind } from './kind.js'
 export class PooledKind implements SessionKind {
   readonly name: KindName = 'pooled'
   readonly hasOwner = false
+  readonly leased = false
   readonly #sessions: PooledSessions
   readonly #delivery: Delivery
 

@@ -26,6 +26,7 @@ export interface RelayKindOptions extends ReplicaContext {
 export class RoutedKind implements SessionKind {
   readonly name: KindName = 'routed'
   readonly hasOwner = true
+  readonly leased = true
   protected readonly o: RelayKindOptions
 
   constructor (options: RelayKindOptions) {

@@ -29,7 +29,7 @@ import type { BackendPool, UpstreamLookup } from '../upstream/ports.js'
 import type { ReplicaContext } from './context.js'
 import { principalOfRecord } from '../../auth/principal.js'
 import { capabilitiesOf, Relay, type RelayHost } from '../upstream/relay.js'
-import { breathe } from './upkeep.js'
+import { inBatches } from './upkeep.js'
 
 /** How long a replica's heartbeat lives (at most the lease): a killed replica is dead after this. */
 const HEARTBEAT_TTL_MS = 3000
@@ -172,12 +172,15 @@ export class Ownership {
   async claimLease (relay: Relay): Promise<void> {
     if (relay.isOwner) return
     const owner = await this.#o.store.claimOwner(relay.sid, this.#o.replicaId, this.#leaseMs)
-    if (owner === this.#o.replicaId) {
-      relay.isOwner = true
-      const record = await this.#o.store.get(relay.sid)
-      relay.backend?.setListening(true, record?.backendGetEventId ?? null)
-      relay.log.info('took the backend GET-stream lease')
-    }
+    if (owner === this.#o.replicaId) await this.#listen(relay)
+  }
+
+  /** This replica took a direct session's lease: it listens to the backend's GET stream, resumed. */
+  async #listen (relay: Relay): Promise<void> {
+    relay.isOwner = true
+    const record = await this.#o.store.get(relay.sid)
+    relay.backend?.setListening(true, record?.backendGetEventId ?? null)
+    relay.log.info('took the backend GET-stream lease')
   }
 
   /** Opens the backend connection of a session on this replica and registers its relay. */
@@ -302,48 +305,52 @@ export class Ownership {
   }
 
   /**
-   * Lease upkeep for every relay here (a third of a lease apart). Returns the sessions whose
-   * record is gone (idle timeout, or deleted elsewhere) and those whose owner lease was lost.
+   * Lease upkeep for every relay here (a third of a lease apart), in batches (SessionStore.keepOwners:
+   * one round trip per batch with Redis; upkeep.ts). Returns the sessions whose record is gone
+   * (idle timeout, or deleted elsewhere) and those whose owner lease another replica took.
    */
   async renew (): Promise<{ expired: string[], leaseLost: string[] }> {
-    const store = this.#o.store
-    const replicaId = this.#o.replicaId
+    const { store, replicaId, log } = this.#o
     const expired: string[] = []
     const leaseLost: string[] = []
-    let i = 0
-    for (const relay of [...this.#relays.values()]) {
-      await breathe(i++)
-      const [alive, leased] = await Promise.all([
-        store.exists(relay.sid),
-        relay.isOwner ? store.renewOwner(relay.sid, replicaId, this.#leaseMs) : Promise.resolve(false)
-      ])
-      if (!alive) {
-        expired.push(relay.sid)
-      } else if (relay.direct) {
-        if (relay.isOwner && !leased) {
-          relay.isOwner = false
-          relay.backend?.setListening(false)
-          relay.log.warn('backend GET-stream lease lost; no longer listening')
+    let reclaimed = 0
+    await inBatches([...this.#relays.values()], async batch => {
+      const kept = await store.keepOwners(batch.map(relay => relay.sid), replicaId, this.#leaseMs)
+      for (const [i, relay] of batch.entries()) {
+        // Dropped meanwhile (a session ended, a lease lost): nothing of it to keep.
+        if (this.#relays.get(relay.sid) !== relay) continue
+        const keep = kept[i]
+        if (keep === 'gone') {
+          expired.push(relay.sid)
+        } else if (relay.direct) {
+          if (keep === 'taken') {
+            if (relay.isOwner) {
+              relay.isOwner = false
+              relay.backend?.setListening(false)
+              relay.log.warn('backend GET-stream lease lost; no longer listening')
+            }
+          } else if (!relay.isOwner) {
+            // A free lease (its holder died) is taken by a replica that still serves the session.
+            await this.#listen(relay)
+          } else {
+            // The holder keeps its backend GET stream wanted: this re-arms a stream that gave up
+            // (e.g. a stale stream of a dead holder answered 409 for a while). A no-op when connected.
+            relay.backend?.setListening(true)
+          }
+        } else if (keep === 'claimed') {
+          // A lease that lapsed while this replica could not renew it (its event loop blocked past
+          // the lease: a burst of stdio spawns on a loaded machine took 10 s) and that nobody took
+          // meanwhile is claimed back: the backend is still here. Only a lease another replica
+          // holds means the session moved (a replica taking over claims it atomically, so either
+          // it or this claim wins). In one process nobody else can hold it.
+          reclaimed++
+        } else if (keep === 'taken') {
+          relay.log.warn('owner lease lost; stopping backend')
+          leaseLost.push(relay.sid)
         }
-        // A free lease (its holder died) is taken by a replica that still serves the session.
-        if (!relay.isOwner) await this.claimLease(relay)
-        // The holder keeps its backend GET stream wanted: this re-arms a stream that gave up
-        // (e.g. a stale stream of a dead holder answered 409 for a while). A no-op when connected.
-        else relay.backend?.setListening(true)
-      } else if (!leased) {
-        // A lease that lapsed while this replica could not renew it (its event loop blocked past
-        // the lease: a burst of stdio spawns on a loaded machine took 10 s) and that nobody took
-        // meanwhile is claimed back: the backend is still here. Only a lease another replica holds
-        // means the session moved (a replica taking over claims it atomically, so either it or
-        // this claim wins). In one process nobody else can hold it.
-        if (relay.isOwner && await store.claimOwner(relay.sid, replicaId, this.#leaseMs) === replicaId) {
-          relay.log.warn('owner lease had lapsed, nobody had taken it: claimed back')
-          continue
-        }
-        relay.log.warn('owner lease lost; stopping backend')
-        leaseLost.push(relay.sid)
       }
-    }
+    })
+    if (reclaimed > 0) log.warn({ sessions: reclaimed, leaseMs: this.#leaseMs }, 'owner leases had lapsed (the event loop was held past them) and nobody had taken them: claimed back')
     return { expired, leaseLost }
   }
 

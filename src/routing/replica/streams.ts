@@ -16,7 +16,7 @@ import { tracing } from '../../telemetry/tracing.js'
 import { streamKindOf, type StreamKind } from '../../telemetry/metrics.js'
 import type { PreparedWake, WokenEntry } from '../../state/bus.js'
 import type { ReplicaContext } from './context.js'
-import { breathe } from './upkeep.js'
+import { inBatches } from './upkeep.js'
 
 /** How long a completed request stream's log stays for a late resume. */
 export const COMPLETED_STREAM_TTL_MS = 60_000
@@ -64,6 +64,16 @@ function neverSent (err: unknown): boolean {
   return cause instanceof Error && cause.message.endsWith('and enableOfflineQueue options is false')
 }
 let streamSeq = 0
+
+/** What a stream's end means when nobody here said more (the client closed it, a write failed). */
+const WHY: Record<WriterEndReason, string> = {
+  complete: 'every answer was written',
+  'client-closed': 'the client closed the connection',
+  released: 'another replica holds the stream now',
+  shutdown: 'the replica is shutting down',
+  'session-ended': 'the session ended',
+  error: 'writing or resuming the stream failed'
+}
 
 /**
  * Request stream ids say their kind and how many responses end them: `r1_<prefix><seq>`,
@@ -162,6 +172,8 @@ export class ClientStreams {
   readonly #onEnd = (writer: StreamWriter, reason: WriterEndReason): void => { this.#onWriterEnd(writer, reason) }
   /** POST streams' catch-all deadlines (openPost), cleared when their writer completes. */
   readonly #deadlines = new Map<StreamWriter, NodeJS.Timeout>()
+  /** Why the gateway ended a stream, until #onWriterEnd logs it. */
+  readonly #why = new WeakMap<StreamWriter, string>()
   /** Streams ended here that left keys to expire (PRUNE_EVERY). */
   #lapsing = 0
 
@@ -266,7 +278,7 @@ export class ClientStreams {
     if (options.exclusive === true && current !== undefined && !current.ended) {
       throw new GW_ERR_CONFLICT('Only one GET stream is allowed per session')
     }
-    current?.end('released')
+    if (current !== undefined) this.#end(current, 'released', 'a new connection to this replica took the stream over')
     const writer = this.#register(options, options.cursor, options.fresh === true)
     let previous: string | null
     try {
@@ -382,6 +394,7 @@ export class ClientStreams {
     this.#deadlines.delete(writer)
     const refusal = isGatewayError(err) ? err : new GW_ERR_STORE_UNAVAILABLE('the requests could not be recorded')
     if (refusal.code !== 'GW_ERR_SESSION_NOT_FOUND') this.#o.log.warn({ err, sid: shortHash(writer.sid) }, 'requests not marked pending; refused')
+    this.#why.set(writer, `requests refused: ${refusal.code}`)
     if (!writer.refuse(refusal)) this.#endWithSession(writer, refusal)
   }
 
@@ -442,7 +455,8 @@ export class ClientStreams {
 
   /** Another replica took the stream over: stop writing it. */
   release (sid: string, streamId: string): void {
-    this.#get(sid, streamId)?.end('released')
+    const writer = this.#get(sid, streamId)
+    if (writer !== undefined) this.#end(writer, 'released', 'the client resumed the stream on another replica')
   }
 
   /** Whether a live GET stream exists for the session (one standalone GET stream, H-GET-3). */
@@ -506,9 +520,9 @@ export class ClientStreams {
     for (const writer of writers instanceof Map ? [...writers.values()] : [writers]) this.#endWithSession(writer, err)
   }
 
-  #endWithSession (writer: StreamWriter, err: GatewayError): void {
+  #endWithSession (writer: StreamWriter, err: GatewayError, why = err.message): void {
     if (writer.awaitsAnswers) writer.failUnanswered(id => toJsonRpcError(err, id))
-    writer.end('session-ended')
+    this.#end(writer, 'session-ended', why)
   }
 
   /**
@@ -523,37 +537,54 @@ export class ClientStreams {
         const shuttingDown = err ??= new GW_ERR_SHUTTING_DOWN()
         writer.failUnanswered(id => toJsonRpcError(shuttingDown, id))
       }
-      writer.end('shutdown', retryMs)
+      this.#end(writer, 'shutdown', 'the replica is shutting down', retryMs)
     }
   }
 
   /**
-   * Holder leases are renewed here, every third of a lease. An open stream keeps its session
-   * alive: the tick runs at least every quarter idle timeout, and touch() also says whether the
-   * session still exists (a stream whose session is gone ends). Returns the sessions that still
-   * have a stream held here.
+   * Holder leases are renewed here, every third of a lease, in batches (SessionStore.keepStreams:
+   * one round trip per batch with Redis) that give the event loop back as they go (upkeep.ts). An
+   * open stream keeps its session alive: the tick runs at least every quarter idle timeout, and
+   * the same call says whether the session still exists (a stream whose session is gone ends). A
+   * lease that lapsed (the loop was blocked past it: a burst of child starts, a loaded machine)
+   * and that no other replica took is taken again: only another holder ends a stream here.
+   * Returns the sessions that still have a stream held here.
    */
   async renew (): Promise<Set<string>> {
-    const store = this.#o.store
+    const { store, replicaId, log } = this.#o
     const held = new Set<string>()
-    let i = 0
-    for (const writer of this.#all()) {
-      await breathe(i++)
-      if (writer.ended) continue
+    let reclaimed = 0
+    const writers = this.#all().filter(writer => !writer.ended)
+    await inBatches(writers, async batch => {
       // A stream not marked yet, or whose mark is on its way (openPost, `mark`), has no
       // holder lease to renew: no other replica can hold it (its client has no event id of it).
-      const leased = writer.markLater === undefined && writer.marking === undefined
-      const [alive, renewed] = await Promise.all([
-        store.touch(writer.sid, this.#idleMs),
-        leased ? store.renewHolder(writer.sid, writer.streamId, this.#o.replicaId, this.#leaseMs) : true
-      ])
-      if (!alive) this.#endWithSession(writer, new GW_ERR_SESSION_NOT_FOUND())
-      // Another replica holds the stream now (it resumed it, or won a race for it): wakes go there,
-      // so this writer would starve; end it and let the client reconnect.
-      else if (!renewed && !writer.ended) writer.end('released', this.#o.config.http.retryMs)
-      else held.add(writer.sid)
-    }
+      const kept = await store.keepStreams(batch.map(writer => ({ sid: writer.sid, streamId: writer.streamId, leased: writer.markLater === undefined && writer.marking === undefined })), replicaId, this.#leaseMs, this.#idleMs)
+      batch.forEach((writer, i) => {
+        if (writer.ended) return
+        switch (kept[i]) {
+          case 'gone':
+            this.#endWithSession(writer, new GW_ERR_SESSION_NOT_FOUND(), 'the session no longer exists')
+            return
+          case 'taken':
+            // Another replica holds the stream now (it resumed it, or won a race for it): wakes go
+            // there, so this writer would starve; end it and let the client reconnect.
+            this.#end(writer, 'released', 'another replica holds the stream now', this.#o.config.http.retryMs)
+            return
+          case 'reclaimed':
+            reclaimed++
+        }
+        held.add(writer.sid)
+      })
+    })
+    if (reclaimed > 0) log.warn({ streams: reclaimed, leaseMs: this.#leaseMs }, 'holder leases had lapsed (the event loop was held past them) and nobody had taken them: claimed back')
     return held
+  }
+
+  /** Ends a stream from the gateway's side, saying why in the line #onWriterEnd logs. */
+  #end (writer: StreamWriter, reason: WriterEndReason, why: string, retryMs?: number): void {
+    if (writer.ended) return
+    this.#why.set(writer, why)
+    writer.end(reason, retryMs)
   }
 
   #get (sid: string, streamId: string): StreamWriter | undefined {
@@ -597,6 +628,16 @@ export class ClientStreams {
     return all
   }
 
+  /**
+   * Every stream that ends other than by its last answer is logged, with why: a client that
+   * lost its stream (and its server-initiated messages) is explained by one line.
+   */
+  #logEnd (writer: StreamWriter, reason: WriterEndReason): void {
+    if (reason === 'complete' && isRequestStreamId(writer.streamId)) return
+    const why = this.#why.get(writer) ?? WHY[reason]
+    this.#o.log.info({ sid: shortHash(writer.sid), stream: writer.streamId, reason, why }, 'client stream ended')
+  }
+
   #onWriterEnd (writer: StreamWriter, reason: WriterEndReason): void {
     const { sid, streamId } = writer
     this.#delete(writer)
@@ -605,6 +646,7 @@ export class ClientStreams {
     if (reason === 'complete' || reason === 'session-ended' || reason === 'shutdown') clearTimeout(this.#deadlines.get(writer))
     this.#deadlines.delete(writer)
     if (tracing !== null) tracing.streamEnded(sid, streamId, reason)
+    this.#logEnd(writer, reason)
     if (reason === 'released' || reason === 'session-ended') return
     const store = this.#o.store
     // Only a cursor the log gave: a client-sent Last-Event-ID never becomes the stored position.

@@ -92,23 +92,29 @@ return 1`
    * deleteSession: drops the record, the owner lease, the pending markers and, for every stream
    * of the session, its events, holder and cursor keys; then the stream set. Every key is named
    * in KEYS (Redis Cluster): the caller reads the stream set first and passes each stream's
-   * three keys; a stream added meanwhile makes the script refuse (-1) and the caller retry.
+   * three keys. The record goes whatever else happens, in the first call: once a DELETE is
+   * answered, no replica may find the session (a stream added meanwhile used to make the script
+   * refuse, and ten refusals in a row left the record in place). A stream added since the caller
+   * read the set keeps the set (and its own keys) for the caller's next call, which names it.
    *   KEYS[1] meta   KEYS[2] owner   KEYS[3] stream set   KEYS[4] pending
    *   KEYS[5..] events, holder, cursor of ARGV[1], then of ARGV[2] …, then the seq hash
    *   ARGV[1..] the stream ids
-   *   returns 1 the record existed, 0 it did not, -1 the stream set changed (retry)
+   *   returns 1 the record existed, 0 it did not; plus 2 when streams were added meanwhile (call again)
    */
   deleteSession: {
     numberOfKeys: 4,
     variadicKeys: true,
     lua: `
+local existed = redis.call('DEL', KEYS[1])
+for i = 2, #KEYS do
+  if i ~= 3 then redis.call('DEL', KEYS[i]) end
+end
 local given = {}
 for _, s in ipairs(ARGV) do given[s] = true end
 for _, s in ipairs(redis.call('SMEMBERS', KEYS[3])) do
-  if not given[s] then return -1 end
+  if not given[s] then return existed + 2 end
 end
-local existed = redis.call('DEL', KEYS[1])
-for i = 2, #KEYS do redis.call('DEL', KEYS[i]) end
+redis.call('DEL', KEYS[3])
 return existed`
   },
 
@@ -191,6 +197,52 @@ if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 bump(KEYS[2], ARGV[2])
 return 1`
+  },
+
+  /*
+   * keepStream: the upkeep of one client stream its holder keeps (SessionStore.keepStreams):
+   * refreshes the session's idle TTL, then renews the holder lease, or takes it again when it
+   * lapsed and nobody took it meanwhile.
+   *   KEYS[1] meta   KEYS[2] holder   KEYS[3] stream set
+   *   ARGV[1] replica id   ARGV[2] lease ms   ARGV[3] idle ms   ARGV[4] stream id   ARGV[5] '1' leased, '0' session only
+   *   returns 0 the session is gone, 1 held, 2 re-claimed, 3 another replica holds it
+   */
+  keepStream: {
+    numberOfKeys: 3,
+    lua: `${REMEMBER_STREAM}
+if redis.call('PEXPIRE', KEYS[1], ARGV[3]) == 0 then return 0 end
+if ARGV[5] ~= '1' then return 1 end
+local holder = redis.call('GET', KEYS[2])
+if holder == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[2], ARGV[2])
+  bump(KEYS[3], ARGV[2])
+  return 1
+end
+if holder then return 3 end
+redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
+remember(KEYS[3], ARGV[4], ARGV[2])
+return 2`
+  },
+
+  /*
+   * keepOwner: the upkeep of one owner lease (SessionStore.keepOwners): renewed while the
+   * caller's, taken when free; nothing when the session is gone.
+   *   KEYS[1] meta   KEYS[2] owner
+   *   ARGV[1] replica id   ARGV[2] lease ms
+   *   returns 0 the session is gone, 1 held, 2 claimed, 3 another replica owns it
+   */
+  keepOwner: {
+    numberOfKeys: 2,
+    lua: `
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+local owner = redis.call('GET', KEYS[2])
+if owner == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[2], ARGV[2])
+  return 1
+end
+if owner then return 3 end
+redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
+return 2`
   },
 
   /*
@@ -503,7 +555,9 @@ declare module 'ioredis' {
   interface RedisCommander<Context> {
     createSession (meta: RedisKey, ttlMs: number, ...fieldValues: string[]): Result<0 | 1, Context>
     updateSession (meta: RedisKey, ...fieldValues: string[]): Result<0 | 1, Context>
-    deleteSession (numberOfKeys: number, ...keysThenStreamIds: string[]): Result<-1 | 0 | 1, Context>
+    deleteSession (numberOfKeys: number, ...keysThenStreamIds: string[]): Result<0 | 1 | 2 | 3, Context>
+    keepStream (meta: RedisKey, holder: RedisKey, streams: RedisKey, replicaId: string, leaseMs: number, idleMs: number, streamId: string, leased: '0' | '1'): Result<0 | 1 | 2 | 3, Context>
+    keepOwner (meta: RedisKey, owner: RedisKey, replicaId: string, leaseMs: number): Result<0 | 1 | 2 | 3, Context>
     deleteEvents (numberOfKeys: number, ...keysThenStreamIds: string[]): Result<number, Context>
     takeOwner (owner: RedisKey, replicaId: string, from: string, ttlMs: number): Result<string, Context>
     markPending (events: RedisKey, streams: RedisKey, pending: RedisKey, seq: RedisKey, holder: RedisKey, meta: RedisKey, maxLen: number, ttlMs: number, priming: string, streamId: string, servedBy: string, holderMs: number, holderReplica: string, ...fields: string[]): Result<string | null, Context>
