@@ -243,6 +243,11 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
   // Looked up per use, so a replaced tenant table (config reload) applies at once.
   const upstream = (tenant: string | null | undefined, server: string): TenantUpstream => tenants.upstream(tenant, server)
   const toolPolicy = toolPolicies(tenants)
+  // The tenants that may use a server now (everyone is the one anonymous tenant without tenants).
+  const tenantsOf = (server: string): Array<string | null> => {
+    const all = Object.entries(live.current.tenants ?? {})
+    return all.length === 0 ? [null] : all.filter(([, tenant]) => Object.hasOwn(tenant.servers, server)).map(([name]) => name)
+  }
   const quotaGate = new QuotaGate(tenant => tenants.limits(tenant), services.quotas, async sid => await services.store.exists(sid))
   // Pooled backend connections per (server, tenant): 2026-07-28 requests and pooled sessions run on them.
   const pool = new ConnectionPool({
@@ -318,7 +323,10 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
     await pool.endServers([...change.servers.removed, ...change.servers.changed], 'server removed or changed in the config')
     const ended = await router.endSessionsOf(change.servers.removed, 'server removed from the config')
     if (ended > 0) log.info({ servers: change.servers.removed, sessions: ended }, 'sessions of removed servers ended')
+    pool.warm(tenantsOf)
   })
+  // The pools of pooled servers start now, in the background (a child that fails is retried).
+  pool.warm(tenantsOf)
 
   const handleError = errorHandler(config, metrics, adminStats)
   // The client's address: the TCP peer's, or what a trusted proxy's header says (http.trustedProxies).

@@ -24,12 +24,20 @@
 //   re-initialisation in progress.
 // HTTP backends reconnect inside their own connection (streamable-http.ts, legacy-sse.ts); when one
 // reports an exit, the session is gone.
+//
+// Idle children (stdio, config.childIdleMs): a session with nothing in flight either way (its
+// requests answered or cancelled, the child's requests to the client answered), no resource
+// subscription and no message for that long gives its child back (park()). The session stays; its
+// next message starts a child and replays the session into it as after a crash (not counted as
+// one), then is delivered. Clients that never send DELETE so cost memory only while they are used.
+// A GET stream alone is not use: while parked, the child sends nothing (no list_changed).
+import { performance } from 'node:perf_hooks'
 import { setTimeout as sleep } from 'node:timers/promises'
 import type { Logger } from 'pino'
 import type { BackendConnection, BackendExit, BackendFactory } from './backend.js'
 import type { ServerConfig } from '../config/schema.js'
 import { GW_ERR_BACKEND_UNAVAILABLE } from '../core/errors.js'
-import { isNotification, isRequest, isResponse, type JsonRpcMessage, type JsonRpcRequest, type RequestId } from '../core/jsonrpc.js'
+import { idKey, isNotification, isRecord, isRequest, isResponse, type JsonRpcMessage, type JsonRpcRequest, type RequestId } from '../core/jsonrpc.js'
 import type { BackendSession, StopOptions, SupervisedHandlers, SupervisedOpenOptions } from './supervisor.js'
 import type { EstablishedState } from '../state/session-store.js'
 
@@ -42,7 +50,7 @@ export const restartDelay = (attempt: number, baseMs = 250, maxMs = 30_000): num
 /** Messages held for a session while its child restarts. */
 export const RESTART_QUEUE_LIMIT = 1000
 
-type State = 'running' | 'restarting' | 'stopping' | 'gone'
+type State = 'running' | 'restarting' | 'parked' | 'stopping' | 'gone'
 
 interface Queued {
   msg: JsonRpcMessage
@@ -81,6 +89,10 @@ export class SupervisedSession implements BackendSession {
   #gwSeq = 0
   /** Made on first use, as #subscriptions: most sessions never need them (heap per idle session). */
   #gwPending: Map<string, GwPending> | undefined
+  /** When a message last went either way (performance.now()): the child's idleness. */
+  #lastActive = performance.now()
+  /** Requests sent to the child and not answered, and the child's requests not answered, by idKey. */
+  #open: Set<string> | undefined
 
   // What the client established, replayed into a restarted child.
   #initParams: JsonRpcRequest['params'] | undefined
@@ -145,6 +157,45 @@ export class SupervisedSession implements BackendSession {
     return this.#conn?.pid
   }
 
+  /** How long the session may idle before its child is given back (0: never). */
+  get childIdleMs (): number {
+    return this.#config.transport === 'stdio' ? this.#config.childIdleMs ?? 0 : 0
+  }
+
+  /**
+   * Gives the child back if the session has been idle `idleMs` (nothing in flight either way, no
+   * subscription, no replay running); the next message starts one again. True when it did.
+   */
+  park (idleMs: number, now = performance.now()): boolean {
+    if (this.#state !== 'running' || this.#flushing || this.#conn === null || this.#initParams === undefined) return false
+    if ((this.#open?.size ?? 0) > 0 || (this.#gwPending?.size ?? 0) > 0 || (this.#subscriptions?.size ?? 0) > 0) return false
+    if (now - this.#lastActive < idleMs) return false
+    this.#generation++ // the stopped child's exit is not a crash
+    const conn = this.#conn
+    this.#conn = null
+    this.#state = 'parked'
+    this.#log.info({ pid: conn.pid, idleMs: Math.round(now - this.#lastActive) }, 'idle backend child given back; the session stays')
+    conn.close().catch(err => this.#log.warn({ err }, 'closing an idle backend failed'))
+    return true
+  }
+
+  /** Keeps count of what is in flight on the connection, either way (park()). */
+  #track (msg: JsonRpcMessage, toBackend: boolean): void {
+    this.#lastActive = performance.now()
+    if (isRequest(msg)) {
+      (this.#open ??= new Set()).add((toBackend ? 'c' : 'b') + idKey(msg.id))
+    } else if (isResponse(msg)) {
+      if (msg.id !== null && msg.id !== undefined) this.#settle((toBackend ? 'b' : 'c') + idKey(msg.id))
+    } else if (msg.method === 'notifications/cancelled' && isRecord(msg.params)) {
+      const id = msg.params.requestId
+      if (typeof id === 'string' || typeof id === 'number') this.#settle((toBackend ? 'c' : 'b') + idKey(id))
+    }
+  }
+
+  #settle (key: string): void {
+    if (this.#open?.delete(key) === true && this.#open.size === 0) this.#open = undefined
+  }
+
   /** Opens a connection whose callbacks are bound to a new generation. */
   async connect (): Promise<BackendConnection> {
     const generation = ++this.#generation
@@ -178,6 +229,7 @@ export class SupervisedSession implements BackendSession {
   }
 
   #fromBackend (msg: JsonRpcMessage): void {
+    this.#track(msg, false)
     if (isResponse(msg)) {
       const id = msg.id
       // Only answers to the supervisor's own requests are kept back: a client may use a 'gw-' id
@@ -236,6 +288,7 @@ export class SupervisedSession implements BackendSession {
       case 'running': {
         if (!this.#flushing) {
           this.#capture(msg)
+          this.#track(msg, true)
           await this.#conn!.send(msg)
           return
         }
@@ -254,6 +307,18 @@ export class SupervisedSession implements BackendSession {
         }
         // Captured when flushed, not now: a queued initialize must not also be replayed.
         await new Promise<void>((resolve, reject) => (this.#queue ??= []).push({ msg, resolve, reject }))
+        return
+      }
+      case 'parked': {
+        // Nothing was in flight when the child was given back: a response answers nothing.
+        if (isResponse(msg)) return
+        // A child again, the session replayed into it (as after a crash, not counted as one),
+        // then this message; what comes meanwhile waits behind it.
+        this.#state = 'restarting'
+        const delivered = new Promise<void>((resolve, reject) => (this.#queue ??= []).push({ msg, resolve, reject }))
+        this.#log.info('backend child started again for an idle session')
+        this.#restart().catch(err => this.#log.error({ err }, 'restart failed unexpectedly'))
+        await delivered
         return
       }
       default:
@@ -292,6 +357,8 @@ export class SupervisedSession implements BackendSession {
       return
     }
     const now = Date.now()
+    // What was in flight died with the child (the router fails it).
+    this.#open = undefined
     const restarts = (this.#restarts ?? []).filter(t => now - t < policy.windowMs)
     this.#restarts = restarts
     if (restarts.length >= policy.maxRestarts) {
@@ -392,6 +459,7 @@ export class SupervisedSession implements BackendSession {
         if (q === undefined) break
         try {
           this.#capture(q.msg)
+          this.#track(q.msg, true)
           await conn.send(q.msg)
           q.resolve()
         } catch (err) {

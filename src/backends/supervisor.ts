@@ -3,6 +3,9 @@
 // SupervisedSession (supervised-session.ts), which holds the restart policy.
 //
 // Idle reaping is not here: the router decides idleness from the session store and calls stop().
+// What is here is giving back the child of a session idle past its server's childIdleMs (the
+// session stays; supervised-session.ts starts and replays a child on its next message).
+import { performance } from 'node:perf_hooks'
 import type { Logger } from 'pino'
 import type { BackendExit, BackendFactory, TenantUpstream } from './backend.js'
 import type { ServerConfig } from '../config/schema.js'
@@ -25,8 +28,13 @@ export { restartDelay, RESTART_QUEUE_LIMIT } from './supervised-session.js'
 
 /** Seconds a client is told to wait (Retry-After) when a server is at its session limit. */
 export const CAPACITY_RETRY_AFTER_S = 5
+/** How often sessions are checked for a child idle past childIdleMs. */
+const PARK_SWEEP_MS = 1000
 
 type Transport = ServerConfig['transport']
+
+/** Ids of the pools' connections (routing/pool.ts): their idleness is the pool's to judge. */
+const POOL_ID_PREFIX = 'pool.'
 
 export interface SupervisorOptions {
   /** The servers as configured now (live reload): read at each open, so a session keeps the settings it opened with. */
@@ -126,10 +134,23 @@ export class Supervisor {
     void closing.finally(() => this.#closing.delete(closing))
   }
 
+  readonly #parkSweep: NodeJS.Timeout
+
   constructor (options: SupervisorOptions) {
     this.#config = options.config
     this.#log = options.log
     this.#factories = options.factories
+    this.#parkSweep = setInterval(() => { this.#parkIdle() }, PARK_SWEEP_MS)
+    this.#parkSweep.unref()
+  }
+
+  /** Gives back the children of dedicated sessions idle past their server's childIdleMs (the pools keep their own). */
+  #parkIdle (): void {
+    const now = performance.now()
+    for (const session of this.#sessions.values()) {
+      const idleMs = session.childIdleMs
+      if (idleMs > 0 && !session.sid.startsWith(POOL_ID_PREFIX)) session.park(idleMs, now)
+    }
   }
 
   /** Starts a backend connection for a client session. */
@@ -179,6 +200,7 @@ export class Supervisor {
   /** Graceful shutdown: refuses new sessions, stops every connection in parallel, waits for all. */
   async stopAll (options: StopOptions = {}): Promise<void> {
     this.#shuttingDown = true
+    clearInterval(this.#parkSweep)
     await Promise.all([...this.#sessions.values()].map(async s => await s.stop(options)))
     await Promise.all([...this.#closing])
   }
@@ -201,7 +223,7 @@ export class Supervisor {
   pooledChildrenByServer (): Map<string, number> {
     const counts = new Map<string, number>()
     for (const session of this.#sessions.values()) {
-      if (session.pid !== undefined && session.sid.startsWith('pool.')) counts.set(session.server, (counts.get(session.server) ?? 0) + 1)
+      if (session.pid !== undefined && session.sid.startsWith(POOL_ID_PREFIX)) counts.set(session.server, (counts.get(session.server) ?? 0) + 1)
     }
     return counts
   }

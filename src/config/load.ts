@@ -21,7 +21,7 @@ import { parseDocument } from 'yaml'
 import { configSchema, NAME_PATTERN, type AggregateServerConfig, type Config } from './schema.js'
 import { GW_ERR_CONFIG_INVALID } from '../core/errors.js'
 import { isLoopbackAddress } from '../core/loopback.js'
-import { trustedProxyProblem } from '../http/client-address.js'
+import { trustedProxyProblem } from '../core/ip-address.js'
 import { deepFreeze } from '../core/freeze.js'
 
 export type { Config }

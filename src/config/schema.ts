@@ -56,6 +56,12 @@ const stdioServerSchema = {
     requestTimeoutMs: { type: 'integer', minimum: 1, default: 60_000 },
     maxLineBytes: { type: 'integer', minimum: 1024, default: 10_485_760 },
     stopGraceMs: { type: 'integer', minimum: 0, default: 2000 },
+    /**
+     * A dedicated session's child idle this long (no message either way, nothing in flight, no
+     * resource subscription) is stopped; the session stays, and its next message starts a child
+     * again with the session replayed into it. 0: children live as long as their sessions.
+     */
+    childIdleMs: { type: 'integer', minimum: 0, default: 300_000 },
     restart: restartSchema,
     onOwnerLoss: onOwnerLossSchema
   }
@@ -162,7 +168,12 @@ const aggregateServerSchema = {
     /** Deadline of a request routed to a member (the member's own requestTimeoutMs applies too). */
     requestTimeoutMs: { type: 'integer', minimum: 1, default: 60_000 },
     /** A member that does not start, or list, within this is left out (down or slow) until it does. */
-    memberTimeoutMs: { type: 'integer', minimum: 100, maximum: 600_000, default: 5000 }
+    memberTimeoutMs: { type: 'integer', minimum: 100, maximum: 600_000, default: 5000 },
+    /**
+     * Longest a member's start may take (a cold child under load) before it is down: a session's
+     * requests wait for a member still starting, not leave it out. At least memberTimeoutMs.
+     */
+    memberStartTimeoutMs: { type: 'integer', minimum: 100, maximum: 600_000, default: 30_000 }
   }
 } as const
 
@@ -479,7 +490,7 @@ type Defaulted<T, Opt extends keyof T = never> = Required<Omit<T, Opt>> & Partia
 
 type RawStdio = FromSchema<typeof stdioServerSchema>
 type RawHttp = FromSchema<typeof httpServerSchema>
-export type StdioServerConfig = Defaulted<Omit<RawStdio, 'restart'>, 'cwd' | 'onOwnerLoss' | 'poolSize' | 'poolMax' | 'poolWaitMs' | 'sessions'> & { restart: Required<NonNullable<RawStdio['restart']>> }
+export type StdioServerConfig = Defaulted<Omit<RawStdio, 'restart'>, 'cwd' | 'onOwnerLoss' | 'poolSize' | 'poolMax' | 'poolWaitMs' | 'sessions' | 'childIdleMs'> & { restart: Required<NonNullable<RawStdio['restart']>> }
 export type HttpServerConfig = Defaulted<Omit<RawHttp, 'reconnect'>, 'onOwnerLoss' | 'poolSize' | 'poolMax' | 'poolWaitMs' | 'protocol'> & { reconnect: Required<NonNullable<RawHttp['reconnect']>> }
 type RawAggregate = FromSchema<typeof aggregateServerSchema>
 export type AggregateMemberConfig = RawAggregate['members'][number]

@@ -62,7 +62,11 @@ export default async function httpLegacySse (app: FastifyInstance, opts: HttpLeg
     if (isRequest(message) && message.method === 'initialize') {
       if (record.initializeParams !== null) throw new GW_ERR_INVALID_REQUEST('Server already initialized')
       const params = (typeof message.params === 'object' && message.params !== null && !Array.isArray(message.params)) ? message.params : {}
-      await router.updateSession(record.id, { protocolVersion: negotiateVersion(params.protocolVersion), initializeParams: params })
+      const patch = { protocolVersion: negotiateVersion(params.protocolVersion), initializeParams: params }
+      await router.updateSession(record.id, patch)
+      // The record read above is what routes this initialize: a pooled session answers it from
+      // the record (its version), as a dedicated one answers from what the client asked.
+      Object.assign(record, patch)
     }
     await router.fromClient(record, message, isRequest(message) ? LEGACY_STREAM : null, undefined, req.headers)
     reply.code(202).type('text/plain').send('Accepted')

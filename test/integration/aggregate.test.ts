@@ -146,7 +146,8 @@ t.test('a member that is down is left out; its return brings its tools back with
       full,
       flaky: { transport: 'stdio', command: process.execPath, args: ['-e', script], restart: { maxRestarts: 0 } },
       silent: stdioFixture('hostile-silent'),
-      agg: { transport: 'aggregate', memberTimeoutMs: 4000, members: [{ server: 'full', prefix: '' }, { server: 'flaky' }, { server: 'silent' }] }
+      // A silent member is told from a slow one only by the start deadline: 10 s here, not 30.
+      agg: { transport: 'aggregate', memberTimeoutMs: 4000, memberStartTimeoutMs: 10_000, members: [{ server: 'full', prefix: '' }, { server: 'flaky' }, { server: 'silent' }] }
     }
   })
   const client = await connect(t, gw)

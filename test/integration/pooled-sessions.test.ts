@@ -15,6 +15,7 @@ import t, { type Test } from 'tap'
 import { bearer, callTool, isolationTenants, newKey, openSession, post, PUBLIC_URL } from '../helpers/auth.js'
 import { envelope, modernPost } from '../helpers/modern.js'
 import { SseReader } from '../helpers/sse-client.js'
+import { parseConfig } from '../../src/config/load.js'
 import { startGateway, stdioFixture, type RunningGateway } from '../helpers/gateway.js'
 import { eventually, textOf } from '../helpers/wait.js'
 
@@ -44,6 +45,32 @@ async function children (gw: RunningGateway, mode: 'pooled' | 'dedicated'): Prom
   const line = text.split('\n').find(l => l.startsWith('mcpgw_backend_children_by_mode{') && l.includes('server="full"') && l.includes(`mode="${mode}"`))
   return Number(line?.split(' ').pop() ?? NaN)
 }
+
+/** Initialised connections of the pool of server `full` (mcpgw_pool_connections). */
+async function readyConnections (gw: RunningGateway): Promise<number> {
+  const text = await (await fetch(`${gw.url}/metrics`)).text()
+  const line = text.split('\n').find(l => l.startsWith('mcpgw_pool_connections{server="full"}'))
+  return Number(line?.split(' ').pop() ?? NaN)
+}
+
+t.test('poolSize children start at boot and after a reload, before any session; a failing child does not stop the gateway', async t => {
+  const gw = await startGateway(t, { servers: { full: pooledFull({ poolSize: 3, poolMax: 4 }), broken: { transport: 'stdio', command: process.execPath, args: ['-e', 'process.exit(3)'], sessions: 'pooled', poolSize: 2 } } })
+  // Started is not ready (a loaded machine takes seconds to initialise a child): wait for the pool's.
+  await eventually('three warm connections', async () => await readyConnections(gw) === 3 ? true : undefined, 60_000, 250)
+  t.equal(await children(gw, 'pooled'), 3, 'poolSize children of the pooled server, initialised, no session yet')
+  // They are initialised: the first sessions and calls start no other child.
+  const client = await connect(t, gw, 'warm')
+  t.equal(textOf(await client.callTool({ name: 'echo', arguments: { text: 'first' } })), 'first')
+  const slept = await Promise.all([0, 1, 2].map(async () => textOf(await client.callTool({ name: 'slow', arguments: { ms: 300 } }))))
+  t.same(slept, ['slept 300 ms', 'slept 300 ms', 'slept 300 ms'], 'three concurrent calls answered')
+  t.equal(await children(gw, 'pooled'), 3, 'the warm ones: the session and its calls started no other child')
+  const health = await fetch(`${gw.url}/healthz`)
+  t.equal(health.status, 200, 'the gateway serves though the broken server never starts')
+  // A reload that changes the server: its pool starts again at the new size.
+  await gw.gateway.live.apply(parseConfig({ listen: { host: '127.0.0.1', port: 0 }, log: { level: 'silent' }, servers: { full: pooledFull({ poolSize: 2, poolMax: 4, requestTimeoutMs: 30_000 }) } }))
+  await eventually('two warm connections after the reload', async () => await readyConnections(gw) === 2 && await children(gw, 'pooled') === 2 ? true : undefined, 60_000, 250)
+  t.equal(await children(gw, 'pooled'), 2, 'the new poolSize')
+})
 
 t.test('twenty sessions share the pool: children follow concurrency, not sessions', async t => {
   const gw = await gatewayWith(t, pooledFull({ poolSize: 2, poolMax: 4 }))
@@ -216,6 +243,30 @@ t.test('legacy HTTP+SSE sessions run on the pool too', async t => {
   t.equal(textOf(await client.callTool({ name: 'echo', arguments: { text: 'over sse' } })), 'over sse')
   t.equal(textOf(await client.callTool({ name: 'sample', arguments: { prompt: 'p' } })), 'legacy sample', 'a server-to-client request reaches the legacy stream')
   t.equal(await children(gw, 'dedicated'), 0, 'no child of its own')
+})
+
+t.test('legacy HTTP+SSE: a pooled session answers initialize with the version the client asked for, as a dedicated one does', async t => {
+  const gw = await startGateway(t, { servers: { full: pooledFull(), ded: stdioFixture('full-server') } })
+  for (const server of ['full', 'ded']) {
+    for (const asked of ['2025-06-18', '2024-11-05']) {
+      const abort = new AbortController()
+      const stream = new SseReader(await fetch(`${gw.url}/sse/${server}`, { headers: { accept: 'text/event-stream' }, signal: abort.signal }))
+      t.teardown(() => { abort.abort() })
+      const [endpoint] = await stream.until(events => events.some(e => e.event === 'endpoint'))
+      const url = new URL(endpoint?.data ?? '', gw.url)
+      const res = await fetch(url, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'initialize', params: { protocolVersion: asked, capabilities: {}, clientInfo: { name: 'legacy-version', version: '1' } } })
+      })
+      t.equal(res.status, 202)
+      // A dedicated child starts first: a loaded machine may take seconds.
+      await stream.until(events => events.some(e => e.data.includes('"id":1')), 60_000)
+      const answer = stream.events.filter(e => e.event !== 'endpoint' && e.data !== '').map(e => JSON.parse(e.data) as Record<string, unknown>).find(m => m.id === 1) as { result: { protocolVersion: string } }
+      t.equal(answer.result.protocolVersion, asked, `${server === 'full' ? 'pooled' : 'dedicated'} session asked for ${asked} gets it`)
+      abort.abort()
+    }
+  }
 })
 
 t.test('DELETE ends a pooled session: 404 after, the pool stays', async t => {

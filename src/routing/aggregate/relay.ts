@@ -12,6 +12,9 @@
 // of the gateway's; a call is routed by its exposed name, a resource by its URI, a completion by
 // its ref. A member that is down or slow is left out of lists (a warning, a metric) and its calls
 // fail at once; it is tried again in the background, and its return is announced with list_changed.
+// A member still starting is not down: the session's initialize waits for it memberTimeoutMs, and
+// every request after that (lists, calls) waits for its start to end, within memberStartTimeoutMs
+// (a cold gateway under load may take seconds to initialise a child).
 import { performance } from 'node:perf_hooks'
 import { compileToolPolicy, type ToolPolicyLookup } from '../../auth/tool-policy.js'
 import type { ServerSource } from '../../config/live.js'
@@ -36,6 +39,8 @@ import { capabilityNeededBy } from '../../core/mcp.js'
 
 /** How often a member that is down is tried again. */
 const MEMBER_RETRY_MS = 5000
+/** The state of a member before its first start ends. */
+const NOT_STARTED = 'not started'
 /** list_changed of several members within this are one for the client. */
 const LIST_CHANGED_COALESCE_MS = 50
 /** MCP's error for an unknown resource. */
@@ -72,6 +77,8 @@ interface Member extends CatalogueMember {
   link: MemberLink
   info: BackendInfo | null
   retry: NodeJS.Timeout | undefined
+  /** Its first start, while it runs (bounded by memberStartTimeoutMs): requests wait for it. */
+  starting: Promise<void> | null
 }
 
 /** A request of the client running on a member. */
@@ -143,8 +150,9 @@ export class AggregateRelay extends Relay {
         tools: m.tools !== undefined ? compileToolPolicy(m.tools) : undefined,
         link: undefined as unknown as MemberLink,
         info: null,
-        down: 'not started',
-        retry: undefined
+        down: NOT_STARTED,
+        retry: undefined,
+        starting: null
       }
       member.link = pooled ? new PooledLink(this.#a, m.server) : new DedicatedLink(this, this.#a, member)
       return member
@@ -161,15 +169,38 @@ export class AggregateRelay extends Relay {
     })
   }
 
-  /** Starts every member (each within memberTimeoutMs); those that fail are tried again later. */
+  /**
+   * Starts every member, waiting for each at most memberTimeoutMs: one still starting then goes on
+   * starting (within memberStartTimeoutMs), and the requests that need it wait for it. Those that
+   * fail are tried again later.
+   */
   async open (): Promise<void> {
-    await Promise.all(this.#members.map(async m => { await this.#start(m, false) }))
+    const waitMs = this.#a.aggregate.memberTimeoutMs
+    await Promise.all(this.#members.map(async m => {
+      const started = this.#start(m, false)
+      m.starting = started
+      started.finally(() => { if (m.starting === started) m.starting = null }).catch(() => {})
+      let timer: NodeJS.Timeout | undefined
+      await Promise.race([started, new Promise<void>(resolve => { timer = setTimeout(resolve, waitMs) })])
+      clearTimeout(timer)
+    }))
+  }
+
+  /** Members still in their first start: what a request needs of them waits for it (bounded). */
+  async #started (): Promise<void> {
+    const starting = this.#members.flatMap(m => m.starting === null ? [] : [m.starting])
+    if (starting.length > 0) await Promise.all(starting)
   }
 
   async #start (member: Member, announce: boolean): Promise<void> {
     if (this.#closed) return
+    const { memberTimeoutMs, memberStartTimeoutMs } = this.#a.aggregate
+    // A start may take longer than a list (a cold child under load): it is bounded by
+    // memberStartTimeoutMs. Nothing is answered without a member still in its first start (every
+    // request but ping waits for it), so its end needs no announcement.
+    const boundMs = Math.max(memberTimeoutMs, memberStartTimeoutMs)
     try {
-      member.info = await withTimeout(member.link.start(), this.#a.aggregate.memberTimeoutMs, () => new GW_ERR_BACKEND_TIMEOUT(member.server, this.#a.aggregate.memberTimeoutMs))
+      member.info = await withTimeout(member.link.start(), boundMs, () => new GW_ERR_BACKEND_TIMEOUT(member.server, boundMs))
       const was = member.down
       member.down = null
       if (announce && was !== null) {
@@ -185,12 +216,15 @@ export class AggregateRelay extends Relay {
   /** A member failed to start or went away: out of lists until it comes back. */
   #memberDown (member: Member, reason: string): void {
     if (this.#closed) return
-    if (member.down === null) {
+    // Once per fall: its first start failing counts (a retry failing again does not).
+    if (member.down === null || member.down === NOT_STARTED) {
       this.log.warn({ member: member.server, reason }, 'aggregate member is down: left out of lists, its calls fail at once')
+      this.#a.gatewayMetrics.aggregateMemberLeftOut(this.server, member.server, 'down')
+    }
+    if (member.down === null) {
       this.#catalogue.invalidate()
       for (const method of Object.keys(LIST_CHANGED_KINDS)) this.#announce(method)
     }
-    if (member.down === null || member.down === 'not started') this.#a.gatewayMetrics.aggregateMemberLeftOut(this.server, member.server, 'down')
     member.down = reason
     clearTimeout(member.retry)
     member.retry = setTimeout(() => {
@@ -284,6 +318,8 @@ export class AggregateRelay extends Relay {
     const params = isRecord(request.params) ? request.params : {}
     const answer = (result: Record<string, unknown>): void => { this.#reply(streamId, { jsonrpc: '2.0', id: request.id, result }, holder) }
     const fail = (code: number, message: string): void => { this.#reply(streamId, errorResponse(request.id, code, message), holder) }
+    // Members still starting are waited for, not left out (each start is bounded).
+    if (request.method !== 'ping') await this.#started()
     switch (request.method) {
       case 'initialize':
         answer(this.#initializeResult())

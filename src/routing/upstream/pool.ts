@@ -11,6 +11,8 @@
 //   connection to come free, for at most `poolWaitMs`, then gets GW_ERR_POOL_BUSY (503,
 //   Retry-After). Requests never share a connection.
 //   `poolSize` connections stay warm when idle; more are opened for a burst and stopped when idle.
+//   The pools of `sessions: pooled` servers are opened to poolSize at boot and after a reload
+//   (warm()), in the background, and keep poolSize while idle; other pools fill on first use.
 // - Pooled sessions (pooled-sessions.ts, flow 9) and 2026-07-28 requests (http/modern.ts, flow 8)
 //   run on the same pool.
 // - A connection is initialised by the pool (the client sent no initialize): latest legacy
@@ -19,16 +21,22 @@
 //   instructions) answers `server/discover` without a backend round trip.
 // - A crashed child is restarted and re-initialised by the supervisor, as for a session; its
 //   requests in flight get -32007. An idle connection is stopped after the sessions' idle timeout.
+// - A connection's `list_changed` reaches the sessions only when the list really changed: the
+//   pool lists it from that connection and compares a digest with the last list of the (server,
+//   tenant) the sessions could have seen (the first connection's, taken as it opens). A server
+//   that registers tools after `initialized` (server-everything) announces a change on every new
+//   child; forwarded, a burst that opens one child makes every session of the server re-list.
+import { createHash } from 'node:crypto'
 import { performance } from 'node:perf_hooks'
 import type { Logger } from 'pino'
 import { filterToolsListOf, type ToolPolicyLookup } from '../../auth/tool-policy.js'
 import type { ServerSource } from '../../config/live.js'
-import type { BackendServerConfig as ServerConfig, Config } from '../../config/schema.js'
-import { isAggregateConfig } from '../../config/server-kind.js'
+import type { BackendServerConfig as ServerConfig, Config, ServerConfig as AnyServerConfig, StdioServerConfig } from '../../config/schema.js'
+import { isAggregateConfig, kindNameOf } from '../../config/server-kind.js'
 import {
   GW_ERR_BACKEND_UNAVAILABLE, GW_ERR_POOL_BUSY, GW_ERR_SERVER_NOT_FOUND, GW_ERR_SHUTTING_DOWN, isGatewayError, withRetryAfter, type GatewayError
 } from '../../core/errors.js'
-import { isRecord, isRequest, isResponse, type JsonRpcMessage, type JsonRpcRequest, type JsonRpcResponse } from '../../core/jsonrpc.js'
+import { isNotification, isRecord, isRequest, isResponse, type JsonRpcMessage, type JsonRpcRequest, type JsonRpcResponse } from '../../core/jsonrpc.js'
 import { LATEST_VERSION } from '../../core/protocol-version.js'
 import type { GatewayMetrics } from '../../telemetry/metrics.js'
 import type { BackendPool, UpstreamLookup } from './ports.js'
@@ -104,6 +112,8 @@ export const listenTopic = (server: string, tenant: string | null): string => `$
 export const BRIDGED_CAPABILITIES: Record<string, unknown> = { sampling: {}, elicitation: { form: {}, url: {} }, roots: {} }
 
 const INIT_KEY_PREFIX = 'i'
+/** Keys of the pool's reads of a list (list_changed checks): not the clients' operations. */
+const LIST_KEY_PREFIX = 'l'
 /** Connections opened beyond poolSize for a burst are stopped after this long idle. */
 const EXTRA_IDLE_MS = 30_000
 /** Longest a request waits in line for a connection when the pool is at poolMax (default of poolWaitMs). */
@@ -112,6 +122,18 @@ export const POOL_WAIT_MS = 10_000
 const MAX_WAITERS = 4096
 /** Retry-After of a request that found the pool busy. */
 const POOL_BUSY_RETRY_AFTER_S = 1
+/** The list a `list_changed` notification is about, by its method. */
+const LIST_OF: Readonly<Record<string, string>> = {
+  'notifications/tools/list_changed': 'tools/list',
+  'notifications/prompts/list_changed': 'prompts/list',
+  'notifications/resources/list_changed': 'resources/list'
+}
+/** Attempts to open a pool's warm connections (boot, reload) before it is left to fill on use. */
+const WARM_ATTEMPTS = 5
+/** First delay between warm attempts, doubled per failure. */
+const WARM_RETRY_MS = 1000
+/** Pages read of one list to tell whether it changed; a longer list counts as changed. */
+const LIST_PAGES_MAX = 50
 
 interface Connection {
   id: string
@@ -127,6 +149,8 @@ interface Connection {
   logLevel: string | undefined
   /** Requests of the pool's own waiting for the connection to be idle (#whenIdle). */
   deferred: Array<() => void>
+  /** Lists being compared after a list_changed of this connection (true: announced again meanwhile). */
+  checks: Map<string, boolean>
 }
 
 interface Waiter {
@@ -156,6 +180,10 @@ interface Group {
   waiters: Waiter[]
   /** The connection being opened for whoever needs any (discover, a pooled initialize, listen) while the group has none. */
   first: Promise<Connection> | null
+  /** Digest of each list (by its method) as the sessions could last have seen it. */
+  lists: Map<string, string>
+  /** The first connection's lists being read (the baseline a list_changed is compared with). */
+  baseline: Promise<void> | null
 }
 
 export class ConnectionPool {
@@ -235,13 +263,14 @@ export class ConnectionPool {
    * its request ends, before anyone waiting): a second request in flight would make what the
    * backend sends without an id ambiguous for the one running.
    */
-  #whenIdle (conn: Connection, method: string, params: Record<string, unknown>): void {
+  #whenIdle (conn: Connection, method: string, params: Record<string, unknown>, then?: (answer: JsonRpcResponse) => void, prefix = INIT_KEY_PREFIX): void {
     const run = (): void => {
       conn.claims++
-      this.#internal(conn, method, params, () => {
+      this.#internal(conn, method, params, answer => {
         conn.claims--
         this.#released(conn)
-      })
+        then?.(answer)
+      }, prefix)
     }
     if (busy(conn) === 0) run()
     else conn.deferred.push(run)
@@ -251,13 +280,13 @@ export class ConnectionPool {
    * A request of the pool's own on one connection; its answer is logged if it is an error. `then`
    * runs once it is answered (or failed).
    */
-  #internal (conn: Connection, method: string, params: Record<string, unknown>, then?: () => void): void {
-    const key = `${INIT_KEY_PREFIX}${++this.#seq}`
+  #internal (conn: Connection, method: string, params: Record<string, unknown>, then?: (answer: JsonRpcResponse) => void, prefix = INIT_KEY_PREFIX): void {
+    const key = `${prefix}${++this.#seq}`
     this.#sinks.set(key, {
       onMessage: message => {
         if (!isResponse(message)) return
         if ('error' in message) conn.relay.log.warn({ method, code: message.error.code }, 'pooled backend refused a request of the gateway')
-        then?.()
+        then?.(message)
       }
     })
     conn.relay.deliver({ jsonrpc: '2.0', id: key, method, params }, key)
@@ -324,6 +353,49 @@ export class ConnectionPool {
       answer: response => { relay.deliver(response, null) },
       rebind: next => { if (this.#sinks.has(key)) this.#sinks.set(key, next) }
     }
+  }
+
+  /**
+   * Opens the pools of `sessions: pooled` servers to poolSize for each tenant that may use them
+   * (boot, reload), in the background: what is already open counts, a failure is logged and
+   * retried with backoff, and nothing here delays readiness.
+   */
+  warm (tenantsOf: (server: string) => ReadonlyArray<string | null>): void {
+    for (const [server, config] of Object.entries(this.#o.live.servers)) {
+      if (!keptWarm(config)) continue
+      for (const tenant of tenantsOf(server)) this.#topUp(server, tenant, 0)
+    }
+  }
+
+  #topUp (server: string, tenant: string | null, failures: number): void {
+    const fill = async (): Promise<void> => {
+      if (this.#stopping) return
+      const config = this.#serverConfig(server)
+      if (!keptWarm(config)) return
+      await this.#acquire(server, tenant, false)
+      const group = this.#group(server, tenant)
+      const missing = (config.poolSize ?? 4) - group.connections.length - group.opening
+      await Promise.all(Array.from({ length: Math.max(0, missing) }, async () => {
+        group.opening++
+        try {
+          this.#released(await this.#open(server, tenant, config, group, false))
+        } finally {
+          group.opening--
+        }
+      }))
+    }
+    fill().catch((err: unknown) => {
+      if (this.#stopping || (isGatewayError(err) && err.code === 'GW_ERR_SERVER_NOT_FOUND')) return
+      const attempt = failures + 1
+      const log = this.#o.log.child({ backend: server, tenant })
+      if (attempt >= WARM_ATTEMPTS) {
+        log.warn({ err, attempt }, 'pooled backend not kept warm: it fails to start; the pool opens children on use')
+        return
+      }
+      const delayMs = WARM_RETRY_MS * 2 ** (attempt - 1)
+      log.warn({ err, attempt, delayMs }, 'pooled backend failed to start warm; retrying')
+      setTimeout(() => { this.#topUp(server, tenant, attempt) }, delayMs).unref()
+    })
   }
 
   /** Each (server, tenant) pool's connections, those in use, and the requests waiting (metrics). */
@@ -406,7 +478,7 @@ export class ConnectionPool {
     const k = `${server}\0${tenant ?? ''}`
     let group = this.#groups.get(k)
     if (group === undefined) {
-      group = { server, tenant, connections: [], info: null, holds: 0, opening: 0, waiters: [], first: null }
+      group = { server, tenant, connections: [], info: null, holds: 0, opening: 0, waiters: [], first: null, lists: new Map(), baseline: null }
       this.#groups.set(k, group)
     }
     return group
@@ -508,9 +580,12 @@ export class ConnectionPool {
       log,
       metrics: this.#o.metrics.forSession(server, tenant),
       createdAt: Date.now(),
+      uncounted: streamId => streamId.startsWith(LIST_KEY_PREFIX),
       ...(policyOf !== undefined ? { filterResult: (method: string, result: unknown) => filterToolsListOf(method, result, policyOf(tenant, server)) } : {})
     })
-    const conn: Connection = { id, server, tenant, relay, lastUsed: performance.now(), claims: claim ? 1 : 0, subscriptions: new Map(), logLevel: undefined, deferred: [] }
+    const conn: Connection = {
+      id, server, tenant, relay, lastUsed: performance.now(), claims: claim ? 1 : 0, subscriptions: new Map(), logLevel: undefined, deferred: [], checks: new Map()
+    }
     try {
       relay.backend = await this.#o.backends.open(id, server, {
         onMessage: message => { relay.fromBackend(message).catch(err => log.error({ err }, 'backend message not routed')) },
@@ -530,7 +605,11 @@ export class ConnectionPool {
         ...(this.#o.upstream !== undefined ? { upstream: this.#o.upstream(tenant, server) } : {})
       })
       const info = await this.#initialise(conn)
+      // A reload ended the pool while this connection started: it must not outlive it.
+      if (this.#stopping || this.#groups.get(`${server}\0${tenant ?? ''}`) !== group) throw new GW_ERR_BACKEND_UNAVAILABLE(server, 'the pool ended while the backend started')
       group.info ??= info
+      // Before the first connection serves anyone: what its lists are is what the sessions see.
+      if (group.baseline === null) await (group.baseline = this.#readBaseline(conn, group, info))
       group.connections.push(conn)
       log.info({ protocolVersion: info.protocolVersion }, 'pooled backend connection ready')
       return conn
@@ -585,7 +664,68 @@ export class ConnectionPool {
     }
     // An answer nobody waits for: a cancelled request's end (its sink went with the cancellation).
     if (isResponse(message)) this.#released(conn)
-    else this.#o.onServerEvent?.(conn.server, conn.tenant, message)
+    else this.#serverEvent(conn, message)
+  }
+
+  /** A notification of no request's: a list_changed goes on only if the list changed (#checkList). */
+  #serverEvent (conn: Connection, message: JsonRpcMessage): void {
+    const list = isNotification(message) ? LIST_OF[message.method] : undefined
+    if (list === undefined) { this.#o.onServerEvent?.(conn.server, conn.tenant, message); return }
+    // Announced again while its list is read: read once more after (a burst of registrations).
+    if (conn.checks.has(list)) { conn.checks.set(list, true); return }
+    conn.checks.set(list, false)
+    this.#checkList(conn, list, message)
+      .catch(err => { conn.relay.log.warn({ err, list }, 'list change not checked') })
+      .finally(() => { conn.checks.delete(list) })
+  }
+
+  /** Reads the list a list_changed is about and forwards the notification if its digest differs. */
+  async #checkList (conn: Connection, list: string, message: JsonRpcMessage): Promise<void> {
+    const owner = group(this.#groups, conn)
+    do {
+      conn.checks.set(list, false)
+      const digest = await this.#listDigest(conn, list, true)
+      await owner?.baseline
+      if (digest !== null && owner?.lists.get(list) === digest) {
+        conn.relay.log.debug({ list }, 'list_changed of a pooled backend with an unchanged list not forwarded')
+        continue
+      }
+      if (digest !== null) owner?.lists.set(list, digest)
+      this.#o.onServerEvent?.(conn.server, conn.tenant, message)
+    } while (conn.checks.get(list) === true)
+  }
+
+  /** The first connection's lists (those its backend says may change), before it serves anyone. */
+  async #readBaseline (conn: Connection, owner: Group, info: BackendInfo): Promise<void> {
+    for (const [method, list] of Object.entries(LIST_OF)) {
+      const kind = method.split('/')[1] ?? ''
+      const declared = info.capabilities[kind]
+      if (!isRecord(declared) || declared.listChanged !== true) continue
+      const digest = await this.#listDigest(conn, list, false)
+      if (digest !== null && !owner.lists.has(list)) owner.lists.set(list, digest)
+    }
+  }
+
+  /**
+   * A digest of a connection's whole list (every page), or null if it cannot be read. `idle`: read
+   * between the connection's requests (one that serves nobody yet is read at once).
+   */
+  async #listDigest (conn: Connection, list: string, idle: boolean): Promise<string | null> {
+    const hash = createHash('sha256')
+    let cursor: string | undefined
+    for (let page = 0; page < LIST_PAGES_MAX; page++) {
+      const params = cursor === undefined ? {} : { cursor }
+      const answer = await new Promise<JsonRpcResponse>(resolve => {
+        if (idle) this.#whenIdle(conn, list, params, resolve, LIST_KEY_PREFIX)
+        else this.#internal(conn, list, params, resolve, LIST_KEY_PREFIX)
+      })
+      if ('error' in answer || !isRecord(answer.result)) return null
+      const { nextCursor, _meta: _ignored, ...items } = answer.result
+      hash.update(JSON.stringify(items)).update('\n')
+      if (typeof nextCursor !== 'string') return hash.digest('base64url')
+      cursor = nextCursor
+    }
+    return null
   }
 
   #forget (conn: Connection): void {
@@ -603,8 +743,9 @@ export class ConnectionPool {
   }
 
   /**
-   * Idle connections: up to the server's poolSize stay warm for the sessions' idle timeout; those
-   * opened beyond it for a burst go after EXTRA_IDLE_MS. A group a listen stream holds keeps one.
+   * Idle connections: up to the server's poolSize stay warm (for the sessions' idle timeout; for
+   * good in a pool kept warm); those opened beyond it for a burst go after EXTRA_IDLE_MS. A group
+   * a listen stream holds keeps one.
    */
   #stopIdle (idleMs: number): void {
     const now = performance.now()
@@ -613,9 +754,10 @@ export class ConnectionPool {
       const first = idle[0]
       const config = first === undefined ? undefined : this.#o.live.servers[first.server]
       const size = config !== undefined && 'poolSize' in config && typeof config.poolSize === 'number' ? config.poolSize : 4
+      const warm = config !== undefined && keptWarm(config)
       idle.forEach((c, i) => {
         const age = now - c.lastUsed
-        if ((i === 0 && group.holds > 0) || c.subscriptions.size > 0) return
+        if ((i === 0 && group.holds > 0) || c.subscriptions.size > 0 || (warm && i < size)) return
         if (age > idleMs || (i >= size && age > Math.min(idleMs, EXTRA_IDLE_MS))) {
           c.relay.log.info('idle pooled backend connection stopped')
           this.#close(c, new GW_ERR_BACKEND_UNAVAILABLE(c.server, 'idle')).catch(() => {})
@@ -625,3 +767,7 @@ export class ConnectionPool {
   }
 }
 
+/** Whether a server's pool is kept at poolSize from boot: its 2025-era sessions run on it. */
+function keptWarm (config: AnyServerConfig): config is StdioServerConfig {
+  return kindNameOf(config) === 'pooled' && config.transport === 'stdio'
+}

@@ -70,6 +70,8 @@ export interface RelayOptions {
   log: Logger
   /** Rewrites the result of a request before the client sees it (the tenant's tool policy). */
   filterResult?: (method: string, result: unknown) => unknown
+  /** Requests (by stream id) that are the gateway's own bookkeeping, not counted as operations. */
+  uncounted?: (streamId: string) => boolean
   /** Who the session belongs to, for the audit line of each tools/call (digests only). */
   principal?: { tenant: string | null, subject: string }
   /** Bound to the session's server and tenant. */
@@ -308,7 +310,7 @@ export class Relay {
       await this.#o.host.append(this.sid, entry.streamId, response, entry.holder)
     } finally {
       // Recorded once the answer is on its way: none of this delays it (issue 10).
-      this.metrics.operation(entry.method, entry.tool, errorTypeOf(message), entry.startedAt)
+      if (this.#o.uncounted?.(entry.streamId) !== true) this.metrics.operation(entry.method, entry.tool, errorTypeOf(message), entry.startedAt)
       if ('error' in message) this.metrics.backendError('error_response')
       else if (entry.method === 'tools/list') this.metrics.toolsListed(backendResult)
       if (entry.method === 'tools/call') this.#auditCall(entry, outcomeOf(message))
