@@ -163,8 +163,8 @@ export class Supervisor {
     if (factory === undefined) throw new GW_ERR_BACKEND_UNAVAILABLE(server, `no factory for transport '${config.transport}'`)
     if (this.#sessions.has(sid)) throw new GW_ERR_CONFLICT('the session already has a backend connection')
     const live = this.#perServer.get(server) ?? 0
-    // A pooled server's children are the pool's, bounded by poolMax per tenant (routing/pool.ts);
-    // its maxSessions counts client sessions (routing/pooled-sessions.ts).
+    // A pooled server's children are the pool's, bounded by poolMax per tenant (routing/upstream/pool.ts);
+    // its maxSessions counts client sessions (routing/kinds/pooled-sessions.ts).
     if (live >= config.maxSessions && !(config.transport === 'stdio' && config.sessions === 'pooled')) {
       throw withRetryAfter(new GW_ERR_BACKEND_CAPACITY(server, config.maxSessions), CAPACITY_RETRY_AFTER_S)
     }
@@ -219,7 +219,7 @@ export class Supervisor {
     return counts
   }
 
-  /** stdio children of the pools (ids `pool.*`, routing/pool.ts) running now, by server. */
+  /** stdio children of the pools (ids `pool.*`, routing/upstream/pool.ts) running now, by server. */
   pooledChildrenByServer (): Map<string, number> {
     const counts = new Map<string, number>()
     for (const session of this.#sessions.values()) {

@@ -21,7 +21,7 @@ import { parseDocument } from 'yaml'
 import { configSchema, NAME_PATTERN, type AggregateServerConfig, type Config } from './schema.js'
 import { GW_ERR_CONFIG_INVALID } from '../core/errors.js'
 import { isLoopbackAddress } from '../core/loopback.js'
-import { trustedProxyProblem } from '../http/client-address.js'
+import { trustedProxyProblem } from '../core/ip-address.js'
 import { deepFreeze } from '../core/freeze.js'
 
 export type { Config }
@@ -437,7 +437,7 @@ function checkMembers (base: string, server: AggregateServerConfig, servers: Con
     seen.add(member.server)
     // The default prefix is the server name (up to 64 characters): held to an explicit prefix's
     // limit, since past it every exposed name would be shortened to a digest with no trace of the
-    // tool's own name (aggregate-names.ts rule 2), leaving the model nothing to choose by.
+    // tool's own name (routing/aggregate/names.ts rule 2), leaving the model nothing to choose by.
     if (member.prefix === undefined && member.server.length > MAX_PREFIX) {
       problems.add(`${base}/members/${i}/prefix`, `is required for a server whose name is longer than ${MAX_PREFIX} characters (the default prefix is the server name; ${PREFIX_WORDS})`)
     }

@@ -135,7 +135,7 @@ const ownListenerSchema = {
 
 /**
  * An aggregate server (issue 27): one endpoint in front of several configured servers, its
- * members, whose tools and prompts it exposes under prefixed names (routing/aggregate.ts).
+ * members, whose tools and prompts it exposes under prefixed names (routing/aggregate/relay.ts).
  */
 const aggregateServerSchema = {
   type: 'object',

@@ -12,6 +12,7 @@
 // `Forwarded`; and the admin listener, a Fastify instance of its own, needs the same answer.
 // `net.BlockList` does the CIDR matching.
 import { BlockList, isIP, isIPv4 } from 'node:net'
+import { normalize } from '../core/ip-address.js'
 import type { FastifyRequest } from 'fastify'
 
 /** Which header a trusted proxy sets: only that one is read (a client can send the other). */
@@ -28,24 +29,6 @@ export type AddressOf = (req: FastifyRequest) => string
 
 /** Hops read at most from one header: a longer chain is a client's padding, not proxies. */
 const MAX_HOPS = 32
-
-/** `::ffff:10.0.0.1` (an IPv4 peer on a dual-stack socket) is `10.0.0.1`. */
-function normalize (address: string): string {
-  const lower = address.toLowerCase()
-  if (lower.startsWith('::ffff:') && isIPv4(lower.slice(7))) return lower.slice(7)
-  return lower
-}
-
-/** Why an entry of `http.trustedProxies` is not an address or CIDR, or undefined when it is one. */
-export function trustedProxyProblem (entry: string): string | undefined {
-  const [address = '', bits, ...rest] = entry.split('/')
-  const family = isIP(address)
-  if (family === 0 || rest.length > 0) return 'must be an IPv4 or IPv6 address, or a CIDR such as 10.0.0.0/8 or fd00::/8'
-  if (bits === undefined) return undefined
-  const max = family === 4 ? 32 : 128
-  if (!/^\d{1,3}$/.test(bits) || Number(bits) > max) return `has a prefix length that is not 0 to ${max}`
-  return undefined
-}
 
 function blockListOf (entries: readonly string[]): BlockList {
   const list = new BlockList()

@@ -1,8 +1,8 @@
 // One 2026-07-28 request in front of a legacy backend (ARCHITECTURE.md flow 8): what its pooled
-// call (routing/pool.ts) sends goes to the client's response, and the backend's mid-call
+// call (routing/upstream/pool.ts) sends goes to the client's response, and the backend's mid-call
 // sampling, elicitation or roots requests become `input_required` rounds (SPEC.md M-8): for a
 // capability the request did not declare the call is withdrawn with -32021; otherwise the asks
-// that arrive together go out as one round, the call is parked (routing/mrtr.ts) under a signed
+// that arrive together go out as one round, the call is parked (routing/upstream/mrtr.ts) under a signed
 // requestState, and the retry's `inputResponses` answer the backend, round after round.
 import {
   GW_ERR_MISSING_CAPABILITY, GW_ERR_RATE_LIMITED, withData, withRetryAfter
@@ -10,15 +10,15 @@ import {
 import {
   isRecord, isRequest, isResponse, type JsonRpcErrorObject, type JsonRpcMessage, type JsonRpcRequest, type JsonRpcResponse, type RequestId
 } from '../core/jsonrpc.js'
-import type { PoolSink, PooledCall } from '../routing/pool.js'
-import type { InputRequest, ParkedCall, ParkedCalls } from '../routing/mrtr.js'
+import type { PoolSink, PooledCall } from '../routing/upstream/pool.js'
+import type { InputRequest, ParkedCall, ParkedCalls } from '../routing/upstream/mrtr.js'
 import { completeResult, logPasses, type RequestEnvelope } from './modern-rules.js'
 import type { ResponseSink } from './modern-response.js'
+import { capabilityNeededBy } from '../core/mcp.js'
 
 /** Methods that may answer with `input_required` (M-8); elsewhere a backend's request is refused. */
 const MRTR_METHODS = new Set(['tools/call', 'prompts/get', 'resources/read'])
 /** Server-to-client requests and the client capability each needs. */
-const NEEDS_CAPABILITY: Record<string, string> = { 'sampling/createMessage': 'sampling', 'elicitation/create': 'elicitation', 'roots/list': 'roots' }
 /** Server requests that arrive this close together are handed to the client in one round. */
 const ROUND_GATHER_MS = 15
 /** Where a legacy backend may name the key of its ask (see inputRequestOf). */
@@ -129,7 +129,7 @@ export class Exchange implements PoolSink {
   #onServerRequest (request: JsonRpcRequest): void {
     const call = this.#call
     if (call === null) return
-    const capability = NEEDS_CAPABILITY[request.method]
+    const capability = capabilityNeededBy(request.method)
     if (capability === undefined || !MRTR_METHODS.has(this.#request.method)) {
       call.answer({ jsonrpc: '2.0', id: request.id, error: { code: -32601, message: `${request.method} is not available to a ${this.#request.method} request of protocol 2026-07-28` } })
       return
@@ -249,7 +249,7 @@ class ParkedSink implements PoolSink {
   onMessage (message: JsonRpcMessage): void {
     const parked = this.parked
     if (parked === undefined) return
-    if (isRequest(message) && NEEDS_CAPABILITY[message.method] !== undefined) {
+    if (isRequest(message) && capabilityNeededBy(message.method) !== undefined) {
       const input = inputRequestOf(message, parked.pending)
       parked.pending.set(input.key, input)
     } else if (isRequest(message)) {

@@ -19,14 +19,13 @@ import { isRecord } from '../core/jsonrpc.js'
 import {
   MODERN_VERSION, MODERN_VERSIONS, META_CLIENT_CAPABILITIES, META_CLIENT_INFO, META_LOG_LEVEL, META_PROTOCOL_VERSION, META_SERVER_INFO
 } from '../core/protocol-version.js'
+import { isLogLevel, LOG_LEVELS, type LogLevel } from '../core/mcp.js'
 
 export {
   MODERN_VERSIONS, META_CLIENT_CAPABILITIES, META_CLIENT_INFO, META_LOG_LEVEL, META_PROTOCOL_VERSION, META_SERVER_INFO, META_SUBSCRIPTION_ID
 } from '../core/protocol-version.js'
 
-/** RFC 5424 levels, lowest first (MCP logging). */
-export const LOG_LEVELS = ['debug', 'info', 'notice', 'warning', 'error', 'critical', 'alert', 'emergency'] as const
-export type LogLevel = typeof LOG_LEVELS[number]
+export { LOG_LEVELS, type LogLevel } from '../core/mcp.js'
 
 /** Methods of the legacy eras that a modern request cannot use (M-13): 404 + -32601. */
 const REMOVED_METHODS = new Set([
@@ -128,7 +127,7 @@ function envelopeIssue (meta: Record<string, unknown>): string | undefined {
     return `${META_CLIENT_INFO}: expected an object with string name and version`
   }
   const level = meta[META_LOG_LEVEL]
-  if (level !== undefined && !(LOG_LEVELS as readonly unknown[]).includes(level)) return `${META_LOG_LEVEL}: expected one of ${LOG_LEVELS.join(', ')}`
+  if (level !== undefined && !isLogLevel(level)) return `${META_LOG_LEVEL}: expected one of ${LOG_LEVELS.join(', ')}`
   return undefined
 }
 
@@ -197,7 +196,8 @@ export function envelopeOf (request: JsonRpcRequest): RequestEnvelope {
     clientCapabilities: isRecord(capabilities) ? capabilities : {}
   }
   if (isRecord(meta[META_CLIENT_INFO])) envelope.clientInfo = meta[META_CLIENT_INFO]
-  if ((LOG_LEVELS as readonly unknown[]).includes(meta[META_LOG_LEVEL])) envelope.logLevel = meta[META_LOG_LEVEL] as LogLevel
+  const logLevel = meta[META_LOG_LEVEL]
+  if (isLogLevel(logLevel)) envelope.logLevel = logLevel
   return envelope
 }
 

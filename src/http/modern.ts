@@ -2,12 +2,12 @@
 // that http/streamable.ts classifies as modern (modern-rules.ts) is served here, with no session.
 //
 // In front of a legacy backend (every backend today) a request runs on a pooled, initialised
-// backend connection (routing/pool.ts) and its answer is made a modern result (resultType,
+// backend connection (routing/upstream/pool.ts) and its answer is made a modern result (resultType,
 // caching hints, serverInfo). `server/discover` is answered from what the pool learned when it
 // initialised the backend. Progress reaches the request that carries the token; backend log lines
 // only a request that asked for them (`logLevel`), at or above that level. A backend's mid-call
 // sampling, elicitation or roots request becomes an `input_required` result (for capabilities the
-// request declared; else -32021), the call is parked (routing/mrtr.ts) and the retry's
+// request declared; else -32021), the call is parked (routing/upstream/mrtr.ts) and the retry's
 // `inputResponses` answer the backend, round after round. Closing the response cancels the call
 // upstream (M-11).
 //
@@ -20,9 +20,9 @@ import type { Logger } from 'pino'
 import { filterToolsList, refusedCall, type ToolPolicyLookup } from '../auth/tool-policy.js'
 import { GW_ERR_BACKEND_LOST, GW_ERR_BACKEND_UNAVAILABLE, GW_ERR_INVALID_PARAMS, GW_ERR_INTERNAL, isGatewayError } from '../core/errors.js'
 import { isNotification, isRecord, isRequest, type JsonRpcMessage, type JsonRpcRequest, type RequestId } from '../core/jsonrpc.js'
-import { LISTEN_REGISTRATION_MS, listenTopic, type BackendInfo, type ConnectionPool } from '../routing/pool.js'
-import type { StatelessAggregates } from '../routing/aggregate-stateless.js'
-import type { ParkedCall, ParkedCalls } from '../routing/mrtr.js'
+import { LISTEN_REGISTRATION_MS, listenTopic, type BackendInfo, type ConnectionPool } from '../routing/upstream/pool.js'
+import type { StatelessAggregates } from '../routing/aggregate/stateless.js'
+import type { ParkedCall, ParkedCalls } from '../routing/upstream/mrtr.js'
 import type { Envelope } from '../state/bus.js'
 import type { SessionStore } from '../state/session-store.js'
 import {
@@ -34,7 +34,7 @@ import { ModernResponse, RemoteResponse, type Peers } from './modern-response.js
 import { Exchange, modernError } from './modern-exchange.js'
 import type { ServerSource } from '../config/live.js'
 import type { HttpServerConfig } from '../config/schema.js'
-import type { UpstreamLookup } from '../routing/ownership.js'
+import type { UpstreamLookup } from '../routing/upstream/ports.js'
 import { eraOf, finalResponse, modernRequestHeaders, relayModern, type BackendEra } from '../backends/modern-http.js'
 import { upstreamBaseHeaders } from '../backends/http-base.js'
 import { MAX_BODY_BYTES, readText } from '../backends/http-io.js'

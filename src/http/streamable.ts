@@ -12,7 +12,7 @@ import { checkAccept, GET_ACCEPTS, POST_ACCEPTS, clientHeaders, decodeBody, head
 import { isRequest, type JsonRpcMessage, type JsonRpcRequest } from '../core/jsonrpc.js'
 import { allowsBatches, allowsPriming, checkVersionHeader, negotiateVersion } from '../core/protocol-version.js'
 import type { Router } from '../routing/router.js'
-import { newRequestStreamId } from '../routing/streams.js'
+import { newRequestStreamId } from '../routing/replica/streams.js'
 import type { SessionRecord } from '../state/session-store.js'
 import { classifyPost } from './modern-rules.js'
 import { modernHeaders, type ModernFace } from './modern.js'
@@ -82,17 +82,18 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
     // the id the log gave it (H-POST-7).
     // Asked before admit() awaits anything: whether the record came from the store just now.
     const recordRead = router.recordRead(record)
-    const route = await router.admit(record, ownerRead, requests)
-    // The requests need not wait for their mark (ClientStreams.openPost, issue 10) when they go to
-    // the backend from this replica (Router.sendsFromHere), or to a routed session's relay on
-    // another replica through a bus that delivers only after the mark (Bus.ordered). A direct
-    // session still initialising sends them to the replica holding its lease: they wait.
-    const servedHere = router.sendsFromHere(record, route)
+    const admission = await router.admit(record, ownerRead, requests)
+    // The requests need not wait for their mark (ClientStreams.openPost) when they go to the
+    // backend from this replica (SessionKind.sendsFromHere), or to the owner's relay on another
+    // replica through a bus that delivers only after the mark (Bus.ordered). A direct session
+    // still initialising sends them to the replica holding its lease: they wait.
+    const servedHere = admission.sendsFromHere
+    const servedBy = admission.servedBy
     const writer = await router.openPost({
-      // A routed session's requests are served by its owner: a marker names it, so when it is
-      // gone with requests in flight, whoever watches the session can answer them (router.ts).
-      servedBy: typeof route === 'string' ? route : undefined,
-      mark: servedHere ? 'when-needed' : typeof route === 'string' && router.busOrdered ? 'alongside' : 'first',
+      // Requests served by the session's owner: a marker names it, so when it is gone with
+      // requests in flight, whoever watches the session can answer them (router.ts).
+      servedBy,
+      mark: servedHere ? 'when-needed' : servedBy !== undefined && router.busOrdered ? 'alongside' : 'first',
       recordRead,
       deadline: deadlineOf(record.server),
       res: reply.raw,
@@ -111,20 +112,20 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
       log: req.log
     }).catch((err: unknown) => {
       // The connections a pooled session's requests took go back to the pool.
-      router.release(route)
+      router.release(admission)
       throw err
     })
     reply.hijack()
     try {
       await writer.start()
-      for (const message of messages) await router.fromClient(record, message, isRequest(message) ? streamId : null, route, req.headers)
+      for (const message of messages) await router.fromClient(record, message, isRequest(message) ? streamId : null, admission, req.headers)
     } catch (err) {
       // The stream is open: answer each request on it rather than leave the client waiting. An
       // answer is written only while its request is pending (a deleted session has none left).
       const gwErr = isGatewayError(err) ? err : new GW_ERR_INTERNAL('message not delivered', { cause: err })
       req.log.warn({ err }, 'message not delivered')
       // Pool connections taken for requests that never went out go back.
-      router.release(route)
+      router.release(admission)
       for (const request of requests) {
         await router.append(record.id, streamId, toJsonRpcError(gwErr, request.id)).catch(() => {
           writer.failUnanswered(id => toJsonRpcError(gwErr, id))
@@ -174,8 +175,8 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
     if (batch && messages.length > maxBatch) throw new GW_ERR_INVALID_REQUEST(`a batch holds at most ${maxBatch} messages`)
     if (!hasRequests) {
       // Only notifications and responses: accepted with 202 and no body (H-POST-3).
-      const route = await router.admit(record, ownerRead)
-      for (const message of messages) await router.fromClient(record, message, null, route)
+      const admission = await router.admit(record, ownerRead)
+      for (const message of messages) await router.fromClient(record, message, null, admission)
       reply.code(202).send()
       return
     }

@@ -5,11 +5,12 @@ import { GW_ERR_BACKEND_UNAVAILABLE, GW_ERR_SHUTTING_DOWN } from '../core/errors
 import type { Envelope } from '../state/bus.js'
 import { GET_STREAM } from '../state/event-log.js'
 import type { SessionRecord } from '../state/session-store.js'
-import type { ReplicaContext } from './context.js'
-import type { Ownership } from './ownership.js'
-import type { PooledSessions } from './pooled-sessions.js'
-import { capabilitiesOf } from './relay.js'
-import type { ClientStreams } from './streams.js'
+import type { ReplicaContext } from './replica/context.js'
+import type { Ownership } from './replica/ownership.js'
+import type { PooledSessions } from './kinds/pooled-sessions.js'
+import type { SessionKinds } from './kinds/kinds.js'
+import { capabilitiesOf } from './upstream/relay.js'
+import type { ClientStreams } from './replica/streams.js'
 import { principalOfRecord } from '../auth/principal.js'
 import { audit } from '../telemetry/audit.js'
 import { shortHash } from '../telemetry/logger.js'
@@ -27,7 +28,9 @@ export type NewSession = Omit<SessionRecord, 'id' | 'createdAt' | 'backendSessio
 
 export interface SessionsOptions extends ReplicaContext {
   ownership: Ownership
-  /** Sessions of `sessions: pooled` servers: no backend of their own (flow 9). */
+  /** What each kind of session holds here (kinds/). */
+  kinds: SessionKinds
+  /** Pooled sessions' calls running here, ended with the session (flow 9). */
   pooled: PooledSessions
   streams: ClientStreams
   /** Whether the replica is stopping (no new sessions then). */
@@ -73,16 +76,11 @@ export class Sessions {
         throw err
       }
     }
-    if (this.#o.pooled.isPooled(record.server)) {
-      this.#o.pooled.created(record)
-    } else {
-      await this.#o.ownership.claimNew(record.id)
-      try {
-        await this.#o.ownership.open(record, forwardedHeaders)
-      } catch (err) {
-        await this.#o.store.delete(record.id).catch(() => {})
-        throw err
-      }
+    try {
+      await this.#o.kinds.of(record.server).open(record, forwardedHeaders)
+    } catch (err) {
+      await this.#o.store.delete(record.id).catch(() => {})
+      throw err
     }
     audit(this.#o.log, 'session.created', { ...principalOfRecord(record), server: record.server, transport: record.transport, session: shortHash(record.id) })
     return record
@@ -104,7 +102,7 @@ export class Sessions {
     const record = await this.#o.store.get(sid)
     if (record === null || record.principal !== principal) return null
     this.touch(sid)
-    if (this.#o.config.redis !== undefined && record.transport === 'streamable' && !this.#o.ownership.isDirect(record.server) && this.#o.ownership.local(sid)?.isOwner === true) {
+    if (this.#o.config.redis !== undefined && this.#o.ownership.local(sid)?.isOwner === true && this.#o.kinds.of(record.server).cachesRecord(record)) {
       this.#owned.set(sid, deepFreeze(record))
     }
     return record

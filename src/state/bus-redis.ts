@@ -14,7 +14,7 @@
 import { setTimeout as sleep } from 'node:timers/promises'
 import type { Bus, DeliverEnvelope, Envelope, EnvelopeHandler, PreparedWake } from './bus.js'
 import { compareEntryIds } from './event-log.js'
-import type { Logger } from '../telemetry/logger.js'
+import type { Logger } from 'pino'
 import { reconnectDelay, redisReady, storeCall, type Redis } from './redis/client.js'
 import { inboxKey, sessionKeys } from './redis/keys.js'
 import { defineScripts } from './redis/scripts.js'

@@ -1,7 +1,7 @@
 // The bus between replicas: each replica reads one inbox. It only rings doorbells and carries
 // client messages to the owner; the event log stays the truth (ARCHITECTURE.md principle 3).
 import type { JsonRpcMessage, JsonRpcRequest } from '../core/jsonrpc.js'
-import type { TraceCarrier } from '../telemetry/tracing.js'
+import type { TraceCarrier } from '../core/trace-context.js'
 
 export type Envelope =
   /**

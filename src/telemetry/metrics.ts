@@ -63,7 +63,7 @@ export function refusalReason (status: number, code: string): string {
 
 export type BackendErrorKind = 'timeout' | 'unavailable' | 'shutdown' | 'error_response'
 export type StreamKind = 'request' | 'get' | 'legacy'
-/** The router tick's upkeep passes (routing/upkeep.ts): the label of mcpgw_upkeep_pass_duration_seconds. */
+/** The router tick's upkeep passes (routing/replica/upkeep.ts): the label of mcpgw_upkeep_pass_duration_seconds. */
 export type UpkeepPass = 'owner_leases' | 'stream_leases' | 'owner_watch' | 'heartbeat'
 export const streamKindOf = (streamId: string): StreamKind => streamId === 'get' ? 'get' : streamId === 'legacy' ? 'legacy' : 'request'
 

@@ -20,12 +20,9 @@ import type { IncomingHttpHeaders } from 'node:http'
 import type { JsonRpcMessage, JsonRpcRequest, JsonRpcResponse } from '../core/jsonrpc.js'
 import { shortHash } from './logger.js'
 import { idKey, isRecord } from '../core/jsonrpc.js'
+import type { TraceCarrier } from '../core/trace-context.js'
 
-/** W3C trace context of one request, as it travels (bus envelope, `_meta`). */
-export interface TraceCarrier {
-  traceparent: string
-  tracestate?: string
-}
+export type { TraceCarrier } from '../core/trace-context.js'
 
 /** The `tracing` config block (schema.ts). */
 export interface TracingConfig {

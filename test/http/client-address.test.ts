@@ -3,7 +3,8 @@
 // address (and so its failed-authentication budget) by sending the header itself.
 import type { FastifyRequest } from 'fastify'
 import t from 'tap'
-import { clientAddresses, trustedProxyProblem, type ClientAddressSettings } from '../../src/http/client-address.js'
+import { clientAddresses, type ClientAddressSettings } from '../../src/http/client-address.js'
+import { trustedProxyProblem } from '../../src/core/ip-address.js'
 import { parseConfig } from '../../src/config/load.js'
 
 function req (peer: string, headers: Record<string, string> = {}): FastifyRequest {

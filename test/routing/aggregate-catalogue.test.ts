@@ -3,7 +3,7 @@
 // test/integration/aggregate-apps.test.ts, runs the same rules through real servers and clients).
 import { pino } from 'pino'
 import t from 'tap'
-import { AggregateCatalogue, type CatalogueMember } from '../../src/routing/aggregate-catalogue.js'
+import { AggregateCatalogue, type CatalogueMember } from '../../src/routing/aggregate/catalogue.js'
 import type { GatewayMetrics } from '../../src/telemetry/metrics.js'
 
 type Lists = Record<string, Array<Record<string, unknown>>>

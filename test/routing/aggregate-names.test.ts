@@ -1,6 +1,6 @@
 // The naming rules of aggregate servers (issue 27): pure logic, so a unit test.
 import t from 'tap'
-import { exposeNames, fitName, MAX_NAME, templateMatches } from '../../src/routing/aggregate-names.js'
+import { exposeNames, fitName, MAX_NAME, templateMatches } from '../../src/routing/aggregate/names.js'
 
 const tools = (...names: string[]): Array<{ name: string }> => names.map(name => ({ name }))
 

@@ -1,11 +1,11 @@
-// Parked MRTR calls (routing/mrtr.ts) as pure logic: the signed requestState claims its call once,
+// Parked MRTR calls (routing/upstream/mrtr.ts) as pure logic: the signed requestState claims its call once,
 // for its principal, before its expiry; anything tampered, foreign, replayed or expired is -32602.
 // The calls are stand-ins (only onExpire is exercised); the wire is test/integration/modern.test.ts.
 import t from 'tap'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { isGatewayError, jsonRpcCodeOf } from '../../src/core/errors.js'
-import { ParkedCalls, type ParkedCall } from '../../src/routing/mrtr.js'
-import type { PooledCall } from '../../src/routing/pool.js'
+import { ParkedCalls, type ParkedCall } from '../../src/routing/upstream/mrtr.js'
+import type { PooledCall } from '../../src/routing/upstream/pool.js'
 
 function parkedCall (onExpire: () => void = () => {}): ParkedCall {
   const call: PooledCall = { key: 'm1', cancel: () => {}, answer: () => {}, rebind: () => {} }

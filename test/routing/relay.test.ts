@@ -4,7 +4,7 @@ import t, { type Test } from 'tap'
 import { pino } from 'pino'
 import { CANCELLED_MEMBER, GW_ERR_BACKEND_UNAVAILABLE, isCancelledAnswer } from '../../src/core/errors.js'
 import type { JsonRpcMessage, JsonRpcRequest } from '../../src/core/jsonrpc.js'
-import { Relay, type RelayOptions } from '../../src/routing/relay.js'
+import { Relay, type RelayOptions } from '../../src/routing/upstream/relay.js'
 import { NO_METRICS } from '../../src/telemetry/metrics.js'
 
 interface Appended { sid: string, streamId: string, message: JsonRpcMessage }

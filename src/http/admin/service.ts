@@ -11,12 +11,16 @@ import type { Logger } from 'pino'
 import type { Config } from '../../config/schema.js'
 import type { ServerSource } from '../../config/live.js'
 import { GATEWAY_VERSION } from '../../core/version.js'
+import { isAggregateConfig, kindNameOf, type KindName } from '../../config/server-kind.js'
 import type { Router } from '../../routing/router.js'
-import type { PoolStats } from '../../routing/pool.js'
+import type { PoolStats } from '../../routing/upstream/pool.js'
 import { GET_STREAM, LEGACY_STREAM } from '../../state/event-log.js'
 import { SESSION_INDEX_READ_MAX, type SessionRecord, type SessionStore } from '../../state/session-store.js'
 import { SLOTS, type AdminStats, type SeriesSnapshot, type TenantSnapshot } from '../../telemetry/admin-stats.js'
 import { shortHash } from '../../telemetry/logger.js'
+
+/** What the console calls each kind of session (a routed session is a dedicated one). */
+const MODE_OF_KIND: Record<KindName, string> = { routed: 'dedicated', aggregate: 'aggregate', direct: 'direct', pooled: 'pooled' }
 
 /** How often a replica publishes its summary; it is kept SUMMARY_TTL_FACTOR times as long. */
 export const SUMMARY_EVERY_MS = 2000
@@ -234,12 +238,12 @@ export class AdminService {
       const callsPerMinute = sum(calls, MINUTE_SLOTS)
       const errorsPerMinute = sum(errors, MINUTE_SLOTS)
       const latencySumMinute = sum(latencySum, MINUTE_SLOTS)
-      const mode = server.transport === 'aggregate' ? 'aggregate' : server.transport === 'streamable-http' ? 'direct' : 'sessions' in server && server.sessions === 'pooled' ? 'pooled' : 'dedicated'
+      const mode = MODE_OF_KIND[kindNameOf(server)]
       return {
         name,
         transport: server.transport,
         mode,
-        members: server.transport === 'aggregate' ? server.members.map(m => m.server) : [],
+        members: isAggregateConfig(server) ? server.members.map(m => m.server) : [],
         sessions,
         children,
         pool,
@@ -308,9 +312,9 @@ export class AdminService {
     const page = matching.slice(filter.offset, filter.offset + filter.limit)
     const { store, router } = this.#o
     const sessions = await Promise.all(page.map(async ({ record }) => {
-      const pooled = router.isPooled(record.server)
+      // A pooled session has no owner lease: its read finds none.
       const [owner, holder] = await Promise.all([
-        pooled ? null : store.getOwner(record.id).catch(() => null),
+        store.getOwner(record.id).catch(() => null),
         store.getHolder(record.id, record.transport === 'legacy' ? LEGACY_STREAM : GET_STREAM).catch(() => null)
       ])
       return {
@@ -321,7 +325,7 @@ export class AdminService {
         transport: record.transport,
         protocolVersion: record.protocolVersion,
         client: clientName(record),
-        pooled,
+        pooled: router.kindNameOf(record.server) === 'pooled',
         createdAt: record.createdAt,
         // The client's last message, not the idle TTL's renewal, which an open stream's
         // keep-alive moves too (every session with a GET stream would look active).

@@ -3,7 +3,7 @@
 // section 6: "Redis unreachable: /readyz fails, new sessions get 503 … reconnect is automatic").
 import { Cluster, Redis as Standalone, type RedisOptions } from 'ioredis'
 import { GW_ERR_STORE_UNAVAILABLE, isGatewayError } from '../../core/errors.js'
-import type { Logger } from '../../telemetry/logger.js'
+import type { Logger } from 'pino'
 
 /** A connection to one server (directly, or to the primary Sentinel names) or to a Cluster. */
 export type Redis = Standalone | Cluster

@@ -16,16 +16,17 @@ import { performance } from 'node:perf_hooks'
 import type { Logger } from 'pino'
 import {
   CANCELLED_MEMBER, GW_ERR_BACKEND_TIMEOUT, GW_ERR_BACKEND_UNAVAILABLE, cancelledAnswer, isCancelledAnswer, isGatewayError, toJsonRpcError, type GatewayError
-} from '../core/errors.js'
+} from '../../core/errors.js'
 import {
   errorResponse, idKey, isRecord, isNotification, isRequest, progressTokenOf, JSONRPC_METHOD_NOT_FOUND,
   type JsonRpcMessage, type JsonRpcNotification, type JsonRpcRequest, type JsonRpcResponse, type RequestId
-} from '../core/jsonrpc.js'
-import { GET_STREAM, LEGACY_STREAM } from '../state/event-log.js'
-import { tracing, type ClientSpan, type TraceCarrier } from '../telemetry/tracing.js'
-import { auditChild, auditSoon, type AuditLog } from '../telemetry/audit.js'
-import { toolNameOf } from '../auth/tool-policy.js'
-import { errorTypeOf, type BackendErrorKind, type SessionMetrics } from '../telemetry/metrics.js'
+} from '../../core/jsonrpc.js'
+import { GET_STREAM, LEGACY_STREAM } from '../../state/event-log.js'
+import { tracing, type ClientSpan, type TraceCarrier } from '../../telemetry/tracing.js'
+import { auditChild, auditSoon, type AuditLog } from '../../telemetry/audit.js'
+import { toolNameOf } from '../../auth/tool-policy.js'
+import { errorTypeOf, type BackendErrorKind, type SessionMetrics } from '../../telemetry/metrics.js'
+import { capabilityNeededBy } from '../../core/mcp.js'
 
 /** What a relay needs of its backend connection (the supervisor's BackendSession). */
 export interface BackendSessionHandle {
@@ -116,12 +117,6 @@ interface PendingClientRequest {
 
 /** Session-level notifications always go to the GET stream, never a request's stream. */
 const SESSION_LEVEL = /\/list_changed$|^notifications\/resources\/updated$/
-/** Server-to-client requests and the client capability each needs (SPEC.md L-4). */
-const NEEDS_CAPABILITY: Record<string, string> = {
-  'sampling/createMessage': 'sampling',
-  'elicitation/create': 'elicitation',
-  'roots/list': 'roots'
-}
 
 /** JSON-mode request streams (`j…`) carry only responses: notifications go to the GET stream. */
 export const isJsonStream = (streamId: string): boolean => streamId.startsWith('j')
@@ -358,7 +353,7 @@ export class Relay {
       await backend?.send({ jsonrpc: '2.0', id: request.id, result: {} }).catch(() => {})
       return
     }
-    const capability = NEEDS_CAPABILITY[request.method]
+    const capability = capabilityNeededBy(request.method)
     if (capability !== undefined && this.#clientCapabilities[capability] === undefined) {
       // Never forward what the client did not declare (SPEC.md L-4, G-3).
       await backend?.send(errorResponse(request.id, JSONRPC_METHOD_NOT_FOUND, `Client does not support ${request.method} (no '${capability}' capability)`)).catch(() => {})

@@ -3,12 +3,12 @@
 // (aggregate.ts, lists fetched over the session's member links) and 2026-07-28 requests to an
 // aggregate (http/modern.ts, lists fetched over the members' pools): `fetch` says how.
 import type { Logger } from 'pino'
-import { filterToolsListOf, type ToolPolicy } from '../auth/tool-policy.js'
-import { GW_ERR_BACKEND_TIMEOUT, isGatewayError } from '../core/errors.js'
-import { isRecord } from '../core/jsonrpc.js'
-import type { GatewayMetrics } from '../telemetry/metrics.js'
-import { exposeNames, templateMatches, type Exposed } from './aggregate-names.js'
-import type { BackendInfo } from './pool.js'
+import { filterToolsListOf, type ToolPolicy } from '../../auth/tool-policy.js'
+import { GW_ERR_BACKEND_TIMEOUT, isGatewayError } from '../../core/errors.js'
+import { isRecord } from '../../core/jsonrpc.js'
+import type { GatewayMetrics } from '../../telemetry/metrics.js'
+import { exposeNames, templateMatches, type Exposed } from './names.js'
+import type { BackendInfo } from '../upstream/pool.js'
 
 /** Entries of a merged list per page (the cursor is the gateway's). */
 export const AGGREGATE_PAGE_SIZE = 100

@@ -8,8 +8,8 @@
 // principal's state, an expired one or one already used is refused (-32602). Single use: taking a
 // parked call removes it. A call nobody comes back for is cancelled at its expiry.
 import { createHmac, randomBytes, timingSafeEqual } from 'node:crypto'
-import { GW_ERR_INVALID_PARAMS } from '../core/errors.js'
-import type { JsonRpcResponse } from '../core/jsonrpc.js'
+import { GW_ERR_INVALID_PARAMS } from '../../core/errors.js'
+import type { JsonRpcResponse } from '../../core/jsonrpc.js'
 import type { PooledCall } from './pool.js'
 
 /** A backend request waiting for the client's answer: its opaque id and what the client is asked. */

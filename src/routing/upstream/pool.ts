@@ -29,16 +29,17 @@
 import { createHash } from 'node:crypto'
 import { performance } from 'node:perf_hooks'
 import type { Logger } from 'pino'
-import { filterToolsListOf, type ToolPolicyLookup } from '../auth/tool-policy.js'
-import type { ServerSource } from '../config/live.js'
-import type { BackendServerConfig as ServerConfig, Config, ServerConfig as AnyServerConfig, StdioServerConfig } from '../config/schema.js'
+import { filterToolsListOf, type ToolPolicyLookup } from '../../auth/tool-policy.js'
+import type { ServerSource } from '../../config/live.js'
+import type { BackendServerConfig as ServerConfig, Config, ServerConfig as AnyServerConfig, StdioServerConfig } from '../../config/schema.js'
+import { isAggregateConfig, kindNameOf } from '../../config/server-kind.js'
 import {
   GW_ERR_BACKEND_UNAVAILABLE, GW_ERR_POOL_BUSY, GW_ERR_SERVER_NOT_FOUND, GW_ERR_SHUTTING_DOWN, isGatewayError, withRetryAfter, type GatewayError
-} from '../core/errors.js'
-import { isNotification, isRecord, isRequest, isResponse, type JsonRpcMessage, type JsonRpcRequest, type JsonRpcResponse } from '../core/jsonrpc.js'
-import { LATEST_VERSION } from '../core/protocol-version.js'
-import type { GatewayMetrics } from '../telemetry/metrics.js'
-import type { BackendPool, UpstreamLookup } from './ownership.js'
+} from '../../core/errors.js'
+import { isNotification, isRecord, isRequest, isResponse, type JsonRpcMessage, type JsonRpcRequest, type JsonRpcResponse } from '../../core/jsonrpc.js'
+import { LATEST_VERSION } from '../../core/protocol-version.js'
+import type { GatewayMetrics } from '../../telemetry/metrics.js'
+import type { BackendPool, UpstreamLookup } from './ports.js'
 import { asGatewayError, Relay } from './relay.js'
 
 /** What the client side of a pooled request hears: its answer (id = its key), and what relates to it. */
@@ -493,7 +494,7 @@ export class ConnectionPool {
     const config = Object.hasOwn(servers, server) ? servers[server] : undefined
     if (config === undefined) throw new GW_ERR_SERVER_NOT_FOUND(server)
     // An aggregate has no backend of its own: its members have pools.
-    if (config.transport === 'aggregate') throw new GW_ERR_BACKEND_UNAVAILABLE(server, 'an aggregate server has no pool of its own')
+    if (isAggregateConfig(config)) throw new GW_ERR_BACKEND_UNAVAILABLE(server, 'an aggregate server has no pool of its own')
     return config
   }
 
@@ -766,8 +767,7 @@ export class ConnectionPool {
   }
 }
 
-
 /** Whether a server's pool is kept at poolSize from boot: its 2025-era sessions run on it. */
 function keptWarm (config: AnyServerConfig): config is StdioServerConfig {
-  return config.transport === 'stdio' && config.sessions === 'pooled'
+  return kindNameOf(config) === 'pooled' && config.transport === 'stdio'
 }

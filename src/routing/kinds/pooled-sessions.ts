@@ -20,21 +20,22 @@
 //   pool holds the one upstream subscription per URI.
 import { performance } from 'node:perf_hooks'
 import type { Logger } from 'pino'
-import type { ServerSource } from '../config/live.js'
+import type { ServerSource } from '../../config/live.js'
 import {
   GW_ERR_BACKEND_CAPACITY, GW_ERR_BACKEND_UNAVAILABLE, GW_ERR_INTERNAL, cancelledAnswer, isGatewayError, toJsonRpcError,
   withRetryAfter, type GatewayError
-} from '../core/errors.js'
+} from '../../core/errors.js'
 import {
   errorResponse, idKey, isNotification, isRecord, isRequest, isResponse, progressTokenOf, JSONRPC_METHOD_NOT_FOUND,
   type JsonRpcMessage, type JsonRpcRequest, type JsonRpcResponse, type RequestId
-} from '../core/jsonrpc.js'
-import { GET_STREAM, LEGACY_STREAM } from '../state/event-log.js'
-import type { EstablishedState, SessionRecord, SessionStore } from '../state/session-store.js'
-import { shortHash } from '../telemetry/logger.js'
-import { LISTEN_REGISTRATION_MS, listenTopic, type BackendInfo, type ConnectionPool, type PooledCall, type Reservation } from './pool.js'
-import { capabilitiesOf, isJsonStream } from './relay.js'
-import { breathe } from './upkeep.js'
+} from '../../core/jsonrpc.js'
+import { GET_STREAM, LEGACY_STREAM } from '../../state/event-log.js'
+import type { EstablishedState, SessionRecord, SessionStore } from '../../state/session-store.js'
+import { shortHash } from '../../telemetry/logger.js'
+import { LISTEN_REGISTRATION_MS, listenTopic, type BackendInfo, type ConnectionPool, type PooledCall, type Reservation } from '../upstream/pool.js'
+import { capabilitiesOf, isJsonStream } from '../upstream/relay.js'
+import { breathe } from '../replica/upkeep.js'
+import { capabilityNeededBy, isLogLevel, LOG_LEVELS } from '../../core/mcp.js'
 
 /** Retry-After of a new session refused at a pooled server's maxSessions. */
 const CAPACITY_RETRY_AFTER_S = 5
@@ -43,14 +44,6 @@ const SWEEP_MS = 5_000
 /** Session-level notifications (never a request's). */
 const LIST_CHANGED = /\/list_changed$/
 const RESOURCE_UPDATED = 'notifications/resources/updated'
-/** MCP log levels, least severe first (logging/setLevel). */
-const LOG_LEVELS = ['debug', 'info', 'notice', 'warning', 'error', 'critical', 'alert', 'emergency']
-/** Server-to-client requests and the client capability each needs (SPEC.md L-4). */
-const NEEDS_CAPABILITY: Record<string, string> = {
-  'sampling/createMessage': 'sampling',
-  'elicitation/create': 'elicitation',
-  'roots/list': 'roots'
-}
 /** Methods the gateway answers for a pooled session itself: what a backend would keep per connection. */
 const ANSWERED_HERE = new Set(['initialize', 'ping', 'logging/setLevel', 'resources/subscribe', 'resources/unsubscribe'])
 
@@ -120,12 +113,6 @@ export class PooledSessions {
       this.#sweepNow().catch(err => { this.#o.log.warn({ err }, 'pooled sessions sweep failed') }).finally(() => { this.#sweeping = false })
     }, SWEEP_MS)
     this.#sweep.unref()
-  }
-
-  /** Whether the server's 2025-era sessions are pooled (a stdio server with `sessions: pooled`). */
-  isPooled (server: string): boolean {
-    const config = Object.hasOwn(this.#o.live.servers, server) ? this.#o.live.servers[server] : undefined
-    return config?.transport === 'stdio' && config.sessions === 'pooled'
   }
 
   /**
@@ -296,7 +283,7 @@ export class PooledSessions {
       case 'logging/setLevel': {
         const info = await this.#info(server, tenant)
         if (info.capabilities.logging === undefined) { fail(JSONRPC_METHOD_NOT_FOUND, 'Method not found: logging/setLevel'); return }
-        if (typeof params.level !== 'string' || !LOG_LEVELS.includes(params.level)) { fail(-32602, `Invalid params: level must be one of ${LOG_LEVELS.join(', ')}`); return }
+        if (typeof params.level !== 'string' || !isLogLevel(params.level)) { fail(-32602, `Invalid params: level must be one of ${LOG_LEVELS.join(', ')}`); return }
         await this.#establish(record, { logLevel: { level: params.level } })
         reply({})
         return
@@ -495,7 +482,7 @@ class SessionSink {
     this.#progressToken = progressTokenOf(request)
     this.#capabilities = capabilitiesOf(record.initializeParams)
     const level = levelOf(record.established?.logLevel)
-    this.#minLevel = level === null ? 0 : Math.max(0, LOG_LEVELS.indexOf(level))
+    this.#minLevel = level === null ? 0 : isLogLevel(level) ? LOG_LEVELS.indexOf(level) : 0
   }
 
   onMessage (message: JsonRpcMessage): void {
@@ -505,7 +492,7 @@ class SessionSink {
       return
     }
     if (isRequest(message)) {
-      const capability = NEEDS_CAPABILITY[message.method]
+      const capability = capabilityNeededBy(message.method)
       if (capability !== undefined && this.#capabilities[capability] === undefined) {
         // Never forward what the client did not declare (SPEC.md L-4, G-3).
         local.call?.answer(errorResponse(message.id, JSONRPC_METHOD_NOT_FOUND, `Client does not support ${message.method} (no '${capability}' capability)`))
@@ -521,7 +508,7 @@ class SessionSink {
         this.#owner.deliver(local, { ...message, params: { ...params, progressToken: this.#progressToken } }, false)
         return
       case 'notifications/message': {
-        const level = typeof params.level === 'string' ? LOG_LEVELS.indexOf(params.level) : -1
+        const level = isLogLevel(params.level) ? LOG_LEVELS.indexOf(params.level) : -1
         if (level >= 0 && level < this.#minLevel) return
         this.#owner.deliver(local, message, false)
         return

@@ -17,21 +17,18 @@
 //   failOrphans) and starts the backend with the client's replayed initialize, initialized, log
 //   level and subscriptions (the supervisor's crash path). What the backend kept in its memory is
 //   lost; the client keeps its session, streams and history.
-import { filterToolsListOf, type ToolPolicyLookup } from '../auth/tool-policy.js'
-import type { AggregateServerConfig, ServerConfig } from '../config/schema.js'
-import type { ServerSource } from '../config/live.js'
-import { GW_ERR_BACKEND_UNAVAILABLE, GW_ERR_SERVER_NOT_FOUND, type GatewayError } from '../core/errors.js'
-import type { DeliverEnvelope } from '../state/bus.js'
-import type { EstablishedState, SessionRecord } from '../state/session-store.js'
-import { lazyChild, shortHash } from '../telemetry/logger.js'
-import type { SupervisedHandlers, SupervisedOpenOptions } from '../backends/supervisor.js'
-import type { TenantUpstream } from '../backends/backend.js'
+import { filterToolsListOf, type ToolPolicyLookup } from '../../auth/tool-policy.js'
+import type { ServerConfig } from '../../config/schema.js'
+import { isAggregateConfig } from '../../config/server-kind.js'
+import type { ServerSource } from '../../config/live.js'
+import { GW_ERR_BACKEND_UNAVAILABLE, GW_ERR_SERVER_NOT_FOUND, type GatewayError } from '../../core/errors.js'
+import type { DeliverEnvelope } from '../../state/bus.js'
+import type { EstablishedState, SessionRecord } from '../../state/session-store.js'
+import { lazyChild, shortHash } from '../../telemetry/logger.js'
+import type { BackendPool, UpstreamLookup } from '../upstream/ports.js'
 import type { ReplicaContext } from './context.js'
-import { principalOfRecord } from '../auth/principal.js'
-import { capabilitiesOf, Relay, type BackendSessionHandle, type RelayHost } from './relay.js'
-import { AggregateRelay } from './aggregate.js'
-import type { ConnectionPool } from './pool.js'
-import { GW_ERR_BACKEND_CAPACITY, withRetryAfter } from '../core/errors.js'
+import { principalOfRecord } from '../../auth/principal.js'
+import { capabilitiesOf, Relay, type RelayHost } from '../upstream/relay.js'
 import { inBatches } from './upkeep.js'
 
 /** How long a replica's heartbeat lives (at most the lease): a killed replica is dead after this. */
@@ -39,13 +36,6 @@ const HEARTBEAT_TTL_MS = 3000
 
 export function heartbeatTtl (leaseMs: number): number {
   return Math.min(leaseMs, HEARTBEAT_TTL_MS)
-}
-
-/** What ownership needs of the supervisor (src/backends/supervisor.ts implements it). */
-export interface BackendPool {
-  open (sid: string, server: string, handlers: SupervisedHandlers, options?: SupervisedOpenOptions): Promise<BackendSessionHandle>
-  stop (sid: string): Promise<void>
-  stopAll (options?: { detach?: boolean }): Promise<void>
 }
 
 export interface OwnershipOptions extends Omit<ReplicaContext, 'eventLog' | 'bus'> {
@@ -65,15 +55,26 @@ export interface OwnershipOptions extends Omit<ReplicaContext, 'eventLog' | 'bus
   failOrphans: (sid: string, server: string, reason: string, from: string | null) => Promise<DeliverEnvelope[]>
   /** Hands what failOrphans took to the takeover's relay, or answers its requests with `to.err`. */
   redeliver: (envelopes: DeliverEnvelope[], to: { relay: Relay } | { err: GatewayError }) => void
-  /** The pools an aggregate's pooled members run on. */
-  pool: ConnectionPool
 }
 
-export type UpstreamLookup = (tenant: string | null | undefined, server: string) => TenantUpstream
+/** How a session's backend connection is opened here (Ownership.open). */
+export interface OpenOptions {
+  /** A backend session every replica reaches with its own connection (ids pass through; the lease only listens). */
+  direct: boolean
+  /** Whether this replica holds the owner lease. */
+  isOwner: boolean
+  /** Resumed with what the client had established (the owner was lost). */
+  takeOver: boolean
+  /** The client's headers, of which an HTTP backend forwards the configured ones. */
+  forwardedHeaders?: Record<string, string>
+}
+
 
 export class Ownership {
   readonly #o: OwnershipOptions
   readonly #relays = new Map<string, Relay>()
+  /** How a relay that is not the supervisor's (an aggregate's) stops, by session. */
+  readonly #stops = new Map<string, () => Promise<void>>()
   readonly #opening = new Map<string, Promise<Relay>>()
   /** Replica liveness seen recently (replica -> until), so a forwarded message skips the check. */
   readonly #aliveUntil = new Map<string, number>()
@@ -98,11 +99,6 @@ export class Ownership {
     return [...this.#relays.values()].filter(r => servers.has(r.server)).map(r => r.sid)
   }
 
-  /** Streamable HTTP backends are shared by the replicas that serve the session (see the header). */
-  isDirect (server: string): boolean {
-    return this.#o.live.servers[server]?.transport === 'streamable-http'
-  }
-
   /** Replica liveness, cached for a third of a heartbeat: a dead owner is noticed within seconds. */
   async isAlive (replica: string): Promise<boolean> {
     const now = Date.now()
@@ -122,8 +118,9 @@ export class Ownership {
    * The owner of a routed session is gone (`from`, or no lease at all): takes the lease and starts
    * the backend here, resumed with what the client had established. Returns the relay, or the
    * replica that won the race for the lease. Concurrent calls for one session share one attempt.
+   * `open` starts the session's relay as its kind does, replayed from the record.
    */
-  async takeOver (record: SessionRecord, from: string | null): Promise<Relay | string> {
+  async takeOver (record: SessionRecord, from: string | null, open: () => Promise<Relay>): Promise<Relay | string> {
     const existing = this.#relays.get(record.id) ?? this.#opening.get(record.id)
     if (existing !== undefined) return await existing
     const { store, replicaId } = this.#o
@@ -136,7 +133,7 @@ export class Ownership {
       // What it never handed on goes to the new backend, before anything sent to it meanwhile.
       const unread = await this.#o.failOrphans(record.id, record.server, from === null ? 'owner lease expired' : `replica ${from} is gone`, from)
       try {
-        const relay = await this.open(record, undefined, true, true)
+        const relay = await open()
         relay.log.warn({ from, redelivered: unread.length }, 'took over a session whose owner replica is gone; backend restarted and re-initialised')
         this.#o.redeliver(unread, { relay })
         return relay
@@ -162,7 +159,7 @@ export class Ownership {
     let opening = this.#opening.get(record.id)
     if (opening === undefined) {
       opening = (async () => {
-        const relay = await this.open(record, undefined, false)
+        const relay = await this.open(record, { direct: true, isOwner: false, takeOver: false })
         await this.claimLease(relay)
         return relay
       })().finally(() => this.#opening.delete(record.id))
@@ -187,10 +184,9 @@ export class Ownership {
   }
 
   /** Opens the backend connection of a session on this replica and registers its relay. */
-  async open (record: SessionRecord, forwardedHeaders?: Record<string, string>, isOwner = true, takeOver = false): Promise<Relay> {
-    const direct = this.isDirect(record.server)
+  async open (record: SessionRecord, { direct, isOwner, takeOver, forwardedHeaders }: OpenOptions): Promise<Relay> {
     const server = this.#serverConfig(record.server)
-    if (server.transport === 'aggregate') return await this.#openAggregate(record, server)
+    if (isAggregateConfig(server)) throw new GW_ERR_BACKEND_UNAVAILABLE(record.server, 'an aggregate has no backend connection of its own')
     const store = this.#o.store
     const policyOf = this.#o.toolPolicy
     // The closures below outlive this call (they are the backend's handlers and the relay's
@@ -274,50 +270,17 @@ export class Ownership {
     return relay
   }
 
-  /**
-   * An aggregate session (issue 27): its relay opens a connection per dedicated member (a takeover
-   * starts them all again) and routes to pooled members' pools.
-   */
-  async #openAggregate (record: SessionRecord, aggregate: AggregateServerConfig): Promise<Relay> {
-    let open = 0
-    for (const relay of this.#relays.values()) if (relay.server === record.server) open++
-    if (open >= aggregate.maxSessions) throw withRetryAfter(new GW_ERR_BACKEND_CAPACITY(record.server, aggregate.maxSessions), 5)
-    const relay = new AggregateRelay({
-      sid: record.id,
-      server: record.server,
-      legacy: record.transport === 'legacy',
-      protocolVersion: record.protocolVersion,
-      clientCapabilities: capabilitiesOf(record.initializeParams),
-      requestTimeoutMs: aggregate.requestTimeoutMs,
-      metrics: this.#o.metrics.forSession(record.server, record.tenant),
-      gatewayMetrics: this.#o.metrics,
-      createdAt: record.createdAt,
-      host: this.#o.host,
-      principal: principalOfRecord(record),
-      log: lazyChild(this.#o.log, { sid: shortHash(record.id), backend: record.server }),
-      config: this.#o.config,
-      aggregate,
-      live: this.#o.live,
-      backends: this.#o.backends,
-      pool: this.#o.pool,
-      tenant: record.tenant ?? null,
-      upstream: this.#o.upstream,
-      toolPolicy: this.#o.toolPolicy
-    })
-    this.#relays.set(record.id, relay)
-    try {
-      await relay.open()
-    } catch (err) {
-      this.#relays.delete(record.id)
-      await relay.close()
-      throw err
-    }
-    return relay
+  /** Registers a relay that is not the supervisor's (an aggregate's): `stop` ends what it holds. */
+  register (relay: Relay, stop: () => Promise<void>): void {
+    this.#relays.set(relay.sid, relay)
+    this.#stops.set(relay.sid, stop)
   }
 
-  /** The aggregate sessions here with `server` as a pooled member (its pool's events concern them). */
-  * aggregatesWithPooledMember (server: string): IterableIterator<AggregateRelay> {
-    for (const relay of this.#relays.values()) if (relay instanceof AggregateRelay && relay.hasPooledMember(server)) yield relay
+  /** Forgets a relay register() added whose start failed (its own code stops it). */
+  forget (relay: Relay): void {
+    if (this.#relays.get(relay.sid) !== relay) return
+    this.#relays.delete(relay.sid)
+    this.#stops.delete(relay.sid)
   }
 
   /** Forgets a session's relay: its requests in flight get `err`, its backend stops. */
@@ -327,7 +290,9 @@ export class Ownership {
     this.#relays.delete(sid)
     relay.failAll(err)
     if (relay.isOwner) relay.metrics.sessionEnded(relay.createdAt)
-    if (relay instanceof AggregateRelay) await relay.close()
+    const stop = this.#stops.get(sid)
+    this.#stops.delete(sid)
+    if (stop !== undefined) await stop()
     else await this.#o.backends.stop(sid)
     return true
   }
@@ -395,6 +360,8 @@ export class Ownership {
     for (const relay of relays) relay.failAll(err)
     await Promise.allSettled(relays.map(r => this.#o.store.releaseOwner(r.sid, this.#o.replicaId)))
     this.#relays.clear()
+    // An aggregate's member connections are the supervisor's too: stopAll stops them below.
+    this.#stops.clear()
     // With shared sessions (Redis), HTTP backend sessions outlive this replica: another one
     // resumes them. Alone, nothing can resume them, so they are ended (DELETE).
     await this.#o.backends.stopAll({ detach: this.#o.config.redis !== undefined })

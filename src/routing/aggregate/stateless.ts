@@ -4,14 +4,15 @@
 // routed request is handed back to the modern face renamed for its member, and runs on that
 // member's pool like any modern request (input_required rounds, parked calls and all).
 import type { Logger } from 'pino'
-import { compileToolPolicy, type ToolPolicyLookup } from '../auth/tool-policy.js'
-import type { ServerSource } from '../config/live.js'
-import type { AggregateServerConfig } from '../config/schema.js'
-import { GW_ERR_BACKEND_TIMEOUT, GW_ERR_BACKEND_UNAVAILABLE, isGatewayError, toJsonRpcError } from '../core/errors.js'
-import { errorResponse, isRecord, isResponse, JSONRPC_METHOD_NOT_FOUND, type JsonRpcRequest, type JsonRpcResponse } from '../core/jsonrpc.js'
-import type { GatewayMetrics } from '../telemetry/metrics.js'
-import { AggregateCatalogue, LIST_METHOD, unitedInfo, withTimeout, type CatalogueMember, type ListKind } from './aggregate-catalogue.js'
-import type { BackendInfo, ConnectionPool } from './pool.js'
+import { compileToolPolicy, type ToolPolicyLookup } from '../../auth/tool-policy.js'
+import type { ServerSource } from '../../config/live.js'
+import type { AggregateServerConfig } from '../../config/schema.js'
+import { isAggregateConfig } from '../../config/server-kind.js'
+import { GW_ERR_BACKEND_TIMEOUT, GW_ERR_BACKEND_UNAVAILABLE, isGatewayError, toJsonRpcError } from '../../core/errors.js'
+import { errorResponse, isRecord, isResponse, JSONRPC_METHOD_NOT_FOUND, type JsonRpcRequest, type JsonRpcResponse } from '../../core/jsonrpc.js'
+import type { GatewayMetrics } from '../../telemetry/metrics.js'
+import { AggregateCatalogue, LIST_METHOD, unitedInfo, withTimeout, type CatalogueMember, type ListKind } from './catalogue.js'
+import type { BackendInfo, ConnectionPool } from '../upstream/pool.js'
 
 /** How long a member found down is left out before it is tried again. */
 const RETRY_DOWN_MS = 5000
@@ -58,7 +59,7 @@ export class StatelessAggregates {
   /** The aggregates that have `member` as a member (its pool's events concern their listeners). */
   aggregatesOf (member: string): string[] {
     return Object.entries(this.#o.live.servers)
-      .filter(([, c]) => c.transport === 'aggregate' && c.members.some(m => m.server === member))
+      .filter(([, c]) => isAggregateConfig(c) && c.members.some(m => m.server === member))
       .map(([name]) => name)
   }
 
@@ -138,7 +139,7 @@ export class StatelessAggregates {
 
   #configOf (server: string): AggregateServerConfig | undefined {
     const config = Object.hasOwn(this.#o.live.servers, server) ? this.#o.live.servers[server] : undefined
-    return config?.transport === 'aggregate' ? config : undefined
+    return isAggregateConfig(config) ? config : undefined
   }
 
   /** The (aggregate, tenant) entry, its members' info refreshed where they were down. */

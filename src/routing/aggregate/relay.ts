@@ -8,7 +8,7 @@
 //   (server, tenant) pool (pool.ts), as a pooled session's does.
 // The gateway answers `initialize` (the union of the members' capabilities, the aggregate's own
 // serverInfo, the members' instructions under their names), `ping` and `logging/setLevel` (sent to
-// every member); lists are merged under exposed names (aggregate-names.ts) and paged with a cursor
+// every member); lists are merged under exposed names (routing/aggregate/names.ts) and paged with a cursor
 // of the gateway's; a call is routed by its exposed name, a resource by its URI, a completion by
 // its ref. A member that is down or slow is left out of lists (a warning, a metric) and its calls
 // fail at once; it is tried again in the background, and its return is announced with list_changed.
@@ -16,24 +16,26 @@
 // every request after that (lists, calls) waits for its start to end, within memberStartTimeoutMs
 // (a cold gateway under load may take seconds to initialise a child).
 import { performance } from 'node:perf_hooks'
-import { compileToolPolicy, type ToolPolicyLookup } from '../auth/tool-policy.js'
-import type { ServerSource } from '../config/live.js'
-import type { AggregateServerConfig, Config } from '../config/schema.js'
+import { compileToolPolicy, type ToolPolicyLookup } from '../../auth/tool-policy.js'
+import type { ServerSource } from '../../config/live.js'
+import type { AggregateServerConfig, Config } from '../../config/schema.js'
+import { backendConfigOf, kindNameOf, serverConfigOf } from '../../config/server-kind.js'
 import {
   GW_ERR_BACKEND_TIMEOUT, GW_ERR_BACKEND_UNAVAILABLE, cancelledAnswer, isGatewayError, toJsonRpcError, type GatewayError
-} from '../core/errors.js'
+} from '../../core/errors.js'
 import {
   errorResponse, idKey, isNotification, isRecord, isRequest, isResponse, progressTokenOf, JSONRPC_METHOD_NOT_FOUND,
   type JsonRpcMessage, type JsonRpcNotification, type JsonRpcRequest, type JsonRpcResponse, type RequestId
-} from '../core/jsonrpc.js'
-import { LATEST_VERSION } from '../core/protocol-version.js'
-import { GET_STREAM, LEGACY_STREAM } from '../state/event-log.js'
-import { errorTypeOf, type GatewayMetrics } from '../telemetry/metrics.js'
-import type { TraceCarrier } from '../telemetry/tracing.js'
-import { AggregateCatalogue, LIST_METHOD, unitedInfo, withTimeout, type CatalogueMember, type ListKind } from './aggregate-catalogue.js'
-import type { BackendPool, UpstreamLookup } from './ownership.js'
-import { BRIDGED_CAPABILITIES, type BackendInfo, type ConnectionPool, type PooledCall } from './pool.js'
-import { isJsonStream, Relay, type RelayHost, type RelayOptions } from './relay.js'
+} from '../../core/jsonrpc.js'
+import { LATEST_VERSION } from '../../core/protocol-version.js'
+import { GET_STREAM, LEGACY_STREAM } from '../../state/event-log.js'
+import { errorTypeOf, type GatewayMetrics } from '../../telemetry/metrics.js'
+import type { TraceCarrier } from '../../telemetry/tracing.js'
+import { AggregateCatalogue, LIST_METHOD, unitedInfo, withTimeout, type CatalogueMember, type ListKind } from './catalogue.js'
+import type { BackendPool, UpstreamLookup } from '../upstream/ports.js'
+import { BRIDGED_CAPABILITIES, type BackendInfo, type ConnectionPool, type PooledCall } from '../upstream/pool.js'
+import { isJsonStream, Relay, type RelayHost, type RelayOptions } from '../upstream/relay.js'
+import { capabilityNeededBy } from '../../core/mcp.js'
 
 /** How often a member that is down is tried again. */
 const MEMBER_RETRY_MS = 5000
@@ -44,12 +46,6 @@ const LIST_CHANGED_COALESCE_MS = 50
 /** MCP's error for an unknown resource. */
 const RESOURCE_NOT_FOUND = -32002
 const INVALID_PARAMS = -32602
-
-const SERVER_ASKS: Record<string, string> = {
-  'sampling/createMessage': 'sampling',
-  'elicitation/create': 'elicitation',
-  'roots/list': 'roots'
-}
 
 const LIST_CHANGED_KINDS: Record<string, ListKind[]> = {
   'notifications/tools/list_changed': ['tools'],
@@ -147,7 +143,7 @@ export class AggregateRelay extends Relay {
     this.#capabilitiesOfClient = options.clientCapabilities
     this.#members = options.aggregate.members.map(m => {
       const memberConfig = options.live.servers[m.server]
-      const pooled = memberConfig?.transport === 'stdio' && memberConfig.sessions === 'pooled'
+      const pooled = kindNameOf(memberConfig) === 'pooled'
       const member: Member = {
         server: m.server,
         prefix: m.prefix ?? m.server,
@@ -503,7 +499,7 @@ export class AggregateRelay extends Relay {
 
   /** A member's server-to-client request: to the client if it declared the capability, under its opaque id. */
   #askClient (request: JsonRpcRequest, streamId: string, answer: (response: JsonRpcResponse) => void): void {
-    const capability = SERVER_ASKS[request.method]
+    const capability = capabilityNeededBy(request.method)
     if (capability !== undefined && this.#capabilitiesOfClient[capability] === undefined) {
       answer(errorResponse(request.id, JSONRPC_METHOD_NOT_FOUND, `Client does not support ${request.method} (no '${capability}' capability)`))
       return
@@ -602,8 +598,8 @@ class DedicatedLink implements MemberLink {
 
   async start (): Promise<BackendInfo> {
     const a = this.#a
-    const config = a.live.servers[this.server]
-    if (config === undefined || config.transport === 'aggregate') throw new GW_ERR_BACKEND_UNAVAILABLE(this.server, 'not a configured backend server')
+    const config = backendConfigOf(serverConfigOf(a.live, this.server))
+    if (config === undefined) throw new GW_ERR_BACKEND_UNAVAILABLE(this.server, 'not a configured backend server')
     const log = this.#outer.log.child({ member: this.server })
     const relay = new Relay({
       sid: this.#sid,

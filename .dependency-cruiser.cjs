@@ -1,0 +1,30 @@
+// The import rules of docs/architecture.md ("Layers", "Rooms inside src/routing/"), checked in the
+// test suite (test/architecture.test.ts) with dependency-cruiser.
+/** @type {import('dependency-cruiser').IConfiguration} */
+const below = (room, allowed) => ({
+  name: `${room}-imports-only-below`,
+  comment: `src/routing/${room}/ may import only ${allowed.join(', ') || 'nothing'} of the routing rooms`,
+  severity: 'error',
+  from: { path: `^src/routing/${room}/` },
+  to: { path: '^src/routing/', pathNot: [`^src/routing/${room}/`, ...allowed.map(r => `^src/routing/${r}/`)] }
+})
+
+module.exports = {
+  forbidden: [
+    { name: 'no-circular', severity: 'error', comment: 'an import circle ties modules that should stand alone', from: {}, to: { circular: true } },
+    { name: 'http-is-the-top', severity: 'error', comment: 'only main/app and the HTTP layer import it', from: { path: '^src/', pathNot: ['^src/http/', '^src/app\\.ts$', '^src/main\\.ts$'] }, to: { path: '^src/http/' } },
+    { name: 'routing-below-http', severity: 'error', from: { path: '^src/(backends|state|auth|config|core|telemetry)/' }, to: { path: '^src/routing/' } },
+    { name: 'core-imports-nothing', severity: 'error', from: { path: '^src/core/' }, to: { path: '^src/', pathNot: '^src/core/' } },
+    { name: 'state-below-telemetry', severity: 'error', from: { path: '^src/state/' }, to: { path: '^src/(telemetry|auth|backends)/' } },
+    below('upstream', []),
+    below('aggregate', ['upstream']),
+    below('replica', ['upstream']),
+    below('kinds', ['upstream', 'aggregate', 'replica'])
+  ],
+  options: {
+    doNotFollow: { path: 'node_modules' },
+    tsPreCompilationDeps: true,
+    tsConfig: { fileName: 'tsconfig.json' },
+    enhancedResolveOptions: { extensions: ['.ts', '.js'] }
+  }
+}

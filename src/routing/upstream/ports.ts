@@ -1,0 +1,15 @@
+// The types the upstream room offers the rooms above it, and what it needs of the layers below:
+// the supervisor's connections (backends/) and a tenant's upstream settings.
+import type { SupervisedHandlers, SupervisedOpenOptions } from '../../backends/supervisor.js'
+import type { TenantUpstream } from '../../backends/backend.js'
+import type { BackendSessionHandle } from './relay.js'
+
+/** What the upstream connections need of the supervisor (src/backends/supervisor.ts implements it). */
+export interface BackendPool {
+  open (sid: string, server: string, handlers: SupervisedHandlers, options?: SupervisedOpenOptions): Promise<BackendSessionHandle>
+  stop (sid: string): Promise<void>
+  stopAll (options?: { detach?: boolean }): Promise<void>
+}
+
+/** A tenant's upstream headers/env for a server (auth/tenants.ts). */
+export type UpstreamLookup = (tenant: string | null | undefined, server: string) => TenantUpstream
