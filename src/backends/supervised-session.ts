@@ -38,7 +38,7 @@ import type { BackendConnection, BackendExit, BackendFactory } from './backend.j
 import type { ServerConfig } from '../config/schema.js'
 import { GW_ERR_BACKEND_UNAVAILABLE } from '../core/errors.js'
 import { idKey, isNotification, isRecord, isRequest, isResponse, type JsonRpcMessage, type JsonRpcRequest, type RequestId } from '../core/jsonrpc.js'
-import type { BackendSession, StopOptions, SupervisedHandlers, SupervisedOpenOptions } from './supervisor.js'
+import type { BackendSession, StopOptions, SupervisedHandlers, SupervisedOpenOptions } from './supervised-types.js'
 import type { EstablishedState } from '../state/session-store.js'
 
 /** Jittered exponential backoff: between half and all of min(maxMs, baseMs * 2^attempt). */
