@@ -1,6 +1,7 @@
 // The import rules of docs/architecture.md ("Layers", "Rooms inside src/routing/"), checked in the
 // test suite (test/architecture.test.ts) with dependency-cruiser.
-/** @type {import('dependency-cruiser').IConfiguration} */
+
+/** A rule: src/routing/<room>/ imports no other routing room than `allowed`. */
 const below = (room, allowed) => ({
   name: `${room}-imports-only-below`,
   comment: `src/routing/${room}/ may import only ${allowed.join(', ') || 'nothing'} of the routing rooms`,
@@ -9,10 +10,25 @@ const below = (room, allowed) => ({
   to: { path: '^src/routing/', pathNot: [`^src/routing/${room}/`, ...allowed.map(r => `^src/routing/${r}/`)] }
 })
 
+/** @type {import('dependency-cruiser').IConfiguration} */
 module.exports = {
   forbidden: [
     { name: 'no-circular', severity: 'error', comment: 'an import circle ties modules that should stand alone', from: {}, to: { circular: true } },
-    { name: 'http-is-the-top', severity: 'error', comment: 'only main/app and the HTTP layer import it', from: { path: '^src/', pathNot: ['^src/http/', '^src/app\\.ts$', '^src/main\\.ts$'] }, to: { path: '^src/http/' } },
+    {
+      name: 'http-is-the-top',
+      severity: 'error',
+      comment: 'only main/app and the HTTP layer import it',
+      from: { path: '^src/', pathNot: ['^src/http/', '^src/app\\.ts$', '^src/main\\.ts$'] },
+      // Known, and next to go: the client streams build the HTTP layer's StreamWriter (the HTTP
+      // layer is to hand a writer factory down instead). Nothing else may join them.
+      to: { path: '^src/http/', pathNot: '^src/http/sse\\.ts$' }
+    },
+    {
+      name: 'only-the-streams-build-writers',
+      severity: 'error',
+      from: { path: '^src/', pathNot: ['^src/http/', '^src/app\\.ts$', '^src/main\\.ts$', '^src/routing/replica/streams\\.ts$', '^src/routing/router\\.ts$'] },
+      to: { path: '^src/http/sse\\.ts$' }
+    },
     { name: 'routing-below-http', severity: 'error', from: { path: '^src/(backends|state|auth|config|core|telemetry)/' }, to: { path: '^src/routing/' } },
     { name: 'core-imports-nothing', severity: 'error', from: { path: '^src/core/' }, to: { path: '^src/', pathNot: '^src/core/' } },
     { name: 'state-below-telemetry', severity: 'error', from: { path: '^src/state/' }, to: { path: '^src/(telemetry|auth|backends)/' } },
