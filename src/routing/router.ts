@@ -112,6 +112,8 @@ export class Router {
       store,
       backends: options.backends,
       live: options.live,
+      ...(options.upstream !== undefined ? { upstream: options.upstream } : {}),
+      ...(options.toolPolicy !== undefined ? { toolPolicy: options.toolPolicy } : {}),
       log,
       metrics,
       host,
