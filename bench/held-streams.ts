@@ -29,19 +29,11 @@ import { Agent, request } from 'node:http'
 import { openMany } from './idle.js'
 import { childrenOf, Cleanup, fdCount, fdLimit, log, rssKiB, startGatewayProcess, startRedisServer, type GatewayProcess } from './procs.js'
 import { closeRawSession, type RawSession } from './raw-client.js'
-import { fmt, mapLimit, round } from './stats.js'
+import { fmt, intEnv, mapLimit, round } from './stats.js'
 import { GATEWAY_PATH, STDIO_COMMAND } from './targets.js'
 
 const REPO = fileURLToPath(new URL('../../', import.meta.url))
 const FD_MARGIN = 200
-
-function intEnv (name: string, fallback: number): number {
-  const raw = process.env[name]
-  if (raw === undefined || raw === '') return fallback
-  const n = Number(raw)
-  if (!Number.isInteger(n) || n < 1) throw new Error(`${name} must be a positive integer, got ${raw}`)
-  return n
-}
 
 const knobs = {
   streams: intEnv('BENCH_STREAMS', 10_000),

@@ -24,7 +24,7 @@ import { fileURLToPath } from 'node:url'
 import { openMany } from './idle.js'
 import { childrenOf, Cleanup, fdCount, fdLimit, log, pssKiB, rssKiB, startGatewayProcess, type GatewayProcess } from './procs.js'
 import { closeRawSession, type RawSession } from './raw-client.js'
-import { fmt, mapLimit, round } from './stats.js'
+import { fmt, intEnv, mapLimit, round } from './stats.js'
 import { baseGatewayConfig, GATEWAY_PATH, mergeConfig, stdioServer } from './targets.js'
 
 const REPO = fileURLToPath(new URL('../../', import.meta.url))
@@ -33,14 +33,6 @@ const GIB_KIB = 1024 * 1024
 const FD_MARGIN = 200
 /** Sessions opened and closed before measuring: the code paths they take are compiled by then. */
 const WARMUP_SESSIONS = 200
-
-function intEnv (name: string, fallback: number): number {
-  const raw = process.env[name]
-  if (raw === undefined || raw === '') return fallback
-  const n = Number(raw)
-  if (!Number.isInteger(n) || n < 1) throw new Error(`${name} must be a positive integer, got ${raw}`)
-  return n
-}
 
 const knobs = {
   streams: intEnv('BENCH_STREAMS', 10_000),

@@ -50,3 +50,12 @@ export function table (rows: string[][]): string {
   const widths = rows[0]!.map((_, c) => Math.max(...rows.map(r => r[c]?.length ?? 0)))
   return rows.map(r => r.map((cell, c) => c === 0 ? cell.padEnd(widths[c]!) : cell.padStart(widths[c]!)).join('  ').trimEnd()).join('\n')
 }
+
+/** A knob from the environment: a positive integer, or `fallback` when unset. */
+export function intEnv (name: string, fallback: number): number {
+  const raw = process.env[name]
+  if (raw === undefined || raw === '') return fallback
+  const n = Number(raw)
+  if (!Number.isInteger(n) || n < 1) throw new Error(`${name} must be a positive integer, got ${raw}`)
+  return n
+}

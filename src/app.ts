@@ -21,6 +21,7 @@ import { JwtVerifier } from './auth/jwt.js'
 import { AuthFailureBudget } from './auth/failure-budget.js'
 import httpOauthMetadata from './http/oauth-metadata.js'
 import httpLegacySse from './http/legacy-sse.js'
+import { StreamWriter } from './http/sse.js'
 import httpMetrics from './http/metrics.js'
 import httpLimits from './http/limits.js'
 import httpOps from './http/ops.js'
@@ -266,6 +267,7 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
   })
   const router = new Router({
     replicaId,
+    newWriter: options => new StreamWriter(options),
     config,
     live,
     store: services.store,

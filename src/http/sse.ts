@@ -4,70 +4,24 @@
 // else is on its way (answerDirectly; docs/design-notes.md, the request path). Frames follow the
 // SSE format; event ids are `<streamId>.<entryId>` (event-log.ts).
 import { once } from 'node:events'
-import type { ServerResponse } from 'node:http'
-import type { FastifyBaseLogger } from 'fastify'
-import { ANSWERED_DIRECTLY, compareEntryIds, formatEventId, type EventLog, type LogEntry } from '../state/event-log.js'
+import { ANSWERED_DIRECTLY, compareEntryIds, formatEventId, type LogEntry } from '../state/event-log.js'
 import { isResponse, type JsonRpcMessage, type JsonRpcResponse, type RequestId } from '../core/jsonrpc.js'
 import { errorHeaders, isCancelledAnswer, toJsonRpcError, type GatewayError } from '../core/errors.js'
 import { tracing } from '../telemetry/tracing.js'
-import { streamKindOf, type GatewayMetrics } from '../telemetry/metrics.js'
+import { streamKindOf } from '../telemetry/metrics.js'
 import { startKeepAlive, stopKeepAlive, type KeepAliveSlot } from './keep-alive.js'
+import type { ClientWriter, WriterEndReason, WriterOptions } from '../routing/replica/writer.js'
 
 const PAGE = 100
 
 /** A writer's headers once they were sent: nothing reads them again. */
 const SENT_HEADERS: Record<string, string> = Object.freeze({}) as Record<string, string>
 
-export type WriterMode =
-  /** Streamable HTTP SSE (POST response stream or GET stream). */
-  | 'sse'
-  /** Legacy HTTP+SSE: `event: message` frames. */
-  | 'legacy'
-  /** One JSON body with the response(s), written when all have arrived. */
-  | 'json'
+export type { WriterEndReason, WriterMode } from '../routing/replica/writer.js'
+/** A StreamWriter's options (routing/replica/writer.ts). */
+export type StreamWriterOptions = WriterOptions
 
-export type WriterEndReason = 'complete' | 'client-closed' | 'released' | 'shutdown' | 'session-ended' | 'error'
-
-export interface StreamWriterOptions {
-  res: ServerResponse
-  sid: string
-  streamId: string
-  eventLog: EventLog
-  mode: WriterMode
-  /** Entries strictly after this one are written; null: from the oldest retained entry. */
-  cursor: string | null
-  /** Responses after which the stream ends; Infinity for GET and legacy streams. */
-  expectedResponses: number
-  /** A POST stream: the ids of its requests, so they can be answered here if the log is unreachable. */
-  requestIds?: RequestId[]
-  /** JSON mode: answer with an array (the POST was a batch). */
-  batch?: boolean
-  /**
-   * A new POST stream: nothing can be in its log before start() (messages are delivered after),
-   * so the first read is skipped; the first wake pulls.
-   */
-  fresh?: boolean
-  /** Extra response headers (Mcp-Session-Id). */
-  headers: Record<string, string>
-  keepAliveMs: number
-  /** `retry` sent with priming events (2025-11-25 sessions), in ms. */
-  retryMs?: number
-  /** Written right after the headers, before any log entry (the legacy `endpoint` event). */
-  preamble?: string
-  /**
-   * SSE mode, a POST stream: hold the headers up to this many ms. If every answer comes first,
-   * they go out as one JSON body in one write; anything else first (a notification, a server
-   * request), the delay running out, or the stream ending opens the SSE stream as usual.
-   */
-  lazyMs?: number
-  /** Called exactly once when the writer stops, with its last written entry id. */
-  onEnd: (writer: StreamWriter, reason: WriterEndReason) => void
-  log: FastifyBaseLogger
-  /** When set, entries trimmed from the log before this writer delivered them are counted. */
-  metrics?: GatewayMetrics | undefined
-}
-
-export class StreamWriter {
+export class StreamWriter implements ClientWriter {
   readonly sid: string
   readonly streamId: string
   readonly #o: StreamWriterOptions

@@ -18,7 +18,7 @@ import {
 import type { ServerSource } from '../config/live.js'
 import type { IncomingHttpHeaders } from 'node:http'
 import { isRequest, isResponse, type JsonRpcMessage, type JsonRpcRequest, type RequestId } from '../core/jsonrpc.js'
-import type { StreamWriter } from '../http/sse.js'
+import type { ClientWriter, WriterFactory } from './replica/writer.js'
 import type { Envelope } from '../state/bus.js'
 import type { SessionRecord } from '../state/session-store.js'
 import { tracing, type TraceCarrier } from '../telemetry/tracing.js'
@@ -43,6 +43,8 @@ export type { Route } from './kinds/kind.js'
 
 export interface RouterOptions extends ReplicaContext {
   backends: BackendPool
+  /** Makes a client stream's writer: the HTTP layer's, handed down so routing never imports it. */
+  newWriter: WriterFactory
   /** The servers as configured now (live reload); config.servers is the boot-time set. */
   live: ServerSource
   /** Session quotas (auth/quotas.ts): takes a slot for a new session or throws 429. */
@@ -110,13 +112,15 @@ export class Router {
       store,
       backends: options.backends,
       live: options.live,
+      ...(options.upstream !== undefined ? { upstream: options.upstream } : {}),
+      ...(options.toolPolicy !== undefined ? { toolPolicy: options.toolPolicy } : {}),
       log,
       metrics,
       host,
       failOrphans: async (sid, server, reason, from) => await this.#delivery.adoptOrphans(sid, server, reason, from),
       redeliver: (envelopes, to) => { this.#delivery.redeliver(envelopes, to) }
     })
-    this.#streams = new ClientStreams({ replicaId, config, store, eventLog, bus, log, metrics, isAlive: async r => await this.#ownership.isAlive(r), endSession })
+    this.#streams = new ClientStreams({ replicaId, config, store, eventLog, bus, log, metrics, isAlive: async r => await this.#ownership.isAlive(r), endSession, newWriter: options.newWriter })
     this.#delivery = new Delivery({ ...options, ownership: this.#ownership, streams: this.#streams, touch: sid => { this.#sessions.touch(sid) } })
     this.#pooled = new PooledSessions({
       replicaId,
@@ -270,12 +274,12 @@ export class Router {
   }
 
   /** Opens a POST's stream: its requests pending (exactly one answer each), held here, primed. */
-  async openPost (options: OpenPostOptions): Promise<StreamWriter> {
+  async openPost (options: OpenPostOptions): Promise<ClientWriter> {
     return await this.#streams.openPost(options)
   }
 
   /** `record`: the session's, when the stream is its GET or legacy stream (a pooled session's events come to it). */
-  async openStream (options: OpenStreamOptions, record?: SessionRecord): Promise<StreamWriter> {
+  async openStream (options: OpenStreamOptions, record?: SessionRecord): Promise<ClientWriter> {
     const writer = await this.#streams.open(options)
     if (record !== undefined) {
       this.#serverOf.set(record.id, record.server)

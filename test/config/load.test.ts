@@ -62,6 +62,7 @@ t.test('defaults are applied everywhere the schema has one', async t => {
     requestTimeoutMs: 60_000,
     maxLineBytes: 10_485_760,
     stopGraceMs: 2000,
+    childIdleMs: 300_000,
     restart: { maxRestarts: 3, windowMs: 60_000, baseDelayMs: 250, maxDelayMs: 30_000 },
     onOwnerLoss: 'carry-on'
   })

@@ -16,7 +16,8 @@ t.test('unit: a 503 without its own Retry-After gets the default, in the header 
 
 t.test('initialize while Redis is down: 503 with Retry-After', async t => {
   const redis = await startRedis(t)
-  const gw = await startGateway(t, { redis: { url: redis.url, keyPrefix: randomPrefix(), connectTimeoutMs: 500 }, servers: { full: stdioFixture('full-server') } })
+  // No readiness grace: /readyz is to say at once what the refusal says (readiness.test.ts has the grace).
+  const gw = await startGateway(t, { redis: { url: redis.url, keyPrefix: randomPrefix(), connectTimeoutMs: 500, readinessGraceMs: 0 }, servers: { full: stdioFixture('full-server') } })
   await redis.stop()
   let res: Response | undefined
   // The client notices the loss within a moment; until then a call may still be on its way out.

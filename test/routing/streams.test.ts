@@ -10,7 +10,8 @@ import { GW_ERR_BACKEND_UNAVAILABLE } from '../../src/core/errors.js'
 import t, { type Test } from 'tap'
 import { parseConfig } from '../../src/config/load.js'
 import { ClientStreams, expectedResponsesOf, isRequestStreamId, newRequestStreamId, type OpenPostOptions, type OpenStreamOptions } from '../../src/routing/replica/streams.js'
-import type { StreamWriter } from '../../src/http/sse.js'
+import { StreamWriter } from '../../src/http/sse.js'
+import type { ClientWriter } from '../../src/routing/replica/writer.js'
 import { inBatches, UPKEEP_BATCH, UPKEEP_SLICE_MS, UPKEEP_WINDOW } from '../../src/routing/replica/upkeep.js'
 import { MemoryBus } from '../../src/state/bus-memory.js'
 import { MemoryEventLog } from '../../src/state/event-log-memory.js'
@@ -28,7 +29,8 @@ function memoryStreams (t: Test, http: Record<string, unknown> = {}): { store: M
   const streams = new ClientStreams({
     replicaId: 'r1', config, store, eventLog, bus: new MemoryBus(), log, metrics: NO_METRICS,
     isAlive: async () => true,
-    endSession: async () => {}
+    endSession: async () => {},
+    newWriter: options => new StreamWriter(options)
   })
   return { store, log, streams, eventLog }
 }
@@ -66,7 +68,7 @@ t.test('an upkeep pass gives the event loop back once it has used its slice of C
 interface Frame { id: number, result?: unknown, error?: { code: number } }
 
 /** ClientStreams over the memory twins, with one session and a real HTTP server for its streams. */
-interface Served { writer: StreamWriter, body: Promise<string> }
+interface Served { writer: ClientWriter, body: Promise<string> }
 
 async function harness (t: Test, http: Record<string, unknown> = {}): Promise<{ streams: ClientStreams, eventLog: MemoryEventLog, sid: string, serve: (open: Omit<OpenStreamOptions, 'res' | 'sid' | 'headers' | 'log' | 'mode'>) => Promise<Served>, servePost: (open: Omit<OpenPostOptions, 'res' | 'sid' | 'headers' | 'log'>) => Promise<Served> }> {
   const { store, log, streams, eventLog } = memoryStreams(t, http)
@@ -77,8 +79,8 @@ async function harness (t: Test, http: Record<string, unknown> = {}): Promise<{ 
   await new Promise<void>(resolve => server.listen(0, '127.0.0.1', resolve))
   t.teardown(() => { server.closeAllConnections(); server.close() })
   const { port } = server.address() as AddressInfo
-  const served = async (opening: (res: ServerResponse) => Promise<StreamWriter>): Promise<Served> => {
-    const started = new Promise<StreamWriter>((resolve, reject) => {
+  const served = async (opening: (res: ServerResponse) => Promise<ClientWriter>): Promise<Served> => {
+    const started = new Promise<ClientWriter>((resolve, reject) => {
       next = res => { opening(res).then(async writer => { await writer.start(); resolve(writer) }, reject) }
     })
     const body = fetch(`http://127.0.0.1:${port}/`).then(async res => await res.text())
@@ -196,7 +198,7 @@ t.test('a session\'s streams are found, ended and counted whether it holds one s
     const stub = { writableEnded: false, headersSent: false, end: () => { stub.writableEnded = true } }
     return stub as unknown as ServerResponse
   }
-  const open = async (streamId: string): Promise<StreamWriter> => await streams.open({ res: res(), sid, streamId, mode: 'sse', cursor: null, headers: {}, log })
+  const open = async (streamId: string): Promise<ClientWriter> => await streams.open({ res: res(), sid, streamId, mode: 'sse', cursor: null, headers: {}, log })
   const get = await open(GET_STREAM)
   t.ok(streams.writes(sid, GET_STREAM), 'one stream: found')
   const post = newRequestStreamId('sse', 1)

@@ -33,7 +33,8 @@ import { errorTypeOf, type GatewayMetrics } from '../../telemetry/metrics.js'
 import type { TraceCarrier } from '../../telemetry/tracing.js'
 import { AggregateCatalogue, LIST_METHOD, unitedInfo, withTimeout, type CatalogueMember, type ListKind } from './catalogue.js'
 import type { BackendPool, UpstreamLookup } from '../upstream/ports.js'
-import { BRIDGED_CAPABILITIES, type BackendInfo, type ConnectionPool, type PooledCall } from '../upstream/pool.js'
+import { type BackendInfo, type ConnectionPool, type PooledCall } from '../upstream/pool.js'
+import { GATEWAY_INITIALIZE_PARAMS, gatewayRelay } from '../upstream/gateway-relay.js'
 import { isJsonStream, Relay, type RelayHost, type RelayOptions } from '../upstream/relay.js'
 import { capabilityNeededBy } from '../../core/mcp.js'
 
@@ -601,18 +602,11 @@ class DedicatedLink implements MemberLink {
     const config = backendConfigOf(serverConfigOf(a.live, this.server))
     if (config === undefined) throw new GW_ERR_BACKEND_UNAVAILABLE(this.server, 'not a configured backend server')
     const log = this.#outer.log.child({ member: this.server })
-    const relay = new Relay({
+    const relay = gatewayRelay({
       sid: this.#sid,
       server: this.server,
-      legacy: false,
-      direct: false,
-      isOwner: true,
-      protocolVersion: LATEST_VERSION,
-      clientCapabilities: BRIDGED_CAPABILITIES,
-      requestTimeoutMs: config.requestTimeoutMs,
+      config,
       clientRequestTimeoutMs: a.config.sessions.clientRequestTimeoutMs,
-      cancelOnTimeout: config.transport === 'stdio',
-      backendTransport: config.transport,
       host: {
         append: async (_sid, streamId, message) => { this.#toSink(streamId, message) },
         endSession: async (_sid, reason) => { this.#outer.memberGone(this.server, reason) },
@@ -620,11 +614,10 @@ class DedicatedLink implements MemberLink {
       },
       log,
       metrics: a.gatewayMetrics.forSession(this.server, a.tenant),
-      createdAt: Date.now(),
       principal: this.#outer.principal
     })
     this.#relay = relay
-    const initializeParams = { protocolVersion: LATEST_VERSION, capabilities: BRIDGED_CAPABILITIES, clientInfo: { name: 'mcp-gateway', version: '0.1.0' } }
+    const initializeParams = GATEWAY_INITIALIZE_PARAMS
     relay.backend = await a.backends.open(this.#sid, this.server, {
       onMessage: message => { relay.fromBackend(message).catch(err => log.error({ err }, 'member message not routed')) },
       onRestarting: info => { relay.failAll(new GW_ERR_BACKEND_UNAVAILABLE(this.server, `backend stopped (${info.reason}); restarting`)) },

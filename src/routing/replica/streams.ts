@@ -1,5 +1,5 @@
 // Client streams on this replica: the holder side of ARCHITECTURE.md flows 1, 2 and 4. Delivery
-// to a client is "append to the stream's log, then wake the holder"; the holder's StreamWriter
+// to a client is "append to the stream's log, then wake the holder"; the holder's ClientWriter
 // pulls after its cursor, so a lost wake, a slow client and a resume are one case.
 // Local first: when this replica holds the stream, the wake is a method call, not a bus envelope,
 // and a stream's last answer is written before its append (docs/design-notes.md, the request path).
@@ -9,7 +9,7 @@ import type { ServerResponse } from 'node:http'
 import type { FastifyBaseLogger } from 'fastify'
 import { GW_ERR_BACKEND_TIMEOUT, GW_ERR_CONFLICT, GW_ERR_SESSION_NOT_FOUND, GW_ERR_SHUTTING_DOWN, GW_ERR_STORE_UNAVAILABLE, isGatewayError, toJsonRpcError, type GatewayError } from '../../core/errors.js'
 import { isResponse, type JsonRpcMessage, type JsonRpcResponse, type RequestId } from '../../core/jsonrpc.js'
-import { StreamWriter, type WriterEndReason, type WriterMode } from '../../http/sse.js'
+import type { ClientWriter, WriterEndReason, WriterFactory, WriterMode } from './writer.js'
 import { ANSWERED_DIRECTLY, GET_STREAM, LEGACY_STREAM, type AppendResult, type PendingRequest } from '../../state/event-log.js'
 import { shortHash } from '../../telemetry/logger.js'
 import { tracing } from '../../telemetry/tracing.js'
@@ -158,6 +158,8 @@ export interface ClientStreamsOptions extends ReplicaContext {
   isAlive: (replica: string) => Promise<boolean>
   /** A legacy HTTP+SSE session lives as long as its one stream. */
   endSession: (sid: string, reason: string) => Promise<void>
+  /** Makes a client stream's writer (the HTTP layer's, handed down by app.ts). */
+  newWriter: WriterFactory
 }
 
 export class ClientStreams {
@@ -167,13 +169,13 @@ export class ClientStreams {
    * session that has had one stream at a time here (an idle one holds only its GET stream) keeps
    * the writer itself, not a map of one (heap per idle session, issue 10).
    */
-  readonly #writers = new Map<string, StreamWriter | Map<string, StreamWriter>>()
+  readonly #writers = new Map<string, ClientWriter | Map<string, ClientWriter>>()
   /** Every writer's end callback: one function, not a closure per stream. */
-  readonly #onEnd = (writer: StreamWriter, reason: WriterEndReason): void => { this.#onWriterEnd(writer, reason) }
+  readonly #onEnd = (writer: ClientWriter, reason: WriterEndReason): void => { this.#onWriterEnd(writer, reason) }
   /** POST streams' catch-all deadlines (openPost), cleared when their writer completes. */
-  readonly #deadlines = new Map<StreamWriter, NodeJS.Timeout>()
+  readonly #deadlines = new Map<ClientWriter, NodeJS.Timeout>()
   /** Why the gateway ended a stream, until #onWriterEnd logs it. */
-  readonly #why = new WeakMap<StreamWriter, string>()
+  readonly #why = new WeakMap<ClientWriter, string>()
   /** Streams ended here that left keys to expire (PRUNE_EVERY). */
   #lapsing = 0
 
@@ -199,7 +201,7 @@ export class ClientStreams {
     // on (see #onWriterEnd), set in the same step rather than by a command of its own.
     const ttlMs = response && expectedResponsesOf(streamId) === 1 ? Math.min(this.#idleMs, COMPLETED_STREAM_TTL_MS) : this.#idleMs
     // The writer of this stream here, if any. From now until this append is done, no later answer
-    // overtakes it (StreamWriter.appending), also while it waits for the stream's mark.
+    // overtakes it (ClientWriter.appending), also while it waits for the stream's mark.
     const local = this.#get(sid, streamId)
     if (local !== undefined) local.appending++
     let json: string | undefined
@@ -209,7 +211,7 @@ export class ClientStreams {
       if (local?.marking !== undefined) await local.marking
       if (answers !== undefined && local !== undefined) {
         // Local fast path: the answer that completes a stream written here goes to its client before
-        // the log's round trip (StreamWriter.answerDirectly). As one JSON body it never needs the log
+        // the log's round trip (ClientWriter.answerDirectly). As one JSON body it never needs the log
         // (#onWriterEnd drops log and marker, if it was marked); as an SSE stream's last frame it is
         // appended after. Serialised once, for the direct write and the log alike. This append's
         // own count is left out of the writer's check, which is about appends ahead of it.
@@ -271,7 +273,7 @@ export class ClientStreams {
   }
 
   /** Opens a client stream on this replica: claims the holder lease, then tails the log. */
-  async open (options: OpenStreamOptions): Promise<StreamWriter> {
+  async open (options: OpenStreamOptions): Promise<ClientWriter> {
     const { sid, streamId } = options
     const replicaId = this.#o.replicaId
     const current = this.#get(sid, streamId)
@@ -308,7 +310,7 @@ export class ClientStreams {
    * is registered first, so a wake for an answer that comes at once is never lost.
    *
    * Not waiting for the mark (issue 10: it was a Redis round trip before every call), the writer
-   * is returned at once and whatever could overtake the mark waits for it (`StreamWriter.marking`):
+   * is returned at once and whatever could overtake the mark waits for it (`ClientWriter.marking`):
    * every append to the stream and every wake of it (answers included, so a session found gone
    * answers 404, not the backend's result) and the opening of the SSE stream (its priming id).
    * - `mark: 'when-needed'` (the requests' backend connection is on this replica): the requests
@@ -318,7 +320,7 @@ export class ClientStreams {
    *   and the bus envelope sent after it on the same connection reaches the owner only once the
    *   mark is applied, so the answer finds its marker in place.
    */
-  async openPost (options: OpenPostOptions): Promise<StreamWriter> {
+  async openPost (options: OpenPostOptions): Promise<ClientWriter> {
     const { preamble, priming, servedBy, deadline, sid, streamId, requestIds } = options
     const writer = this.#register(options, null, true)
     const mark = async (): Promise<string | null> => await this.#o.eventLog.markPending(sid, streamId, requestIds, this.#idleMs, priming, servedBy ?? this.#o.replicaId, { replicaId: this.#o.replicaId, leaseMs: this.#leaseMs })
@@ -373,7 +375,7 @@ export class ClientStreams {
    * Sets `writer.marking` to `work` until it settles: appends to the stream and its opening wait
    * for it. A failure refuses the POST (#markFailed); the gate itself never rejects.
    */
-  #gate (writer: StreamWriter, work: Promise<void>): void {
+  #gate (writer: ClientWriter, work: Promise<void>): void {
     const gate: Promise<void> = work.then(() => {}, (err: unknown) => { this.#markFailed(writer, err) }).finally(() => {
       if (writer.marking === gate) writer.marking = undefined
     })
@@ -388,7 +390,7 @@ export class ClientStreams {
    * the gateway does for any request while the store is away (and for requests in flight then),
    * and a stream without its marker and priming entry could carry nothing but a direct answer.
    */
-  #markFailed (writer: StreamWriter, err: unknown): void {
+  #markFailed (writer: ClientWriter, err: unknown): void {
     if (writer.ended) return
     clearTimeout(this.#deadlines.get(writer))
     this.#deadlines.delete(writer)
@@ -402,8 +404,8 @@ export class ClientStreams {
    * Makes and registers a stream's writer. Its options are one literal of a fixed shape, not a
    * spread of the caller's: a spread of this many properties cost microseconds per POST (issue 10).
    */
-  #register (options: OpenStreamOptions | OpenPostOptions, cursor: string | null, fresh: boolean): StreamWriter {
-    const writer = new StreamWriter({
+  #register (options: OpenStreamOptions | OpenPostOptions, cursor: string | null, fresh: boolean): ClientWriter {
+    const writer = this.#o.newWriter({
       res: options.res,
       sid: options.sid,
       streamId: options.streamId,
@@ -427,7 +429,7 @@ export class ClientStreams {
     return writer
   }
 
-  /** New entries in a stream this replica holds: its writer pulls them, or writes `entry` at once (StreamWriter.offer). */
+  /** New entries in a stream this replica holds: its writer pulls them, or writes `entry` at once (ClientWriter.offer). */
   wake (sid: string, streamId: string, entry?: WokenEntry): void {
     const writer = this.#get(sid, streamId)
     if (writer === undefined) return
@@ -520,7 +522,7 @@ export class ClientStreams {
     for (const writer of writers instanceof Map ? [...writers.values()] : [writers]) this.#endWithSession(writer, err)
   }
 
-  #endWithSession (writer: StreamWriter, err: GatewayError, why = err.message): void {
+  #endWithSession (writer: ClientWriter, err: GatewayError, why = err.message): void {
     if (writer.awaitsAnswers) writer.failUnanswered(id => toJsonRpcError(err, id))
     this.#end(writer, 'session-ended', why)
   }
@@ -581,19 +583,19 @@ export class ClientStreams {
   }
 
   /** Ends a stream from the gateway's side, saying why in the line #onWriterEnd logs. */
-  #end (writer: StreamWriter, reason: WriterEndReason, why: string, retryMs?: number): void {
+  #end (writer: ClientWriter, reason: WriterEndReason, why: string, retryMs?: number): void {
     if (writer.ended) return
     this.#why.set(writer, why)
     writer.end(reason, retryMs)
   }
 
-  #get (sid: string, streamId: string): StreamWriter | undefined {
+  #get (sid: string, streamId: string): ClientWriter | undefined {
     const writers = this.#writers.get(sid)
     if (writers instanceof Map) return writers.get(streamId)
     return writers?.streamId === streamId ? writers : undefined
   }
 
-  #set (writer: StreamWriter): void {
+  #set (writer: ClientWriter): void {
     const writers = this.#writers.get(writer.sid)
     if (writers === undefined || (!(writers instanceof Map) && writers.streamId === writer.streamId)) {
       this.#writers.set(writer.sid, writer)
@@ -605,7 +607,7 @@ export class ClientStreams {
   }
 
   /** Forgets the writer if it is still the one registered for its stream. */
-  #delete (writer: StreamWriter): void {
+  #delete (writer: ClientWriter): void {
     const writers = this.#writers.get(writer.sid)
     if (writers === writer) {
       this.#writers.delete(writer.sid)
@@ -619,8 +621,8 @@ export class ClientStreams {
   }
 
   /** A snapshot of every writer (callers end some while iterating). */
-  #all (): StreamWriter[] {
-    const all: StreamWriter[] = []
+  #all (): ClientWriter[] {
+    const all: ClientWriter[] = []
     for (const writers of this.#writers.values()) {
       if (writers instanceof Map) for (const writer of writers.values()) all.push(writer)
       else all.push(writers)
@@ -632,13 +634,13 @@ export class ClientStreams {
    * Every stream that ends other than by its last answer is logged, with why: a client that
    * lost its stream (and its server-initiated messages) is explained by one line.
    */
-  #logEnd (writer: StreamWriter, reason: WriterEndReason): void {
+  #logEnd (writer: ClientWriter, reason: WriterEndReason): void {
     if (reason === 'complete' && isRequestStreamId(writer.streamId)) return
     const why = this.#why.get(writer) ?? WHY[reason]
     this.#o.log.info({ sid: shortHash(writer.sid), stream: writer.streamId, reason, why }, 'client stream ended')
   }
 
-  #onWriterEnd (writer: StreamWriter, reason: WriterEndReason): void {
+  #onWriterEnd (writer: ClientWriter, reason: WriterEndReason): void {
     const { sid, streamId } = writer
     this.#delete(writer)
     // A POST stream the client dropped (or resumed on another replica) keeps its catch-all

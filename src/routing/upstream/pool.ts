@@ -40,6 +40,7 @@ import { isNotification, isRecord, isRequest, isResponse, type JsonRpcMessage, t
 import { LATEST_VERSION } from '../../core/protocol-version.js'
 import type { GatewayMetrics } from '../../telemetry/metrics.js'
 import type { BackendPool, UpstreamLookup } from './ports.js'
+import { GATEWAY_INITIALIZE_PARAMS, gatewayRelay } from './gateway-relay.js'
 import { asGatewayError, Relay } from './relay.js'
 
 /** What the client side of a pooled request hears: its answer (id = its key), and what relates to it. */
@@ -108,8 +109,7 @@ export const LISTEN_REGISTRATION_MS = 15_000
  */
 export const listenTopic = (server: string, tenant: string | null): string => `${server}:${tenant ?? ''}`
 
-/** Client capabilities the pool declares upstream: those an `input_required` round can carry. */
-export const BRIDGED_CAPABILITIES: Record<string, unknown> = { sampling: {}, elicitation: { form: {}, url: {} }, roots: {} }
+export { BRIDGED_CAPABILITIES } from './gateway-relay.js'
 
 const INIT_KEY_PREFIX = 'i'
 /** Keys of the pool's reads of a list (list_changed checks): not the clients' operations. */
@@ -560,18 +560,11 @@ export class ConnectionPool {
     const id = `pool.${this.#o.replicaId}.${++this.#seq}`
     const log = this.#o.log.child({ pool: id, backend: server })
     const policyOf = this.#o.toolPolicy
-    const relay = new Relay({
+    const relay = gatewayRelay({
       sid: id,
       server,
-      legacy: false,
-      direct: false,
-      isOwner: true,
-      protocolVersion: LATEST_VERSION,
-      clientCapabilities: BRIDGED_CAPABILITIES,
-      requestTimeoutMs: config.requestTimeoutMs,
+      config,
       clientRequestTimeoutMs: this.#o.config.sessions.clientRequestTimeoutMs,
-      cancelOnTimeout: config.transport === 'stdio',
-      backendTransport: config.transport,
       host: {
         append: async (_sid, streamId, message) => { this.#toSink(conn, streamId, message) },
         endSession: async (_sid, reason) => { await this.#close(conn, new GW_ERR_BACKEND_UNAVAILABLE(server, reason)) },
@@ -579,7 +572,6 @@ export class ConnectionPool {
       },
       log,
       metrics: this.#o.metrics.forSession(server, tenant),
-      createdAt: Date.now(),
       uncounted: streamId => streamId.startsWith(LIST_KEY_PREFIX),
       ...(policyOf !== undefined ? { filterResult: (method: string, result: unknown) => filterToolsListOf(method, result, policyOf(tenant, server)) } : {})
     })
@@ -628,7 +620,7 @@ export class ConnectionPool {
         jsonrpc: '2.0',
         id: key,
         method: 'initialize',
-        params: { protocolVersion: LATEST_VERSION, capabilities: BRIDGED_CAPABILITIES, clientInfo: { name: 'mcp-gateway', version: '0.1.0' } }
+        params: GATEWAY_INITIALIZE_PARAMS
       }, key)
     })
     this.#sinks.delete(key)
