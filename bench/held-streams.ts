@@ -27,7 +27,7 @@ import { setTimeout as sleep } from 'node:timers/promises'
 import { fileURLToPath } from 'node:url'
 import { Agent, request } from 'node:http'
 import { openMany } from './idle.js'
-import { childrenOf, Cleanup, fdCount, fdLimit, log, rssKiB, startGatewayProcess, startRedisServer, type GatewayProcess } from './procs.js'
+import { childrenOf, Cleanup, log, rssKiB, startGatewayProcess, startRedisServer, type GatewayProcess, streamsThatFit } from './procs.js'
 import { closeRawSession, type RawSession } from './raw-client.js'
 import { fmt, intEnv, mapLimit, round } from './stats.js'
 import { GATEWAY_PATH, STDIO_COMMAND } from './targets.js'
@@ -125,23 +125,6 @@ function endedLines (gateway: GatewayProcess): Record<string, number> {
   return counts
 }
 
-/** How many streams fit the descriptors of this process and of the gateway. */
-function fit (requested: number, gatewayPid: number): { count: number, limitedBy: string | null } {
-  let count = requested
-  let limitedBy: string | null = null
-  for (const [pid, who] of [[gatewayPid, 'the gateway'], [process.pid, 'the bench client']] as const) {
-    const limit = fdLimit(pid)
-    const used = fdCount(pid)
-    if (limit === null || used === null) continue
-    const room = limit - used - FD_MARGIN
-    if (room < count) {
-      count = Math.max(0, room)
-      limitedBy = `${who} may open ${limit} files (raise it with ulimit -n; npm run bench:held-streams raises it to the hard limit)`
-    }
-  }
-  return { count, limitedBy }
-}
-
 const mib = (kib: number): string => fmt(kib / 1024, 1)
 
 /** The run in progress: stopped on SIGINT/SIGTERM, so no gateway, child or redis-server outlives it. */
@@ -166,7 +149,7 @@ async function runMode (mode: 'memory' | 'redis'): Promise<Record<string, unknow
     const config = { log: { level: 'info' }, ...redis, servers: { bench: serverConfig() } }
     const gateway = await startGatewayProcess(cleanup, dir, `held-${mode}`, config)
     const url = `${gateway.url}${GATEWAY_PATH}`
-    const fits = fit(knobs.streams, gateway.pid)
+    const fits = streamsThatFit(knobs.streams, gateway.pid, FD_MARGIN, 'npm run bench:held-streams raises it to the hard limit')
     if (fits.limitedBy !== null) log(`only ${fits.count} streams fit: ${fits.limitedBy}`)
     let dropped = 0
     let droppedAt: number[] = []

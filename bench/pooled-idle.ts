@@ -22,7 +22,7 @@ import { dirname, join } from 'node:path'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { fileURLToPath } from 'node:url'
 import { openMany } from './idle.js'
-import { childrenOf, Cleanup, fdCount, fdLimit, log, pssKiB, rssKiB, startGatewayProcess, type GatewayProcess } from './procs.js'
+import { childrenOf, Cleanup, log, pssKiB, rssKiB, startGatewayProcess, type GatewayProcess, streamsThatFit } from './procs.js'
 import { closeRawSession, type RawSession } from './raw-client.js'
 import { fmt, intEnv, mapLimit, round } from './stats.js'
 import { baseGatewayConfig, GATEWAY_PATH, mergeConfig, stdioServer } from './targets.js'
@@ -78,23 +78,6 @@ async function snapshot (gateway: GatewayProcess): Promise<Snapshot> {
   }
 }
 
-/** How many streams fit the descriptors of this process and of the gateway, and which limit decided. */
-function fit (requested: number, gatewayPid: number): { count: number, limitedBy: string | null } {
-  let count = requested
-  let limitedBy: string | null = null
-  for (const [pid, who] of [[gatewayPid, 'the gateway'], [process.pid, 'the bench client']] as const) {
-    const limit = fdLimit(pid)
-    const used = fdCount(pid)
-    if (limit === null || used === null) continue
-    const room = limit - used - FD_MARGIN
-    if (room < count) {
-      count = Math.max(0, room)
-      limitedBy = `${who} may open ${limit} files (RLIMIT_NOFILE; raise it with ulimit -n), ${used} open already, ${FD_MARGIN} kept spare`
-    }
-  }
-  return { count, limitedBy }
-}
-
 const mib = (kib: number): string => fmt(kib / 1024, 1)
 
 async function main (): Promise<void> {
@@ -117,7 +100,7 @@ async function main (): Promise<void> {
     await openMany(url, WARMUP_SESSIONS, knobs.concurrency, () => {}, warm)
     await mapLimit([...warm], knobs.concurrency, closeRawSession)
     const before = await snapshot(gateway)
-    const fits = fit(knobs.streams, gateway.pid)
+    const fits = streamsThatFit(knobs.streams, gateway.pid, FD_MARGIN)
     if (fits.limitedBy !== null) log(`only ${fits.count} streams fit: ${fits.limitedBy}`)
     log(`gateway RSS ${mib(before.gatewayRssKiB)} MiB, ${before.children} children; opening ${fits.count} idle sessions, ${knobs.concurrency} at a time`)
 

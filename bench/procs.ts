@@ -337,3 +337,23 @@ export function fdCount (pid: number): number | null {
     return null
   }
 }
+
+/**
+ * How many streams fit the descriptors of this process and of the gateway (`margin` kept spare),
+ * and which limit decided; `hint` says how the bench raises it, where it does.
+ */
+export function streamsThatFit (requested: number, gatewayPid: number, margin: number, hint?: string): { count: number, limitedBy: string | null } {
+  let count = requested
+  let limitedBy: string | null = null
+  for (const [pid, who] of [[gatewayPid, 'the gateway'], [process.pid, 'the bench client']] as const) {
+    const limit = fdLimit(pid)
+    const used = fdCount(pid)
+    if (limit === null || used === null) continue
+    const room = limit - used - margin
+    if (room < count) {
+      count = Math.max(0, room)
+      limitedBy = `${who} may open ${limit} files (RLIMIT_NOFILE; raise it with ulimit -n${hint !== undefined ? `; ${hint}` : ''}), ${used} open already, ${margin} kept spare`
+    }
+  }
+  return { count, limitedBy }
+}
