@@ -284,9 +284,10 @@ t.test('a replica that went on serving a session another one had taken over dies
   const redis = await startRedis(t)
   const prefix = randomPrefix()
   const servers = { full: stdioFixture('full-server') }
-  // A renews its lease only every 20 s, so it goes on serving a session it lost for that long:
+  // A renews its lease only every 200 s, so it goes on serving a session it lost for that long
+  // (a renewal during the test would find the lease taken and hand the call to B, or re-claim it):
   // the window a replica has between another one's takeover and its own next renewal, held open.
-  const a = await startReplica(t, 'A', { redis: { url: redis.url, keyPrefix: prefix, leaseMs: 60_000, connectTimeoutMs: 2000 }, servers })
+  const a = await startReplica(t, 'A', { redis: { url: redis.url, keyPrefix: prefix, leaseMs: 600_000, connectTimeoutMs: 2000 }, servers })
   const b = await startReplica(t, 'B', { redis: { url: redis.url, keyPrefix: prefix, leaseMs: LEASE_MS, connectTimeoutMs: 2000 }, servers })
   const sid = await rawSession(a, a)
   const inspect = await testRedis(t, redis.url)
