@@ -13,3 +13,11 @@ export interface BackendPool {
 
 /** A tenant's upstream headers/env for a server (auth/tenants.ts). */
 export type UpstreamLookup = (tenant: string | null | undefined, server: string) => TenantUpstream
+
+/**
+ * The key of what is shared per (server, tenant): a pool's connections, its listen topic, an
+ * aggregate's catalogue. NUL cannot occur in a server name or a tenant id, so keys never collide.
+ */
+export function serverTenantKey (server: string, tenant: string | null | undefined): string {
+  return `${server}\0${tenant ?? ''}`
+}
