@@ -42,6 +42,7 @@ import { closeRedis, createRedis, redisReady } from './state/redis/client.js'
 import { Router } from './routing/router.js'
 import { ConnectionPool } from './routing/upstream/pool.js'
 import { StatelessAggregates } from './routing/aggregate/stateless.js'
+import { StatelessKinds } from './routing/kinds/stateless.js'
 import { ParkedCalls } from './routing/upstream/mrtr.js'
 import { ModernFace } from './http/modern.js'
 import { RedisSessionStore } from './state/session-store-redis.js'
@@ -293,7 +294,6 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
   // Calls parked between input_required rounds (2026-07-28).
   const parked = new ParkedCalls({ replicaId, ttlMs: PARKED_CALL_TTL_MS })
   const modern = new ModernFace({
-    live,
     upstream,
     pool,
     parked,
@@ -302,7 +302,7 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
     forwardTimeoutMs: PARKED_CALL_TTL_MS * 2,
     keepAliveMs: config.http.keepAliveMs,
     listenRegistry: services.store,
-    aggregates: new StatelessAggregates({ live, pool, toolPolicy, metrics, log }),
+    kinds: new StatelessKinds({ live, pool, aggregates: new StatelessAggregates({ live, pool, toolPolicy, metrics, log }) }),
     log
   })
   router.onModernEnvelope(envelope => {

@@ -1,7 +1,10 @@
 // The 2026-07-28 (modern, stateless) face on /mcp/<server> (SPEC.md sections 4 and 5.7): a POST
 // that http/streamable.ts classifies as modern (modern-rules.ts) is served here, with no session.
 //
-// In front of a legacy backend (every backend today) a request runs on a pooled, initialised
+// What a server is to such a request (pooled, relayed to a modern backend, an aggregate) is
+// routing/kinds/stateless.ts's to say; this face asks it the same questions for every server.
+//
+// In front of a legacy backend a request runs on a pooled, initialised
 // backend connection (routing/upstream/pool.ts) and its answer is made a modern result (resultType,
 // caching hints, serverInfo). `server/discover` is answered from what the pool learned when it
 // initialised the backend. Progress reaches the request that carries the token; backend log lines
@@ -20,8 +23,9 @@ import type { Logger } from 'pino'
 import { filterToolsList, refusedCall, type ToolPolicyLookup } from '../auth/tool-policy.js'
 import { GW_ERR_BACKEND_LOST, GW_ERR_BACKEND_UNAVAILABLE, GW_ERR_INVALID_PARAMS, GW_ERR_INTERNAL, isGatewayError } from '../core/errors.js'
 import { isNotification, isRecord, isRequest, type JsonRpcMessage, type JsonRpcRequest, type RequestId } from '../core/jsonrpc.js'
-import { LISTEN_REGISTRATION_MS, listenTopic, type BackendInfo, type ConnectionPool } from '../routing/upstream/pool.js'
-import type { StatelessAggregates } from '../routing/aggregate/stateless.js'
+import { LISTEN_REGISTRATION_MS, listenTopic, type ConnectionPool } from '../routing/upstream/pool.js'
+import { serverTenantKey } from '../routing/upstream/ports.js'
+import type { StatelessKinds, StatelessServer } from '../routing/kinds/stateless.js'
 import type { ParkedCall, ParkedCalls } from '../routing/upstream/mrtr.js'
 import type { Envelope } from '../state/bus.js'
 import type { SessionStore } from '../state/session-store.js'
@@ -32,10 +36,9 @@ import {
 import { clientHeaders, header, replyHeaders } from './request.js'
 import { ModernResponse, RemoteResponse, type Peers } from './modern-response.js'
 import { Exchange, modernError } from './modern-exchange.js'
-import type { ServerSource } from '../config/live.js'
-import type { HttpServerConfig } from '../config/schema.js'
 import type { UpstreamLookup } from '../routing/upstream/ports.js'
-import { eraOf, finalResponse, modernRequestHeaders, relayModern, type BackendEra } from '../backends/modern-http.js'
+import { finalResponse, modernRequestHeaders, relayModern } from '../backends/modern-http.js'
+import type { HttpServerConfig } from '../config/schema.js'
 import { upstreamBaseHeaders } from '../backends/http-base.js'
 import { MAX_BODY_BYTES, readText } from '../backends/http-io.js'
 
@@ -49,8 +52,6 @@ const FORWARD_WATCH_MS = 1000
 const MAX_LISTEN_URIS = 100
 
 export interface ModernFaceOptions {
-  /** The servers as configured now (live reload). */
-  live: ServerSource
   /** A tenant's upstream headers for a server (modern backends get them with each request). */
   upstream?: UpstreamLookup
   pool: ConnectionPool
@@ -63,8 +64,8 @@ export interface ModernFaceOptions {
   keepAliveMs: number
   /** Which replicas hold listen streams of a server and tenant (the session store). */
   listenRegistry: Pick<SessionStore, 'addListener' | 'listeners'>
-  /** Aggregate servers' routing for requests without a session (issue 27). */
-  aggregates: StatelessAggregates
+  /** What each server is to a request without a session (pooled, relayed, aggregate). */
+  kinds: StatelessKinds
   log: Logger
 }
 
@@ -125,10 +126,6 @@ export class ModernFace {
     this.#o = options
     this.#tick = setInterval(() => { this.#renewRegistrations() }, LISTEN_REGISTRATION_MS / 3)
     this.#tick.unref()
-  }
-
-  async #eraOf (server: string, config: HttpServerConfig, req: FastifyRequest): Promise<BackendEra> {
-    return await eraOf(server, config, () => upstreamBaseHeaders(config, this.#o.upstream?.(req.principal.tenant, server), clientHeaders(req)))
   }
 
   /**
@@ -269,9 +266,7 @@ export class ModernFace {
   /** Registers this replica for the topics it holds listen streams of (renewed by the face's tick). */
   #register (key: string): void {
     const [server = '', tenant = ''] = key.split('\0')
-    // An aggregate's listeners hear its members' events, which other replicas send by member.
-    const topics = this.#o.aggregates.isAggregate(server) ? this.#o.aggregates.membersOf(server) : [server]
-    for (const topic of topics) {
+    for (const topic of this.#o.kinds.of(server).listenTopics()) {
       this.#o.listenRegistry.addListener(listenTopic(topic, tenant === '' ? null : tenant), this.#o.peers.replicaId, LISTEN_REGISTRATION_MS)
         .catch(err => { this.#o.log.warn({ err, server }, 'listen registration failed') })
     }
@@ -284,19 +279,13 @@ export class ModernFace {
 
   #deliverEvent (server: string, tenant: string | null, message: JsonRpcMessage): void {
     if (!isNotification(message)) return
-    const aggregates = this.#o.aggregates.aggregatesOf(server)
-    if (aggregates.length > 0) {
-      // The member's lists changed: the aggregates' merged lists are made again, and their listeners told.
-      if (message.method.endsWith('/list_changed')) this.#o.aggregates.invalidate(server)
-      for (const aggregate of aggregates) this.#deliverTo(aggregate, tenant, message)
-    }
-    this.#deliverTo(server, tenant, message)
+    for (const hearer of this.#o.kinds.hearersOf(server, message)) this.#deliverTo(hearer, tenant, message)
   }
 
   #deliverTo (server: string, tenant: string | null, message: JsonRpcMessage): void {
     if (!isNotification(message)) return
     const uri = message.method === 'notifications/resources/updated' && isRecord(message.params) ? message.params.uri : undefined
-    for (const listener of this.#listeners.get(`${server}\0${tenant ?? ''}`) ?? []) {
+    for (const listener of this.#listeners.get(serverTenantKey(server, tenant)) ?? []) {
       if (!listener.methods.has(message.method)) continue
       if (uri !== undefined && !(typeof uri === 'string' && listener.uris.has(uri))) continue
       listener.send(message)
@@ -305,7 +294,7 @@ export class ModernFace {
 
   #cancelListen (server: string, principal: string, requestId: unknown): void {
     for (const [key, set] of this.#listeners) {
-      if (!key.startsWith(`${server}\0`)) continue
+      if (!key.startsWith(serverTenantKey(server, ''))) continue
       for (const listener of set) if (listener.principal === principal && listener.id === requestId) listener.cancel()
     }
   }
@@ -318,10 +307,9 @@ export class ModernFace {
   }
 
   /** `subscriptions/listen`: the acknowledgement first, then the notifications the filter names. */
-  async #listen (req: FastifyRequest, reply: FastifyReply, server: string, request: JsonRpcRequest): Promise<void> {
+  async #listen (req: FastifyRequest, reply: FastifyReply, server: string, target: StatelessServer, request: JsonRpcRequest): Promise<void> {
     const tenant = req.principal.tenant
-    const aggregate = this.#o.aggregates.isAggregate(server)
-    const info = await this.#infoOf(server, tenant)
+    const info = await target.info(tenant)
     const params = isRecord(request.params) ? request.params : {}
     const filter = isRecord(params.notifications) ? params.notifications : {}
     const honoured: Record<string, unknown> = {}
@@ -336,13 +324,12 @@ export class ModernFace {
     // Resource subscriptions, when the backend supports them: subscribed upstream while the stream lasts.
     const resources = info.capabilities.resources
     const wanted = Array.isArray(filter.resourceSubscriptions) ? filter.resourceSubscriptions.filter((u): u is string => typeof u === 'string' && u.length > 0 && u.length <= 2048).slice(0, MAX_LISTEN_URIS) : []
-    // An aggregate honours list_changed only (its members' subscriptions are not routed yet).
-    const uris = !aggregate && isRecord(resources) && resources.subscribe === true ? [...new Set(wanted)] : []
+    const uris = target.subscribesResources && isRecord(resources) && resources.subscribe === true ? [...new Set(wanted)] : []
     if (uris.length > 0) {
       honoured.resourceSubscriptions = uris
       methods.add('notifications/resources/updated')
     }
-    const release = aggregate ? await this.#holdMembers(server, tenant) : await this.#o.pool.hold(server, tenant, uris)
+    const release = await target.holdForListen(tenant, uris)
     const subscriptionId = request.id
     const tag = (message: JsonRpcMessage): JsonRpcMessage => {
       const p = 'params' in message && isRecord(message.params) ? message.params : {}
@@ -353,7 +340,7 @@ export class ModernFace {
     res.writeHead(200, { ...replyHeaders(reply), 'content-type': 'text/event-stream', 'cache-control': 'no-cache, no-transform', 'x-accel-buffering': 'no' })
     const write = (message: JsonRpcMessage): void => { if (!res.writableEnded) res.write(`event: message\ndata: ${JSON.stringify(message)}\n\n`) }
     write(tag({ jsonrpc: '2.0', method: 'notifications/subscriptions/acknowledged', params: { notifications: honoured } }))
-    const key = `${server}\0${tenant ?? ''}`
+    const key = serverTenantKey(server, tenant)
     let set = this.#listeners.get(key)
     if (set === undefined) {
       this.#listeners.set(key, set = new Set())
@@ -409,39 +396,36 @@ export class ModernFace {
       reply.type('application/json').send(refusal)
       return
     }
-    const config = this.#o.live.servers[server]
-    if (config?.transport === 'streamable-http' && await this.#eraOf(server, config, req) === 'modern') {
-      await this.#relay(req, reply, server, config, message)
+    const target = this.#o.kinds.of(server)
+    const relayTo = await target.relayTo(config => upstreamBaseHeaders(config, this.#o.upstream?.(tenant, server), clientHeaders(req)))
+    if (relayTo !== null) {
+      await this.#relay(req, reply, server, relayTo, message)
       return
     }
     if (message.method === 'subscriptions/listen') {
-      await this.#listen(req, reply, server, message)
+      await this.#listen(req, reply, server, target, message)
       return
     }
     if (message.method === 'server/discover') {
-      reply.type('application/json').send({ jsonrpc: '2.0', id: message.id, result: await this.#discover(server, tenant) })
+      reply.type('application/json').send({ jsonrpc: '2.0', id: message.id, result: await this.#discover(target, tenant) })
       return
     }
-    // An aggregate (issue 27): lists are answered here; anything else goes on to the member that
-    // serves it, under the member's own name, and runs on that member's pool.
-    let outgoingParams = message.params
-    let shownServerInfo: Record<string, unknown> | undefined
-    if (this.#o.aggregates.isAggregate(server)) {
-      const routed = await this.#o.aggregates.route(server, tenant, message)
-      shownServerInfo = (await this.#o.aggregates.info(server, tenant)).serverInfo
-      if (routed.kind === 'answer') {
-        const answer = routed.response
-        if ('result' in answer) {
-          reply.type('application/json').send({ ...answer, result: completeResult(message.method, answer.result, shownServerInfo) })
-        } else {
-          // As a member's own would be (modern-exchange.ts): an unknown method is 404 in this era (H-26-1).
-          reply.code(answer.error.code === -32601 ? 404 : 200).type('application/json').send({ ...answer, error: modernError(message, answer.error) })
-        }
-        return
+    // Answered here (an aggregate's merged lists), or run on a pool: the server's own, or that of
+    // the aggregate member that serves it, under the member's own name.
+    const plan = await target.plan(tenant, message)
+    if (plan.kind === 'answer') {
+      const answer = plan.response
+      if ('result' in answer) {
+        reply.type('application/json').send({ ...answer, result: completeResult(message.method, answer.result, plan.serverInfo) })
+      } else {
+        // As a backend's own would be (modern-exchange.ts): an unknown method is 404 in this era.
+        reply.code(answer.error.code === -32601 ? 404 : 200).type('application/json').send({ ...answer, error: modernError(message, answer.error) })
       }
-      server = routed.server
-      outgoingParams = routed.request.params
+      return
     }
+    server = plan.server
+    const outgoingParams = plan.params
+    const shownServerInfo = plan.serverInfo
     const params = isRecord(message.params) ? message.params : {}
     const holder = params.requestState !== undefined ? this.#o.parked.replicaOf(params.requestState) : undefined
     if (holder !== undefined && holder !== this.#o.peers.replicaId) {
@@ -490,19 +474,8 @@ export class ModernFace {
     return parked
   }
 
-  /** What a server said of itself: its pool's first connection, or an aggregate's members united. */
-  async #infoOf (server: string, tenant: string | null): Promise<BackendInfo> {
-    return this.#o.aggregates.isAggregate(server) ? await this.#o.aggregates.info(server, tenant) : await this.#o.pool.info(server, tenant)
-  }
-
-  /** An aggregate's listen stream keeps its members' pools open (what it hears comes from them). */
-  async #holdMembers (server: string, tenant: string | null): Promise<() => void> {
-    const held = await Promise.allSettled(this.#o.aggregates.membersOf(server).map(async m => await this.#o.pool.hold(m, tenant)))
-    return () => { for (const h of held) if (h.status === 'fulfilled') h.value() }
-  }
-
-  async #discover (server: string, tenant: string | null): Promise<Record<string, unknown>> {
-    const info = await this.#infoOf(server, tenant)
+  async #discover (target: StatelessServer, tenant: string | null): Promise<Record<string, unknown>> {
+    const info = await target.info(tenant)
     const result: Record<string, unknown> = {
       supportedVersions: [...MODERN_VERSIONS],
       capabilities: modernCapabilities(info.capabilities),

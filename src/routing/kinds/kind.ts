@@ -9,7 +9,7 @@
 // - aggregate: a routed session whose relay is made of member links (aggregate.ts);
 // - direct:    a Streamable HTTP backend session every replica can reach (direct.ts);
 // - pooled:    no connection of its own; each request borrows one of the pool (pooled.ts).
-// The stateless 2026-07-28 request has no session and is served by the HTTP face on the pools.
+// The stateless 2026-07-28 request has no session: what serves it is stateless.ts's to say.
 import type { KindName } from '../../config/server-kind.js'
 import type { JsonRpcMessage, JsonRpcRequest, JsonRpcResponse } from '../../core/jsonrpc.js'
 import type { SessionRecord } from '../../state/session-store.js'
