@@ -1,4 +1,4 @@
-// MCP Apps (`io.modelcontextprotocol/ui`) through an aggregate (issue 32): two members that both
+// MCP Apps (`io.modelcontextprotocol/ui`) through an aggregate: two members that both
 // serve `ui://shared/view.html` (unlisted) and name it in their tools' `_meta.ui.resourceUri`.
 // Real stdio servers (test/fixtures/apps-server.ts), real SDK clients (v1 with a session, v2 pinned
 // to 2026-07-28) over real sockets. Rules: docs/behaviour.md, "Aggregating servers", MCP Apps.

@@ -1,4 +1,4 @@
-// Aggregate servers across replicas (issue 27): two gateway processes on one Redis behind a
+// Aggregate servers across replicas: two gateway processes on one Redis behind a
 // round-robin balancer with no stickiness. Any replica serves the aggregate session (its requests
 // go to the owner, which holds the member connections); a member's sampling request is answered
 // through either replica; when the owner dies, the next request re-initialises every member on

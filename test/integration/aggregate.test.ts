@@ -1,6 +1,7 @@
-// Aggregate servers (issue 27): one endpoint in front of several servers. Driven by the official
-// SDK client (v1) over real sockets against a gateway in memory mode; the members are real stdio
-// servers (the full-server fixture, dedicated and pooled, and ones that die or never answer).
+// Aggregate servers (docs/behaviour.md, "Aggregating servers"): one endpoint in front of several
+// servers. Driven by the official SDK client (v1) over real sockets against a gateway in memory
+// mode; the members are real stdio servers (the full-server fixture, dedicated and pooled, and ones
+// that die or never answer).
 import { mkdtemp, rm, writeFile } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'

@@ -1,6 +1,7 @@
-// The aggregate catalogue's MCP Apps rules (issue 32), as pure logic over members' lists: the
-// members here are plain objects answering list requests (the integration test,
-// test/integration/aggregate-apps.test.ts, runs the same rules through real servers and clients).
+// The aggregate catalogue's MCP Apps rules (docs/behaviour.md, "Aggregating servers"), as pure
+// logic over members' lists: the members here are plain objects answering list requests (the
+// integration test, test/integration/aggregate-apps.test.ts, runs the same rules through real
+// servers and clients).
 import { pino } from 'pino'
 import t from 'tap'
 import { AggregateCatalogue, type CatalogueMember } from '../../src/routing/aggregate/catalogue.js'

@@ -1,4 +1,5 @@
-// The naming rules of aggregate servers (issue 27): pure logic, so a unit test.
+// The naming rules of aggregate servers (docs/behaviour.md, "Aggregating servers"): pure logic, so
+// a unit test.
 import t from 'tap'
 import { exposeNames, fitName, MAX_NAME, templateMatches } from '../../src/routing/aggregate/names.js'
 

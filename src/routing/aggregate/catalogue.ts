@@ -1,7 +1,8 @@
-// The merged lists of an aggregate server and the routing they give (issue 27): which member
-// serves an exposed tool or prompt name, a resource URI, a template. Shared by aggregate sessions
-// (aggregate.ts, lists fetched over the session's member links) and 2026-07-28 requests to an
-// aggregate (http/modern.ts, lists fetched over the members' pools): `fetch` says how.
+// The merged lists of an aggregate server and the routing they give: which member serves an
+// exposed tool or prompt name, a resource URI, a template (docs/behaviour.md, "Aggregating
+// servers"). Shared by aggregate sessions (relay.ts, lists fetched over the session's member links)
+// and 2026-07-28 requests to an aggregate (stateless.ts, lists fetched over the members' pools):
+// `fetch` says how.
 import type { Logger } from 'pino'
 import { filterToolsListOf, type ToolPolicy } from '../../auth/tool-policy.js'
 import { GW_ERR_BACKEND_TIMEOUT, isGatewayError } from '../../core/errors.js'
@@ -66,12 +67,12 @@ export interface CatalogueOptions<M extends CatalogueMember> {
 type Entry<M> = Exposed<Record<string, unknown>> & { member: M }
 
 export class AggregateCatalogue<M extends CatalogueMember> {
-  readonly #o: CatalogueOptions<M>
+  readonly #options: CatalogueOptions<M>
   /** The last merged lists (made again on a list, or when a name or URI is not in them). */
   readonly #lists = new Map<ListKind, Array<Entry<M>>>()
 
   constructor (options: CatalogueOptions<M>) {
-    this.#o = options
+    this.#options = options
   }
 
   /** One page of a merged list; null for a cursor the gateway did not make for this list. */
@@ -91,7 +92,7 @@ export class AggregateCatalogue<M extends CatalogueMember> {
       }
       return kind === 'resources' ? { ...e.entry, uri: e.exposed } : { ...e.entry, uriTemplate: e.exposed }
     })
-    if (kind === 'tools') items = (filterToolsListOf('tools/list', { tools: items }, this.#o.toolPolicy()) as { tools: unknown[] }).tools
+    if (kind === 'tools') items = (filterToolsListOf('tools/list', { tools: items }, this.#options.toolPolicy()) as { tools: unknown[] }).tools
     const next = offset + AGGREGATE_PAGE_SIZE < all.length ? { nextCursor: encodeCursor(kind, offset + AGGREGATE_PAGE_SIZE) } : {}
     return { [kind]: items, ...next }
   }
@@ -116,7 +117,7 @@ export class AggregateCatalogue<M extends CatalogueMember> {
    * through unchanged (`prefix: ""`) gets it. A member's own tool filter still applies.
    */
   #unlisted (kind: 'tools' | 'prompts', exposed: string): { member: M, name: string } | null {
-    const { members } = this.#o
+    const { members } = this.#options
     const byPrefix = this.#prefixed(exposed, '')
     const hit = byPrefix !== null
       ? { member: byPrefix.member, name: byPrefix.rest }
@@ -128,7 +129,7 @@ export class AggregateCatalogue<M extends CatalogueMember> {
 
   /** The member whose prefix (and separator) starts `text` after `scheme`, and the rest. */
   #prefixed (text: string, scheme: string): { member: M, rest: string } | null {
-    const { members, separator } = this.#o
+    const { members, separator } = this.#options
     if (!text.startsWith(scheme)) return null
     const body = text.slice(scheme.length)
     const member = members.find(m => m.prefix !== '' && body.startsWith(`${m.prefix}${separator}`) && body.length > m.prefix.length + separator.length)
@@ -138,7 +139,7 @@ export class AggregateCatalogue<M extends CatalogueMember> {
   /** The one member listing a tool whose own name is `name` and that an app may call; null if none or several. */
   #appCallable (name: string): { member: M, name: string } | null {
     const owners = new Set((this.#lists.get('tools') ?? []).filter(e => e.name === name && isAppCallable(e.entry)).map(e => e.member))
-    if (owners.size > 1) this.#o.log.warn({ tool: name, members: [...owners].map(m => m.server) }, 'aggregate: an app called a tool by its own name, which several members have: refused')
+    if (owners.size > 1) this.#options.log.warn({ tool: name, members: [...owners].map(m => m.server) }, 'aggregate: an app called a tool by its own name, which several members have: refused')
     const [only] = owners
     return owners.size === 1 && only !== undefined ? { member: only, name } : null
   }
@@ -164,7 +165,7 @@ export class AggregateCatalogue<M extends CatalogueMember> {
     if (ui !== null) return { member: ui.member, uri: `${UI_SCHEME}${ui.rest}` }
     // Listed nowhere (a server may serve URIs it does not list): a ui:// URI with no member's
     // prefix is a `prefix: ""` member's; else the only member with resources, if one.
-    const withResources = this.#o.members.filter(m => m.down === null && m.info?.capabilities.resources !== undefined)
+    const withResources = this.#options.members.filter(m => m.down === null && m.info?.capabilities.resources !== undefined)
     const unprefixed = uri.startsWith(UI_SCHEME) ? withResources.find(m => m.prefix === '') : undefined
     const only = unprefixed ?? (withResources.length === 1 ? withResources[0] : undefined)
     return only === undefined ? null : { member: only, uri }
@@ -172,12 +173,12 @@ export class AggregateCatalogue<M extends CatalogueMember> {
 
   /** A member's `ui://` URI as the aggregate shows it: `ui://<prefix><separator><rest>`; others as they are. */
   uiUri (member: M, uri: string): string {
-    return member.prefix === '' || !uri.startsWith(UI_SCHEME) ? uri : `${UI_SCHEME}${member.prefix}${this.#o.separator}${uri.slice(UI_SCHEME.length)}`
+    return member.prefix === '' || !uri.startsWith(UI_SCHEME) ? uri : `${UI_SCHEME}${member.prefix}${this.#options.separator}${uri.slice(UI_SCHEME.length)}`
   }
 
   /** The member's own URI behind an exposed one (the inverse of uiUri). */
   #ownUri (member: M, uri: string): string {
-    const head = `${UI_SCHEME}${member.prefix}${this.#o.separator}`
+    const head = `${UI_SCHEME}${member.prefix}${this.#options.separator}`
     return member.prefix !== '' && uri.startsWith(head) ? `${UI_SCHEME}${uri.slice(head.length)}` : uri
   }
 
@@ -202,7 +203,7 @@ export class AggregateCatalogue<M extends CatalogueMember> {
 
   /** Every up member's whole list, merged under exposed names. */
   async #merge (kind: ListKind): Promise<Array<Entry<M>>> {
-    const { members, memberTimeoutMs, aggregate, log, metrics } = this.#o
+    const { members, memberTimeoutMs, aggregate, log, metrics } = this.#options
     const lists = await Promise.all(members.map(async m => {
       if (m.down !== null || m.info === null || m.info.capabilities[KIND_CAPABILITY[kind]] === undefined) return { member: m, entries: [] as Array<Record<string, unknown>> }
       try {
@@ -221,7 +222,7 @@ export class AggregateCatalogue<M extends CatalogueMember> {
         prefix: l.member.prefix,
         entries: l.entries.filter((e): e is Record<string, unknown> & { name: string } => typeof e.name === 'string' && (kind !== 'tools' || l.member.tools === undefined || l.member.tools.allows(e.name)))
       }))
-      const exposed = exposeNames(named, this.#o.separator, (e, plain) => {
+      const exposed = exposeNames(named, this.#options.separator, (e, plain) => {
         log.warn({ [kind === 'tools' ? 'tool' : 'prompt']: plain, member: e.server, exposedAs: e.exposed }, 'aggregate name collision: the later member\'s entry is exposed under another name')
       })
       const byServer = new Map(members.map(m => [m.server, m]))
@@ -251,7 +252,7 @@ export class AggregateCatalogue<M extends CatalogueMember> {
     const out: Array<Record<string, unknown>> = []
     let cursor: string | undefined
     for (let page = 0; page < MAX_MEMBER_PAGES; page++) {
-      const result = await this.#o.fetch(member, LIST_METHOD[kind], cursor !== undefined ? { cursor } : {})
+      const result = await this.#options.fetch(member, LIST_METHOD[kind], cursor !== undefined ? { cursor } : {})
       const items = result[kind]
       if (Array.isArray(items)) for (const item of items) if (isRecord(item)) out.push(item)
       if (typeof result.nextCursor !== 'string' || result.nextCursor === '') break

@@ -1,4 +1,4 @@
-// The names an aggregate server exposes for its members' tools and prompts (issue 27). Pure: the
+// The names an aggregate server exposes for its members' tools and prompts. Pure: the
 // same members' lists give the same names on every replica and after every restart.
 //
 // Rules, in this order (docs/behaviour.md, "Aggregating servers"):

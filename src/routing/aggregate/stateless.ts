@@ -1,31 +1,33 @@
-// 2026-07-28 (stateless) requests to an aggregate server (issue 27): no session, so every member
-// is reached through its (server, tenant) pool, as a modern request to that member would be. One
-// catalogue per (aggregate, tenant) on this replica gives the merged lists and the routing; a
-// routed request is handed back to the modern face renamed for its member, and runs on that
-// member's pool like any modern request (input_required rounds, parked calls and all).
+// 2026-07-28 (stateless) requests to an aggregate server (docs/behaviour.md, "Aggregating
+// servers"): no session, so every member is reached through its (server, tenant) pool, as a modern
+// request to that member would be. One catalogue per (aggregate, tenant) on this replica gives the
+// merged lists, and route.ts the routing, as for a session; a routed request is handed back to the
+// modern face renamed for its member, and runs on that member's pool like any modern request
+// (input_required rounds, parked calls and all). With no session to hold a timer, a member found
+// down is asked again by the first request after its retry time.
 import type { Logger } from 'pino'
-import { compileToolPolicy, type ToolPolicyLookup } from '../../auth/tool-policy.js'
+import type { ToolPolicyLookup } from '../../auth/tool-policy.js'
 import type { ServerSource } from '../../config/live.js'
 import type { AggregateServerConfig } from '../../config/schema.js'
 import { isAggregateConfig } from '../../config/server-kind.js'
-import { GW_ERR_BACKEND_TIMEOUT, GW_ERR_BACKEND_UNAVAILABLE, isGatewayError, toJsonRpcError } from '../../core/errors.js'
-import { errorResponse, isRecord, isResponse, JSONRPC_METHOD_NOT_FOUND, type JsonRpcRequest, type JsonRpcResponse } from '../../core/jsonrpc.js'
+import { GW_ERR_BACKEND_UNAVAILABLE, isGatewayError, toJsonRpcError } from '../../core/errors.js'
+import { errorResponse, isRecord, isResponse, type JsonRpcRequest, type JsonRpcResponse } from '../../core/jsonrpc.js'
 import type { GatewayMetrics } from '../../telemetry/metrics.js'
-import { AggregateCatalogue, LIST_METHOD, unitedInfo, withTimeout, type CatalogueMember, type ListKind } from './catalogue.js'
+import { AggregateCatalogue, unitedInfo, type CatalogueMember } from './catalogue.js'
+import { MEMBER_RETRY_MS, markDown, memberOf, startWithin } from './member-state.js'
+import { routeRequest } from './route.js'
+import { serverTenantKey } from '../upstream/ports.js'
 import type { BackendInfo, ConnectionPool } from '../upstream/pool.js'
-
-/** How long a member found down is left out before it is tried again. */
-const RETRY_DOWN_MS = 5000
-const RESOURCE_NOT_FOUND = -32002
-const INVALID_PARAMS = -32602
 
 interface PoolMember extends CatalogueMember {
   info: BackendInfo | null
-  /** When a member found down may be tried again (performance-free: Date.now()). */
+  /** When a member found down may be tried again (a Date.now() time; 0 before its first start). */
   retryAt: number
 }
 
 interface Entry {
+  /** The aggregate server. */
+  server: string
   config: AggregateServerConfig
   catalogue: AggregateCatalogue<PoolMember>
   members: PoolMember[]
@@ -45,11 +47,11 @@ export interface StatelessAggregatesOptions {
 }
 
 export class StatelessAggregates {
-  readonly #o: StatelessAggregatesOptions
+  readonly #options: StatelessAggregatesOptions
   readonly #entries = new Map<string, Entry>()
 
   constructor (options: StatelessAggregatesOptions) {
-    this.#o = options
+    this.#options = options
   }
 
   isAggregate (server: string): boolean {
@@ -58,7 +60,7 @@ export class StatelessAggregates {
 
   /** The aggregates that have `member` as a member (its pool's events concern their listeners). */
   aggregatesOf (member: string): string[] {
-    return Object.entries(this.#o.live.servers)
+    return Object.entries(this.#options.live.servers)
       .filter(([, c]) => isAggregateConfig(c) && c.members.some(m => m.server === member))
       .map(([name]) => name)
   }
@@ -83,49 +85,19 @@ export class StatelessAggregates {
     const entry = await this.#entry(server, tenant)
     const params = isRecord(request.params) ? request.params : {}
     const answer = (result: Record<string, unknown>): StatelessRoute => ({ kind: 'answer', response: { jsonrpc: '2.0', id: request.id, result } })
-    const fail = (code: number, message: string): StatelessRoute => ({ kind: 'answer', response: errorResponse(request.id, code, message) })
-    const kind = (Object.keys(LIST_METHOD) as ListKind[]).find(k => LIST_METHOD[k] === request.method)
-    if (kind !== undefined) {
-      const page = await entry.catalogue.page(kind, params.cursor)
-      return page === null ? fail(INVALID_PARAMS, 'Invalid params: unknown cursor') : answer(page)
+    const route = await routeRequest(entry.catalogue, request.method, params, { subscriptions: false })
+    if (route.to === 'error') return { kind: 'answer', response: errorResponse(request.id, route.code, route.message) }
+    if (route.to === 'list') return answer(route.page)
+    const { member } = route
+    if (member.down !== null) return { kind: 'answer', response: errorResponse(request.id, -32007, `Backend '${member.server}' is unavailable: aggregate member is down (${member.down})`) }
+    if (route.read?.renamed === true) {
+      // A ui:// URI the aggregate rewrote: read here, so the contents come back under its URI
+      // (a UI resource is a static document: no input_required rounds to carry).
+      const read = await this.#send(member.server, tenant, 'resources/read', route.params)
+      if ('error' in read) return { kind: 'answer', response: { ...read, id: request.id } }
+      return answer(entry.catalogue.exposeReadResult(member, isRecord(read.result) ? read.result : {}))
     }
-    const member = (m: PoolMember, p: Record<string, unknown>): StatelessRoute => m.down !== null
-      ? { kind: 'answer', response: errorResponse(request.id, -32007, `Backend '${m.server}' is unavailable: aggregate member is down (${m.down})`) }
-      : { kind: 'member', server: m.server, request: { ...request, params: p } }
-    switch (request.method) {
-      case 'tools/call':
-      case 'prompts/get': {
-        if (typeof params.name !== 'string') return fail(INVALID_PARAMS, 'Invalid params: name must be a string')
-        const routed = await entry.catalogue.byName(request.method === 'tools/call' ? 'tools' : 'prompts', params.name)
-        if (routed === null) return fail(INVALID_PARAMS, request.method === 'tools/call' ? `Unknown tool: ${params.name}` : `Unknown prompt: ${params.name}`)
-        return member(routed.member, { ...params, name: routed.name })
-      }
-      case 'resources/read': {
-        if (typeof params.uri !== 'string') return fail(INVALID_PARAMS, 'Invalid params: uri must be a string')
-        const routed = await entry.catalogue.byUri(params.uri)
-        if (routed === null) return fail(RESOURCE_NOT_FOUND, `Resource not found: ${params.uri}`)
-        if (routed.uri === params.uri || routed.member.down !== null) return member(routed.member, params)
-        // A ui:// URI the aggregate rewrote: read here, so the contents come back under its URI
-        // (a UI resource is a static document: no input_required rounds to carry).
-        const read = await this.#send(routed.member.server, tenant, 'resources/read', { ...params, uri: routed.uri })
-        if ('error' in read) return { kind: 'answer', response: { ...read, id: request.id } }
-        return answer(entry.catalogue.exposeReadResult(routed.member, isRecord(read.result) ? read.result : {}))
-      }
-      case 'completion/complete': {
-        const ref = isRecord(params.ref) ? params.ref : {}
-        if (ref.type === 'ref/prompt' && typeof ref.name === 'string') {
-          const routed = await entry.catalogue.byName('prompts', ref.name)
-          return routed === null ? fail(INVALID_PARAMS, `Unknown prompt: ${ref.name}`) : member(routed.member, { ...params, ref: { ...ref, name: routed.name } })
-        }
-        if (ref.type === 'ref/resource' && typeof ref.uri === 'string') {
-          const routed = await entry.catalogue.byUri(ref.uri)
-          return routed === null ? fail(RESOURCE_NOT_FOUND, `Resource not found: ${ref.uri}`) : member(routed.member, { ...params, ref: { ...ref, uri: routed.uri } })
-        }
-        return fail(INVALID_PARAMS, 'Invalid params: ref must name a prompt or a resource')
-      }
-      default:
-        return fail(JSONRPC_METHOD_NOT_FOUND, `Method not found: ${request.method}`)
-    }
+    return { kind: 'member', server: member.server, request: { ...request, params: route.params } }
   }
 
   /** A member's list changed (its pool saw list_changed): the merged lists are made again. */
@@ -133,12 +105,12 @@ export class StatelessAggregates {
     for (const [key, entry] of this.#entries) {
       if (entry.members.some(m => m.server === member)) entry.catalogue.invalidate()
       // A reload may have changed the aggregate: its entry is made again from the config.
-      if (this.#configOf(key.split('\0')[0] ?? '') !== entry.config) this.#entries.delete(key)
+      if (this.#configOf(entry.server) !== entry.config) this.#entries.delete(key)
     }
   }
 
   #configOf (server: string): AggregateServerConfig | undefined {
-    const config = Object.hasOwn(this.#o.live.servers, server) ? this.#o.live.servers[server] : undefined
+    const config = Object.hasOwn(this.#options.live.servers, server) ? this.#options.live.servers[server] : undefined
     return isAggregateConfig(config) ? config : undefined
   }
 
@@ -146,28 +118,21 @@ export class StatelessAggregates {
   async #entry (server: string, tenant: string | null): Promise<Entry> {
     const config = this.#configOf(server)
     if (config === undefined) throw new GW_ERR_BACKEND_UNAVAILABLE(server, 'not an aggregate server')
-    const key = `${server}\0${tenant ?? ''}`
+    const key = serverTenantKey(server, tenant)
     let entry = this.#entries.get(key)
     if (entry === undefined || entry.config !== config) {
-      const members: PoolMember[] = config.members.map(m => ({
-        server: m.server,
-        prefix: m.prefix ?? m.server,
-        tools: m.tools !== undefined ? compileToolPolicy(m.tools) : undefined,
-        down: 'not started',
-        info: null,
-        retryAt: 0
-      }))
+      const members: PoolMember[] = config.members.map(m => ({ ...memberOf(m), info: null, retryAt: 0 }))
       const catalogue = new AggregateCatalogue<PoolMember>({
         aggregate: server,
         separator: config.separator,
         memberTimeoutMs: config.memberTimeoutMs,
         members,
         fetch: async (member, method, params) => await this.#ask(member.server, tenant, method, params),
-        toolPolicy: () => this.#o.toolPolicy?.(tenant, server) ?? null,
-        log: this.#o.log,
-        metrics: this.#o.metrics
+        toolPolicy: () => this.#options.toolPolicy?.(tenant, server) ?? null,
+        log: this.#options.log,
+        metrics: this.#options.metrics
       })
-      entry = { config, catalogue, members }
+      entry = { server, config, catalogue, members }
       this.#entries.set(key, entry)
     }
     const now = Date.now()
@@ -175,13 +140,13 @@ export class StatelessAggregates {
     if (stale.length > 0) {
       await Promise.all(stale.map(async m => {
         try {
-          m.info = await withTimeout(this.#o.pool.info(m.server, tenant), config.memberTimeoutMs, () => new GW_ERR_BACKEND_TIMEOUT(m.server, config.memberTimeoutMs))
+          m.info = await startWithin(m.server, this.#options.pool.info(m.server, tenant), config.memberTimeoutMs)
           m.down = null
         } catch (err) {
-          if (m.down === 'not started' || m.retryAt === 0) this.#o.metrics.aggregateMemberLeftOut(server, m.server, 'down')
-          m.down = err instanceof Error ? err.message : String(err)
-          m.retryAt = now + RETRY_DOWN_MS
-          this.#o.log.warn({ aggregate: server, member: m.server, reason: m.down }, 'aggregate member is down: left out of lists, its calls fail at once')
+          const reason = err instanceof Error ? err.message : String(err)
+          if (markDown(m, reason)) this.#options.metrics.aggregateMemberLeftOut(server, m.server, 'down')
+          m.retryAt = now + MEMBER_RETRY_MS
+          this.#options.log.warn({ aggregate: server, member: m.server, reason }, 'aggregate member is down: left out of lists, its calls fail at once')
         }
       }))
       entry.catalogue.invalidate()
@@ -208,7 +173,7 @@ export class StatelessAggregates {
   /** A request of the gateway's own to a member, on its pool: its answer; rejects when none can come. */
   async #call (server: string, tenant: string | null, method: string, params: Record<string, unknown>): Promise<JsonRpcResponse> {
     return await new Promise<JsonRpcResponse>((resolve, reject) => {
-      this.#o.pool.call(server, tenant, key => ({ jsonrpc: '2.0', id: key, method, params }), {
+      this.#options.pool.call(server, tenant, key => ({ jsonrpc: '2.0', id: key, method, params }), {
         onMessage: m => { if (isResponse(m)) resolve(m) }
       }).catch(reject)
     })

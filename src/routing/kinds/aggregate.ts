@@ -1,7 +1,7 @@
-// Aggregate sessions (ARCHITECTURE.md flow 10): a routed session whose relay is made of member
-// links (routing/aggregate/relay.ts), one per dedicated member and the pool of each pooled member, all on
-// the session's owner. Routing, ownership and takeover are the routed kind's; what differs is the
-// relay it opens, and that its pooled members' session-level events reach it.
+// Aggregate sessions (docs/architecture.md, "An aggregate call"): a routed session whose relay is
+// made of member links (routing/aggregate/relay.ts), one per dedicated member and the pool of each
+// pooled member, all on the session's owner. Routing, ownership and takeover are the routed kind's;
+// what differs is the relay it opens, and that its pooled members' session-level events reach it.
 import type { ToolPolicyLookup } from '../../auth/tool-policy.js'
 import { GW_ERR_BACKEND_CAPACITY, GW_ERR_SERVER_NOT_FOUND, withRetryAfter } from '../../core/errors.js'
 import type { JsonRpcMessage } from '../../core/jsonrpc.js'
@@ -28,23 +28,23 @@ export interface AggregateKindOptions extends RelayKindOptions {
 
 export class AggregateKind extends RoutedKind {
   override readonly name: KindName = 'aggregate'
-  readonly #a: AggregateKindOptions
+  readonly #options: AggregateKindOptions
   /** The aggregate relays open here. */
   readonly #relays = new Set<AggregateRelay>()
 
   constructor (options: AggregateKindOptions) {
     super(options)
-    this.#a = options
+    this.#options = options
   }
 
   protected override async openRelay (record: SessionRecord): Promise<AggregateRelay> {
-    const config = serverConfigOf(this.#a.live, record.server)
+    const config = serverConfigOf(this.#options.live, record.server)
     // Removed by a reload since the session was looked up: the client sees 404.
     if (config?.transport !== 'aggregate') throw new GW_ERR_SERVER_NOT_FOUND(record.server)
     let open = 0
     for (const relay of this.#relays) if (relay.server === record.server) open++
     if (open >= config.maxSessions) throw withRetryAfter(new GW_ERR_BACKEND_CAPACITY(record.server, config.maxSessions), CAPACITY_RETRY_AFTER_S)
-    const o = this.#a
+    const options = this.#options
     const relay = new AggregateRelay({
       sid: record.id,
       server: record.server,
@@ -52,31 +52,31 @@ export class AggregateKind extends RoutedKind {
       protocolVersion: record.protocolVersion,
       clientCapabilities: capabilitiesOf(record.initializeParams),
       requestTimeoutMs: config.requestTimeoutMs,
-      metrics: o.metrics.forSession(record.server, record.tenant),
-      gatewayMetrics: o.metrics,
+      metrics: options.metrics.forSession(record.server, record.tenant),
+      gatewayMetrics: options.metrics,
       createdAt: record.createdAt,
-      host: o.host,
+      host: options.host,
       principal: principalOfRecord(record),
-      log: lazyChild(o.log, { sid: shortHash(record.id), backend: record.server }),
-      config: o.config,
+      log: lazyChild(options.log, { sid: shortHash(record.id), backend: record.server }),
+      config: options.config,
       aggregate: config,
-      live: o.live,
-      backends: o.backends,
-      pool: o.pool,
+      live: options.live,
+      backends: options.backends,
+      pool: options.pool,
       tenant: record.tenant ?? null,
-      upstream: o.upstream,
-      toolPolicy: o.toolPolicy
+      upstream: options.upstream,
+      toolPolicy: options.toolPolicy
     })
     const stop = async (): Promise<void> => {
       this.#relays.delete(relay)
       await relay.close()
     }
     this.#relays.add(relay)
-    o.ownership.register(relay, stop)
+    options.ownership.register(relay, stop)
     try {
       await relay.open()
     } catch (err) {
-      o.ownership.forget(relay)
+      options.ownership.forget(relay)
       await stop()
       throw err
     }
