@@ -54,10 +54,6 @@ export class StatelessAggregates {
     this.#options = options
   }
 
-  isAggregate (server: string): boolean {
-    return this.#configOf(server) !== undefined
-  }
-
   /** The aggregates that have `member` as a member (its pool's events concern their listeners). */
   aggregatesOf (member: string): string[] {
     return Object.entries(this.#options.live.servers)
