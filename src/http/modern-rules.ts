@@ -30,12 +30,21 @@ export { LOG_LEVELS, type LogLevel } from '../core/mcp.js'
 /** Methods of the legacy eras that a modern request cannot use (M-13): 404 + -32601. */
 const REMOVED_METHODS = new Set([
   'initialize', 'ping', 'logging/setLevel', 'resources/subscribe', 'resources/unsubscribe',
-  'tasks/get', 'tasks/result', 'tasks/list', 'tasks/cancel'
+  // The Tasks extension of this era (io.modelcontextprotocol/tasks) keeps tasks/get and
+  // tasks/cancel, adds tasks/update, and removes these two (the result comes inline with tasks/get).
+  'tasks/result', 'tasks/list'
 ])
 /** Results that carry caching hints (M-12). */
 const CACHEABLE = new Set(['server/discover', 'tools/list', 'prompts/list', 'resources/list', 'resources/templates/list', 'resources/read'])
 /** The params field each method's Mcp-Name header mirrors (H-26-2). */
-const NAME_SOURCE: Record<string, 'name' | 'uri'> = { 'tools/call': 'name', 'prompts/get': 'name', 'resources/read': 'uri' }
+const NAME_SOURCE: Record<string, 'name' | 'uri' | 'taskId'> = {
+  'tools/call': 'name',
+  'prompts/get': 'name',
+  'resources/read': 'uri',
+  'tasks/get': 'taskId',
+  'tasks/update': 'taskId',
+  'tasks/cancel': 'taskId'
+}
 
 export function isModernVersion (version: string): boolean {
   return version >= MODERN_VERSION

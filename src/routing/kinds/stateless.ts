@@ -10,15 +10,15 @@
 import type { ServerSource } from '../../config/live.js'
 import type { HttpServerConfig } from '../../config/schema.js'
 import { backendConfigOf, isAggregateConfig, serverConfigOf } from '../../config/server-kind.js'
-import type { JsonRpcMessage, JsonRpcRequest, JsonRpcResponse } from '../../core/jsonrpc.js'
+import { errorResponse, isRecord, JSONRPC_INVALID_PARAMS, type JsonRpcMessage, type JsonRpcRequest, type JsonRpcResponse } from '../../core/jsonrpc.js'
 import { eraOf } from '../../backends/modern-http.js'
 import type { StatelessAggregates } from '../aggregate/stateless.js'
 import type { BackendInfo, ConnectionPool } from '../upstream/pool.js'
 
 /** What a request to a server is, for the face to carry out. */
 export type StatelessPlan =
-  /** Answered here (an aggregate's merged lists, a name no member has). */
-  | { kind: 'answer', response: JsonRpcResponse, serverInfo: Record<string, unknown> }
+  /** Answered here (an aggregate's merged lists, a name no member has, a task the gateway does not know). */
+  | { kind: 'answer', response: JsonRpcResponse, serverInfo?: Record<string, unknown> }
   /** Runs on `server`'s pool with these params; `serverInfo`: what the answer names as its server, when not the pool's own. */
   | { kind: 'pool', server: string, params: unknown, serverInfo?: Record<string, unknown> }
 
@@ -73,6 +73,19 @@ export class StatelessKinds {
   }
 }
 
+/**
+ * The methods of the 2026-07-28 Tasks extension that name a task. A task of this era exists only
+ * on a 2026-07-28 backend (relayed as it is): the gateway neither creates tasks on the 2025-era
+ * backends it serves such requests from nor bridges theirs yet, so there every task id is unknown.
+ */
+const TASK_METHODS = new Set(['tasks/get', 'tasks/update', 'tasks/cancel'])
+
+function unknownTask (request: JsonRpcRequest): StatelessPlan {
+  const params = isRecord(request.params) ? request.params : {}
+  const taskId = typeof params.taskId === 'string' ? params.taskId.slice(0, 200) : ''
+  return { kind: 'answer', response: errorResponse(request.id, JSONRPC_INVALID_PARAMS, `Unknown task: ${JSON.stringify(taskId)}`) }
+}
+
 function pooledServer (server: string, pool: ConnectionPool, live: ServerSource): StatelessServer {
   return {
     async relayTo (headers) {
@@ -84,7 +97,10 @@ function pooledServer (server: string, pool: ConnectionPool, live: ServerSource)
     subscribesResources: true,
     listenTopics: () => [server],
     async holdForListen (tenant, uris) { return await pool.hold(server, tenant, uris) },
-    async plan (_tenant, request) { return { kind: 'pool', server, params: request.params } }
+    async plan (_tenant, request) {
+      if (TASK_METHODS.has(request.method)) return unknownTask(request)
+      return { kind: 'pool', server, params: request.params }
+    }
   }
 }
 
@@ -102,6 +118,7 @@ function aggregateServer (server: string, pool: ConnectionPool, aggregates: Stat
       return () => { for (const h of held) if (h.status === 'fulfilled') h.value() }
     },
     async plan (tenant, request) {
+      if (TASK_METHODS.has(request.method)) return unknownTask(request)
       const routed = await aggregates.route(server, tenant, request)
       const serverInfo = (await aggregates.info(server, tenant)).serverInfo
       return routed.kind === 'answer'
