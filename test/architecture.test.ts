@@ -32,7 +32,7 @@ const ALLOWED: string[] = [
   "src/backends/supervisor.ts: if (live >= config.maxSessions && !(config.transport === 'stdio' && config.sessions === 'pooled')) {"
 ]
 
-const KIND_ASKS = /isPooled|isDirect|instanceof (PooledRoute|AggregateRelay)|relay\.direct|transport === 'aggregate'|sessions === 'pooled'/
+const KIND_ASKS = /isPooled|isDirect|instanceof (PoolReservations|AggregateRelay)|relay\.direct|transport === 'aggregate'|sessions === 'pooled'/
 
 async function sources (dir: string): Promise<string[]> {
   const entries = await readdir(dir, { withFileTypes: true })
