@@ -43,8 +43,8 @@ export interface PooledCall {
   rebind (sink: PoolSink): void
 }
 
-/** What a connection needs of the pool it belongs to. */
-export interface ConnectionContext {
+/** What every connection of a pool is opened with (part of the pool's options). */
+export interface ConnectionSettings {
   replicaId: string
   config: Readonly<Config>
   backends: BackendSupervisor
@@ -52,6 +52,10 @@ export interface ConnectionContext {
   metrics: GatewayMetrics
   upstream?: UpstreamLookup
   toolPolicy?: ToolPolicyLookup
+}
+
+/** What a connection needs of the pool it belongs to. */
+export interface ConnectionContext extends ConnectionSettings {
   /** The next number of the pool-wide sequence (connection ids, request keys, server request ids). */
   nextSeq (): number
   /** A request on the connection ended: it may serve the next one. */

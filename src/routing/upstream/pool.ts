@@ -25,25 +25,21 @@
 //   instructions) answers `server/discover` without a backend round trip.
 // - An idle connection is stopped after the sessions' idle timeout.
 import { performance } from 'node:perf_hooks'
-import type { Logger } from 'pino'
-import type { ToolPolicyLookup } from '../../auth/tool-policy.js'
 import type { ServerSource } from '../../config/live.js'
-import type { BackendServerConfig as ServerConfig, Config, ServerConfig as AnyServerConfig, StdioServerConfig } from '../../config/schema.js'
+import type { BackendServerConfig as ServerConfig, ServerConfig as AnyServerConfig, StdioServerConfig } from '../../config/schema.js'
 import { isAggregateConfig, kindNameOf } from '../../config/server-kind.js'
 import {
   GW_ERR_BACKEND_UNAVAILABLE, GW_ERR_POOL_BUSY, GW_ERR_SERVER_NOT_FOUND, GW_ERR_SHUTTING_DOWN, isGatewayError, withRetryAfter, type GatewayError
 } from '../../core/errors.js'
 import type { JsonRpcMessage, JsonRpcRequest } from '../../core/jsonrpc.js'
-import type { GatewayMetrics } from '../../telemetry/metrics.js'
 import type { BackendInfo } from './gateway-relay.js'
 import { forwardIfChanged, ListDigests } from './list-changes.js'
-import { PoolConnection, type ConnectionContext, type PooledCall, type PoolSink, type RunOptions } from './pool-connection.js'
-import { serverTenantKey, type BackendSupervisor, type UpstreamLookup } from './ports.js'
+import { PoolConnection, type ConnectionContext, type ConnectionSettings, type PooledCall, type PoolSink, type RunOptions } from './pool-connection.js'
+import { serverTenantKey } from './ports.js'
 import { asGatewayError } from './relay.js'
 
 export type { BackendInfo } from './gateway-relay.js'
 export type { PooledCall, PoolSink, RunOptions } from './pool-connection.js'
-export { BRIDGED_CAPABILITIES } from './gateway-relay.js'
 
 /** A connection set aside for one request (reserve()): run it, or release it unused. */
 export interface Reservation {
@@ -60,15 +56,8 @@ export interface PoolStats {
   waiting: number
 }
 
-export interface ConnectionPoolOptions {
-  replicaId: string
-  config: Readonly<Config>
+export interface ConnectionPoolOptions extends ConnectionSettings {
   live: ServerSource
-  backends: BackendSupervisor
-  log: Logger
-  metrics: GatewayMetrics
-  upstream?: UpstreamLookup
-  toolPolicy?: ToolPolicyLookup
   /** Session-level messages of a backend (list_changed, resources/updated), for listen streams. */
   onServerEvent?: (server: string, tenant: string | null, message: JsonRpcMessage) => void
 }
@@ -131,13 +120,7 @@ export class ConnectionPool {
   constructor (options: ConnectionPoolOptions) {
     this.#options = options
     this.#context = {
-      replicaId: options.replicaId,
-      config: options.config,
-      backends: options.backends,
-      log: options.log,
-      metrics: options.metrics,
-      ...(options.upstream !== undefined ? { upstream: options.upstream } : {}),
-      ...(options.toolPolicy !== undefined ? { toolPolicy: options.toolPolicy } : {}),
+      ...options,
       nextSeq: () => ++this.#seq,
       released: conn => { this.#released(conn) },
       forget: conn => { this.#forget(conn) },
