@@ -33,7 +33,7 @@ const ALLOWED: string[] = [
 ]
 
 // `.isAggregate(`: the 2026-07-28 face once asked it of every request (routing/kinds/stateless.ts answers now).
-const KIND_ASKS = /isPooled|isDirect|\.isAggregate\(|instanceof (PooledRoute|AggregateRelay)|relay\.direct|transport === 'aggregate'|sessions === 'pooled'/
+const KIND_ASKS = /isPooled|isDirect|\.isAggregate\(|instanceof (PoolReservations|AggregateRelay)|relay\.direct|transport === 'aggregate'|sessions === 'pooled'/
 
 async function sources (dir: string): Promise<string[]> {
   const entries = await readdir(dir, { withFileTypes: true })

@@ -15,7 +15,7 @@ import type { JsonRpcMessage, JsonRpcRequest, JsonRpcResponse } from '../../core
 import type { SessionRecord } from '../../state/session-store.js'
 import type { TraceCarrier } from '../../telemetry/tracing.js'
 import type { Relay } from '../upstream/relay.js'
-import type { PooledRoute } from './pooled-sessions.js'
+import type { PoolReservations } from './pooled-sessions.js'
 
 export { kindNameOf, serverConfigOf, type KindName } from '../../config/server-kind.js'
 
@@ -24,7 +24,7 @@ export { kindNameOf, serverConfigOf, type KindName } from '../../config/server-k
  * here or the owner replica's id (routed), what the requests reserved of the pool (pooled), or
  * nothing (direct). Opaque to everything but the kind that made it.
  */
-export type Route = Relay | string | PooledRoute
+export type Route = Relay | string | PoolReservations
 
 export interface SessionKind {
   readonly name: KindName

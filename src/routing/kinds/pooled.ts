@@ -1,10 +1,10 @@
-// Pooled sessions (ARCHITECTURE.md flow 9): a session of a `sessions: pooled` stdio server holds
-// no child; each request borrows a connection of the (server, tenant) pool on the replica that
-// received it (routing/kinds/pooled-sessions.ts). No owner: losing a replica loses only the requests it
-// was running.
+// Pooled sessions (docs/architecture.md, "A pooled call"): a session of a `sessions: pooled` stdio
+// server holds no child; each request borrows a connection of the (server, tenant) pool on the
+// replica that received it (kinds/pooled-sessions.ts). No owner: losing a replica loses only the
+// requests it was running.
 import type { JsonRpcMessage, JsonRpcRequest, JsonRpcResponse } from '../../core/jsonrpc.js'
 import type { SessionRecord } from '../../state/session-store.js'
-import { PooledRoute, type PooledSessions } from './pooled-sessions.js'
+import { PoolReservations, type PooledSessions } from './pooled-sessions.js'
 import type { Delivery } from './delivery.js'
 import type { KindName, Route, SessionKind } from './kind.js'
 
@@ -39,13 +39,13 @@ export class PooledKind implements SessionKind {
   sendsFromHere (): boolean { return true }
 
   release (route: Route | undefined, request?: JsonRpcRequest): void {
-    if (!(route instanceof PooledRoute)) return
+    if (!(route instanceof PoolReservations)) return
     if (request !== undefined) route.take(request)?.release()
     else route.release()
   }
 
   async fromClient (record: SessionRecord, message: JsonRpcMessage, streamId: string | null, route: Route | undefined): Promise<void> {
-    await this.#sessions.fromClient(record, message, streamId, route instanceof PooledRoute ? route : undefined)
+    await this.#sessions.fromClient(record, message, streamId, route instanceof PoolReservations ? route : undefined)
   }
 
   answer (record: SessionRecord, response: JsonRpcResponse): void {

@@ -1,4 +1,4 @@
-// Parked calls of Multi Round-Trip Requests (SPEC.md M-8; ARCHITECTURE.md flow 8): a legacy
+// Parked calls of Multi Round-Trip Requests (docs/behaviour.md, "2026-07-28 (stateless) requests"): a legacy
 // backend's mid-call server-to-client requests, handed to a modern client as an `input_required`
 // result, wait here for the client's retry. The call itself stays in flight on its pooled
 // connection (pool.ts); the retry's `inputResponses` answer the backend's requests.
@@ -58,13 +58,13 @@ export interface ParkedCallsOptions {
 }
 
 export class ParkedCalls {
-  readonly #o: ParkedCallsOptions
+  readonly #options: ParkedCallsOptions
   readonly #secret: Buffer
   readonly #entries = new Map<string, Entry>()
   #seq = 0
 
   constructor (options: ParkedCallsOptions) {
-    this.#o = options
+    this.#options = options
     this.#secret = options.secret ?? randomBytes(32)
   }
 
@@ -80,13 +80,13 @@ export class ParkedCalls {
   /** Parks a call for `principal`; returns the signed requestState that claims it. */
   park (parked: ParkedCall, principal: string): string {
     const handle = `${++this.#seq}.${randomBytes(9).toString('base64url')}`
-    const ttlMs = this.#o.ttlMs
+    const ttlMs = this.#options.ttlMs
     const timer = setTimeout(() => {
       if (this.#entries.delete(handle)) parked.onExpire()
     }, ttlMs)
     timer.unref()
     this.#entries.set(handle, { parked, principal, timer })
-    const payload: StatePayload = { h: handle, r: this.#o.replicaId, e: Date.now() + ttlMs }
+    const payload: StatePayload = { h: handle, r: this.#options.replicaId, e: Date.now() + ttlMs }
     const body = Buffer.from(JSON.stringify(payload)).toString('base64url')
     return `${body}.${this.#sign(body, principal)}`
   }
@@ -111,7 +111,7 @@ export class ParkedCalls {
    */
   take (requestState: unknown, principal: string): ParkedCall {
     const payload = this.#verify(requestState, principal)
-    if (payload.r !== this.#o.replicaId) throw new GW_ERR_INVALID_PARAMS('requestState belongs to a call parked on another replica, which cannot be reached from here')
+    if (payload.r !== this.#options.replicaId) throw new GW_ERR_INVALID_PARAMS('requestState belongs to a call parked on another replica, which cannot be reached from here')
     const entry = this.#entries.get(payload.h)
     if (entry === undefined) throw new GW_ERR_INVALID_PARAMS('requestState was already used or has expired')
     this.#entries.delete(payload.h)

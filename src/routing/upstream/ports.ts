@@ -4,12 +4,19 @@ import type { SupervisedHandlers, SupervisedOpenOptions } from '../../backends/s
 import type { TenantUpstream } from '../../backends/backend.js'
 import type { BackendSessionHandle } from './relay.js'
 
-/** What the upstream connections need of the supervisor (src/backends/supervisor.ts implements it). */
-export interface BackendPool {
+/**
+ * What the upstream connections need of the backend supervisor (src/backends/supervisor.ts
+ * implements it): it starts, restarts and stops backend connections. Not a pool: the pool of
+ * initialised connections per (server, tenant) is ConnectionPool (pool.ts).
+ */
+export interface BackendSupervisor {
   open (sid: string, server: string, handlers: SupervisedHandlers, options?: SupervisedOpenOptions): Promise<BackendSessionHandle>
   stop (sid: string): Promise<void>
   stopAll (options?: { detach?: boolean }): Promise<void>
 }
+
+/** @deprecated The former name of BackendSupervisor, kept until the rooms that still import it have moved. */
+export type BackendPool = BackendSupervisor
 
 /** A tenant's upstream headers/env for a server (auth/tenants.ts). */
 export type UpstreamLookup = (tenant: string | null | undefined, server: string) => TenantUpstream

@@ -1,17 +1,20 @@
-// The relay of one backend session on this replica (ARCHITECTURE.md section 2): it translates
-// between the client's hop and the backend's (SPEC.md G-1) and knows nothing of HTTP, Redis or
-// other replicas. What it sends toward the client goes through RelayHost.append (the stream's log).
+// The relay of one backend session on this replica (docs/architecture.md, "A backend message"): it
+// translates between the client's hop and the backend's (each is its own MCP connection, with its
+// own negotiated version) and knows nothing of HTTP, Redis or other replicas. What it sends toward
+// the client goes through RelayHost.append (the stream's log).
 //
-// - Request ids: gateway-minted integers toward the backend (SPEC.md J-3), mapped back to the
-//   client's ids; "direct" sessions (Streamable HTTP backends shared by several replicas) pass
-//   the client's ids through, unique in the session, so replicas never collide.
+// - Request ids: gateway-minted integers toward the backend (an id is unique per sender, and the
+//   gateway is the backend's one client), mapped back to the client's ids; "direct" sessions
+//   (Streamable HTTP backends shared by several replicas) pass the client's ids through, unique in
+//   the session, so replicas never collide.
 // - In flight: every request has a deadline; on expiry the client gets -32006 and a stdio backend
-//   gets `notifications/cancelled` (L-7), except for initialize (L-5).
-// - Progress goes to the stream of the request that carried the token (U-PROG-2); other messages go
-//   to the one request in flight, else to the GET stream (flow 2).
+//   gets `notifications/cancelled` (MCP spec, "Lifecycle": timeouts), except for initialize, which
+//   is never cancelled (MCP spec, "Cancellation").
+// - Progress goes to the stream of the request that carried the token (MCP spec, "Progress");
+//   other messages go to the one request in flight, else to the GET stream.
 // - Server-to-client requests get opaque ids `s.<replica>.<seq>` so the client's answer can reach
-//   this replica from any other (flow 3); a capability the client did not declare is refused to the
-//   backend with -32601 and never reaches the client (L-4, G-3).
+//   this replica from any other; a capability the client did not declare is refused to the backend
+//   with -32601 and never reaches the client (MCP spec, "Lifecycle": capability negotiation).
 import { performance } from 'node:perf_hooks'
 import type { Logger } from 'pino'
 import {
@@ -133,10 +136,10 @@ export class Relay {
   backend: BackendSessionHandle | null = null
   #protocolVersion: string
   #clientCapabilities: Record<string, unknown>
-  readonly #o: RelayOptions
+  readonly #options: RelayOptions
   #nextId = 1
   // The four maps below are made on first use: an idle session (most of them, most of the time)
-  // holds none, a few hundred bytes each (issue 10, heap per idle session).
+  // holds none, a few hundred bytes each (docs/performance.md: heap per idle session).
   /** Keyed by idKey(backend id). */
   #inFlight: Map<string, InFlight> | undefined
   /** idKey(client id) -> idKey(backend id). */
@@ -149,7 +152,7 @@ export class Relay {
   #auditLog: AuditLog | undefined
 
   constructor (options: RelayOptions) {
-    this.#o = options
+    this.#options = options
     this.sid = options.sid
     this.server = options.server
     this.legacy = options.legacy
@@ -164,7 +167,7 @@ export class Relay {
 
   /** Who the session belongs to (tenant and subject digest), for audit lines. */
   get principal (): { tenant: string | null, subject: string } {
-    return this.#o.principal ?? { tenant: null, subject: 'anonymous' }
+    return this.#options.principal ?? { tenant: null, subject: 'anonymous' }
   }
 
   /** Requests of the client in flight to the backend. */
@@ -203,7 +206,7 @@ export class Relay {
   #forwardRequest (request: JsonRpcRequest, streamId: string, trace: TraceCarrier | undefined, holder: string | undefined): void {
     const startedAt = performance.now()
     if (request.method === 'ping') {
-      // Answered here: a client's liveness check is about the gateway (SPEC.md L-8 REC).
+      // Answered here: a client's liveness check is about the gateway, not the backend behind it.
       this.metrics.operation('ping', undefined, '', startedAt)
       this.#reply(streamId, { jsonrpc: '2.0', id: request.id, result: {} })
       return
@@ -215,7 +218,7 @@ export class Relay {
     }
     const backendId: RequestId = this.direct ? request.id : this.#nextId++
     const key = idKey(backendId)
-    const timeoutMs = this.#o.requestTimeoutMs
+    const timeoutMs = this.#options.requestTimeoutMs
     const entry: InFlight = {
       backendId,
       clientId: request.id,
@@ -233,7 +236,7 @@ export class Relay {
     if (entry.progressToken !== undefined) (this.#byToken ??= new Map()).set(idKey(entry.progressToken), streamId)
     let outgoing: JsonRpcRequest = { ...request, id: backendId }
     if (tracing !== null) {
-      ({ request: outgoing, span: entry.span } = tracing.backendRequest(outgoing, trace, { sid: this.sid, server: this.server, backendTransport: this.#o.backendTransport }))
+      ({ request: outgoing, span: entry.span } = tracing.backendRequest(outgoing, trace, { sid: this.sid, server: this.server, backendTransport: this.#options.backendTransport }))
     }
     backend.send(outgoing).catch(err => {
       const settled = this.#settle(key, 'send_failed')
@@ -258,13 +261,13 @@ export class Relay {
       const entry = key === undefined ? undefined : this.#inFlight?.get(key)
       if (key === undefined || entry === undefined) {
         // Direct sessions: the request may be in flight from another replica; the id is the
-        // backend's id too, so the backend can still be told. Routed: unknown, MAY be ignored (U-CAN-1).
+        // backend's id too, so the backend can still be told. Routed: unknown, which the MCP spec's "Cancellation" lets a receiver ignore.
         if (!this.direct) return
       } else {
-        if (entry.method === 'initialize') return // initialize is never cancelled (L-5)
+        if (entry.method === 'initialize') return // initialize is never cancelled (MCP spec, "Cancellation")
         this.#settle(key, 'cancelled')
         // The request's stream is told it ends without an answer (cancelledAnswer): never sent,
-        // but it settles the request, so its stream need not wait for one (U-CAN-1).
+        // but it settles the request, so its stream need not wait for one (MCP spec, "Cancellation": no answer follows).
         this.#reply(entry.streamId, cancelledAnswer(entry.clientId))
         outgoing = { ...notification, params: { ...params, requestId: entry.backendId } }
       }
@@ -298,19 +301,19 @@ export class Relay {
     if (isCancelledAnswer(response)) delete (response as unknown as Record<string, unknown>)[CANCELLED_MEMBER]
     const backendResult = 'result' in response ? response.result : undefined
     if (entry.method === 'initialize' && 'result' in response && isRecord(response.result)) {
-      // The client's hop has its own negotiated version (SPEC.md G-1).
+      // The client's hop negotiated its own version: the gateway is a separate MCP peer on each side.
       response = { ...response, result: { ...response.result, protocolVersion: this.#protocolVersion } }
     }
-    if (this.#o.filterResult !== undefined && 'result' in response) {
+    if (this.#options.filterResult !== undefined && 'result' in response) {
       // Most answers pass the filter unchanged: no copy for them.
-      const result = this.#o.filterResult(entry.method, response.result)
+      const result = this.#options.filterResult(entry.method, response.result)
       if (result !== response.result) response = { ...response, result }
     }
     try {
-      await this.#o.host.append(this.sid, entry.streamId, response, entry.holder)
+      await this.#options.host.append(this.sid, entry.streamId, response, entry.holder)
     } finally {
-      // Recorded once the answer is on its way: none of this delays it (issue 10).
-      if (this.#o.uncounted?.(entry.streamId) !== true) this.metrics.operation(entry.method, entry.tool, errorTypeOf(message), entry.startedAt)
+      // Recorded once the answer is on its way: none of this delays it.
+      if (this.#options.uncounted?.(entry.streamId) !== true) this.metrics.operation(entry.method, entry.tool, errorTypeOf(message), entry.startedAt)
       if ('error' in message) this.metrics.backendError('error_response')
       else if (entry.method === 'tools/list') this.metrics.toolsListed(backendResult)
       if (entry.method === 'tools/call') this.#auditCall(entry, outcomeOf(message))
@@ -318,7 +321,7 @@ export class Relay {
     if (entry.method === 'initialize' && 'error' in response) {
       // A session whose initialize failed is of no use, and its child counts against maxSessions:
       // end it once the client has had a moment to read the error.
-      setTimeout(() => { this.#o.host.endSession(this.sid, 'initialize failed').catch(() => {}) }, 1000).unref()
+      setTimeout(() => { this.#options.host.endSession(this.sid, 'initialize failed').catch(() => {}) }, 1000).unref()
     }
   }
 
@@ -327,8 +330,8 @@ export class Relay {
     if (notification.method === 'notifications/progress') {
       const token = params.progressToken
       const streamId = (typeof token === 'string' || typeof token === 'number') ? this.#byToken?.get(idKey(token)) : undefined
-      if (streamId === undefined) return // progress for no active request (U-PROG-1)
-      await this.#o.host.append(this.sid, isJsonStream(streamId) ? GET_STREAM : streamId, notification)
+      if (streamId === undefined) return // progress for no active request: dropped (MCP spec, "Progress")
+      await this.#options.host.append(this.sid, isJsonStream(streamId) ? GET_STREAM : streamId, notification)
       return
     }
     if (notification.method === 'notifications/cancelled') {
@@ -338,13 +341,13 @@ export class Relay {
         if (pending.backendId === requestId) {
           this.#pending?.delete(opaque)
           clearTimeout(pending.timer)
-          await this.#o.host.append(this.sid, pending.streamId, { ...notification, params: { ...params, requestId: opaque } })
+          await this.#options.host.append(this.sid, pending.streamId, { ...notification, params: { ...params, requestId: opaque } })
           return
         }
       }
       return
     }
-    await this.#o.host.append(this.sid, this.#pickStream(notification.method), notification)
+    await this.#options.host.append(this.sid, this.#pickStream(notification.method), notification)
   }
 
   async #fromBackendRequest (request: JsonRpcRequest): Promise<void> {
@@ -355,23 +358,23 @@ export class Relay {
     }
     const capability = capabilityNeededBy(request.method)
     if (capability !== undefined && this.#clientCapabilities[capability] === undefined) {
-      // Never forward what the client did not declare (SPEC.md L-4, G-3).
+      // Never forward what the client did not declare (MCP spec, "Lifecycle": capability negotiation).
       await backend?.send(errorResponse(request.id, JSONRPC_METHOD_NOT_FOUND, `Client does not support ${request.method} (no '${capability}' capability)`)).catch(() => {})
       return
     }
-    const opaque = this.#o.host.nextServerRequestId()
+    const opaque = this.#options.host.nextServerRequestId()
     const streamId = this.#pickStream(request.method)
-    const timeoutMs = this.#o.clientRequestTimeoutMs
+    const timeoutMs = this.#options.clientRequestTimeoutMs
     const timer = setTimeout(() => {
       if (this.#pending?.delete(opaque) !== true) return
       backend?.send(errorResponse(request.id, -32006, `Client did not answer ${request.method} within ${timeoutMs} ms`)).catch(() => {})
     }, timeoutMs)
     timer.unref()
     ;(this.#pending ??= new Map()).set(opaque, { backendId: request.id, streamId, timer })
-    await this.#o.host.append(this.sid, streamId, { ...request, id: opaque })
+    await this.#options.host.append(this.sid, streamId, { ...request, id: opaque })
   }
 
-  /** Flow 2: other messages to the one in-flight request's stream, else the GET stream. */
+  /** Where a backend message of no request goes: the one in-flight request's stream, else the GET stream. */
   #pickStream (method: string): string {
     if (this.legacy) return LEGACY_STREAM
     if (!SESSION_LEVEL.test(method) && this.#inFlight?.size === 1) {
@@ -386,9 +389,9 @@ export class Relay {
   #onRequestTimeout (key: string, timeoutMs: number): void {
     const entry = this.#settle(key, 'timeout')
     if (entry === undefined) return
-    // Stop waiting and tell the backend (SPEC.md L-7), except for initialize, which is never
-    // cancelled (L-5), and HTTP backends, whose connection sends its own cancel on its deadline.
-    if (entry.method !== 'initialize' && this.#o.cancelOnTimeout) {
+    // Stop waiting and tell the backend (MCP spec, "Lifecycle": timeouts), except for initialize,
+    // which is never cancelled, and HTTP backends, whose connection sends its own cancel on its deadline.
+    if (entry.method !== 'initialize' && this.#options.cancelOnTimeout) {
       this.backend?.send({ jsonrpc: '2.0', method: 'notifications/cancelled', params: { requestId: entry.backendId, reason: 'gateway timeout' } }).catch(() => {})
     }
     this.#fail(entry, new GW_ERR_BACKEND_TIMEOUT(this.server, timeoutMs), 'timeout')
@@ -424,7 +427,7 @@ export class Relay {
     return entry
   }
 
-  /** The audit line of a tools/call (issue 8): who, which tool, how it ended, how long it took. */
+  /** The audit line of a tools/call (docs/authentication.md, "Audit"): who, which tool, how it ended, how long it took. */
   #auditCall (entry: InFlight, outcome: Outcome): void {
     this.#auditLog ??= auditChild(this.log, 'tools.call', { ...this.principal, server: this.server })
     auditSoon(this.#auditLog, 'tools.call', {
@@ -446,7 +449,7 @@ export class Relay {
   }
 
   #reply (streamId: string, message: JsonRpcMessage): void {
-    this.#o.host.append(this.sid, streamId, message).catch(err => this.log.error({ err }, 'reply not appended'))
+    this.#options.host.append(this.sid, streamId, message).catch(err => this.log.error({ err }, 'reply not appended'))
   }
 }
 
