@@ -10,12 +10,12 @@ import type { Logger } from 'pino'
 import type { ServerSource } from '../../config/live.js'
 import { backendConfigOf, serverConfigOf } from '../../config/server-kind.js'
 import { GW_ERR_BACKEND_UNAVAILABLE } from '../../core/errors.js'
-import { isRecord, isResponse, type JsonRpcMessage, type JsonRpcNotification, type JsonRpcRequest, type JsonRpcResponse } from '../../core/jsonrpc.js'
+import { isResponse, type JsonRpcMessage, type JsonRpcNotification, type JsonRpcRequest, type JsonRpcResponse } from '../../core/jsonrpc.js'
 import { LATEST_VERSION } from '../../core/protocol-version.js'
 import type { GatewayMetrics } from '../../telemetry/metrics.js'
-import type { BackendPool, UpstreamLookup } from '../upstream/ports.js'
+import type { BackendSupervisor, UpstreamLookup } from '../upstream/ports.js'
 import type { BackendInfo, ConnectionPool, PooledCall } from '../upstream/pool.js'
-import { GATEWAY_INITIALIZE_PARAMS, gatewayRelay } from '../upstream/gateway-relay.js'
+import { GATEWAY_INITIALIZE_PARAMS, gatewayRelay, initializeBackend } from '../upstream/gateway-relay.js'
 import type { Relay } from '../upstream/relay.js'
 
 /** What a member sends about one request of the aggregate. */
@@ -46,7 +46,7 @@ export interface DedicatedLinkOptions {
   /** The aggregate session's id: the member's connection is `<sid>~<member>`. */
   sid: string
   live: ServerSource
-  backends: BackendPool
+  backends: BackendSupervisor
   tenant: string | null
   upstream: UpstreamLookup | undefined
   gatewayMetrics: GatewayMetrics
@@ -113,13 +113,7 @@ export class DedicatedLink implements MemberLink {
       ...(options.upstream !== undefined ? { upstream: options.upstream(options.tenant, this.server) } : {})
     })
     const key = `i${++this.#seq}`
-    const answer = await new Promise<JsonRpcMessage>(resolve => {
-      this.#sinks.set(key, { onMessage: m => { if (isResponse(m)) resolve(m) } })
-      relay.deliver({ jsonrpc: '2.0', id: key, method: 'initialize', params: initializeParams }, key)
-    })
-    if (!isResponse(answer) || 'error' in answer) throw new GW_ERR_BACKEND_UNAVAILABLE(this.server, `initialize failed: ${isResponse(answer) && 'error' in answer ? answer.error.message : 'no answer'}`)
-    relay.deliver({ jsonrpc: '2.0', method: 'notifications/initialized' }, null)
-    return backendInfo(this.server, answer.result)
+    return await initializeBackend(relay, key, onMessage => { this.#sinks.set(key, { onMessage }) })
   }
 
   async run (build: (key: string) => JsonRpcRequest, sink: MemberSink): Promise<MemberCall> {
@@ -189,15 +183,4 @@ export class PooledLink implements MemberLink {
   }
 
   async close (): Promise<void> {}
-}
-
-/** What a member's initialize result says of it, with defaults for what it left out. */
-function backendInfo (server: string, result: unknown): BackendInfo {
-  const r = isRecord(result) ? result : {}
-  return {
-    protocolVersion: typeof r.protocolVersion === 'string' ? r.protocolVersion : LATEST_VERSION,
-    capabilities: isRecord(r.capabilities) ? r.capabilities : {},
-    serverInfo: isRecord(r.serverInfo) ? r.serverInfo : { name: server, version: '0' },
-    ...(typeof r.instructions === 'string' ? { instructions: r.instructions } : {})
-  }
 }

@@ -27,7 +27,7 @@ import { AggregateCatalogue, unitedInfo, type ListKind } from './catalogue.js'
 import { DedicatedLink, PooledLink, type MemberCall } from './member-link.js'
 import { routeRequest } from './route.js'
 import { SessionMembers, type SessionMember } from './session-members.js'
-import type { BackendPool, UpstreamLookup } from '../upstream/ports.js'
+import type { BackendSupervisor, UpstreamLookup } from '../upstream/ports.js'
 import type { ConnectionPool } from '../upstream/pool.js'
 import { isJsonStream, Relay, type RelayHost, type RelayOptions } from '../upstream/relay.js'
 import { capabilityNeededBy } from '../../core/mcp.js'
@@ -65,7 +65,7 @@ export interface AggregateOptions extends Omit<RelayOptions, 'legacy' | 'direct'
   config: Readonly<Config>
   aggregate: AggregateServerConfig
   live: ServerSource
-  backends: BackendPool
+  backends: BackendSupervisor
   pool: ConnectionPool
   tenant: string | null
   upstream: UpstreamLookup | undefined

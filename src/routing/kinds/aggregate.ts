@@ -9,7 +9,7 @@ import type { SessionRecord } from '../../state/session-store.js'
 import { principalOfRecord } from '../../auth/principal.js'
 import { lazyChild, shortHash } from '../../telemetry/logger.js'
 import { AggregateRelay } from '../aggregate/relay.js'
-import type { BackendPool, UpstreamLookup } from '../upstream/ports.js'
+import type { BackendSupervisor, UpstreamLookup } from '../upstream/ports.js'
 import type { ConnectionPool } from '../upstream/pool.js'
 import { capabilitiesOf, type RelayHost } from '../upstream/relay.js'
 import { serverConfigOf, type KindName } from './kind.js'
@@ -19,7 +19,7 @@ import { RoutedKind, type RelayKindOptions } from './routed.js'
 const CAPACITY_RETRY_AFTER_S = 5
 
 export interface AggregateKindOptions extends RelayKindOptions {
-  backends: BackendPool
+  backends: BackendSupervisor
   pool: ConnectionPool
   host: RelayHost
   upstream: UpstreamLookup | undefined
