@@ -343,7 +343,7 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
     // Closing: the hook below answers 503 in the gateway's format (Fastify's own has no Retry-After).
     return503OnClosing: false,
     // Errors before any route runs (bad percent-encoding, an over-long name) and the HTTP parser's
-    // answer in the gateway's format too (issue 28).
+    // answer in the gateway's format too: a client reads one error format whatever it sent.
     frameworkErrors: (err, req, reply) => { handleError(err, req, reply) },
     clientErrorHandler: clientErrorHandler(metrics, log as FastifyBaseLogger, REQUEST_TIMEOUT_MS),
     // A request body must arrive within this time (slowloris); responses, SSE included, are not limited.
@@ -358,7 +358,7 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
     reply.code(404).type('application/json').send({ jsonrpc: '2.0', id: null, error: { code: -32000, message: `Not Found: ${req.method} ${req.url.split('?')[0] ?? ''}`, data: { source: 'gateway' } } })
   })
   // The access line is at debug: at info it was a synchronous write per request, a tenth or more of
-  // the gateway's own cost per call (issue 10). `log.level: debug` brings it back. The level is a
+  // the gateway's own cost per call. `log.level: debug` brings it back. The level is a
   // process setting, so below debug the hook is not registered at all: an onResponse hook costs
   // every request a hook run even when it logs nothing.
   if (log.isLevelEnabled('debug')) {
@@ -378,7 +378,7 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
   // /metrics: on the main listener unless it has an address of its own; never under /mcp.
   const metricsApp = await metricsListener(config, metrics, log)
   if (metricsApp === null) await app.register(httpMetrics, { metrics, token: config.metrics.token })
-  // /admin: the console and admin API (issue 29), with `admin.token` only; never under /mcp.
+  // /admin: the console and admin API (docs/console.md), with `admin.token` only; never under /mcp.
   let admin: AdminService | undefined
   let adminApp: FastifyInstance | null = null
   if (config.admin !== undefined && adminStats !== undefined) {

@@ -1,5 +1,5 @@
-// Requests in flight at once per tenant and per subject on this replica (issue 26: one subject
-// must not hold a whole pool of children, nor a tenant every child of a dedicated server).
+// Requests in flight at once per tenant and per subject on this replica, so one subject cannot
+// hold a whole pool of children, nor a tenant every child of a dedicated server.
 // In-process counters: a slot is taken when a POST carrying requests is accepted and given back
 // when its response ends (answered, failed or abandoned), so nothing can leak across a crash and
 // nothing costs a Redis round trip. The bound is per replica; behind a balancer a tenant's

@@ -1,13 +1,13 @@
-// Failed authentication costs a budget per client address (issue 28), so guessing keys and floods
-// of tokens to verify are throttled: 429 with Retry-After once an address has spent its burst.
-// Only failures are charged, and only the address that failed. A valid credential is never refused
-// because of it, from that address either (issue 32: clients behind one proxy or NAT share an
-// address): the callers (http/authenticate.ts, http/admin/plugin.ts) still accept what verifies
-// from what the gateway holds, and answer everything else 429 without a charge or a key-set fetch.
-// The address is the client's as http/client-address.ts tells it (trusted proxies). The budget is
-// a GCRA bucket in the rate limiter (auth/rate-limit.ts): with Redis, one budget for every replica.
-// Once an address is refused, this replica knows it until its Retry-After has passed, so a flood
-// costs no limiter round trip: a digest, or one signature check with a key already held.
+// Failed authentication costs a budget per client address, so guessing keys and floods of tokens to
+// verify are throttled: 429 with Retry-After once an address has spent its burst. Only failures are
+// charged, and only the address that failed. A valid credential is never refused because of it,
+// from that address either (clients behind one proxy or NAT share an address): the callers
+// (http/authenticate.ts, http/admin/plugin.ts) still accept what verifies from what the gateway
+// holds, and answer everything else 429 without a charge or a key-set fetch. The address is the
+// client's as http/client-address.ts tells it (trusted proxies). The budget is a GCRA bucket in the
+// rate limiter (auth/rate-limit.ts): with Redis, one budget for every replica. Once an address is
+// refused, this replica knows it until its Retry-After has passed, so a flood costs no limiter
+// round trip: a digest, or one signature check with a key already held.
 import type { Bucket, RateLimiter } from './rate-limit.js'
 import { retryAfterSeconds } from './rate-limit.js'
 

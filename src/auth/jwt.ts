@@ -2,11 +2,11 @@
 // from the issuer's JWKS, with the issuer, an audience naming this endpoint (RFC 8707: by default
 // its resource URL), an allowed algorithm (never `none`), a valid exp/nbf and the tenant's extra
 // claims. Keys rotate: a token naming an unknown `kid` refetches the key set, at most once per
-// `jwksCooldownMs` (jose's cooldown). A key set that cannot be fetched is 503 with Retry-After,
-// not 401: the token may well be good. While it cannot be fetched, the keys already held still
-// verify tokens, and a token needing a fetch is refused at once until the backoff allows the next
-// attempt (issue 28): no request waits out the fetch deadline behind a failed one. `typ` is
-// checked where the issuer's config names one (RFC 9068: `at+jwt`).
+// `jwksCooldownMs` (jose's cooldown). A key set that cannot be fetched is 503 with Retry-After, not
+// 401: the token may well be good. While it cannot be fetched, the keys already held still verify
+// tokens, and a token needing a fetch is refused at once until the backoff allows the next attempt:
+// no request waits out the fetch deadline behind a failed one. `typ` is checked where the issuer's
+// config names one (RFC 9068: `at+jwt`).
 import {
   createLocalJWKSet, createRemoteJWKSet, decodeJwt, decodeProtectedHeader, errors, jwtVerify,
   type JSONWebKeySet, type JWTPayload, type JWTVerifyGetKey

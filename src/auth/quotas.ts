@@ -1,4 +1,5 @@
-// Open-session quotas of tenants and subjects (issue 8; ARCHITECTURE.md section 4 `P:q:{tenant}:…`).
+// Open-session quotas of tenants and subjects (docs/authentication.md; ARCHITECTURE.md section 4
+// `P:q:{tenant}:…`).
 // One interface, two twins (memory, Redis), and one rule on top of both (QuotaGate):
 //
 // - A slot is taken after the session record is written and before the backend starts, so every

@@ -1,5 +1,5 @@
-// Request rate limits of tenants (issue 8; ARCHITECTURE.md principle 5 and section 4). One
-// interface, two twins: memory (one process) and Redis (one shared budget for every replica).
+// Request rate limits of tenants (docs/authentication.md; ARCHITECTURE.md principle 5, section 4).
+// One interface, two twins: memory (one process) and Redis (one shared budget for every replica).
 // Both run GCRA, the "generic cell rate algorithm": a bucket is one number, its theoretical
 // arrival time (TAT); a request is admitted when TAT + interval - burst × interval <= now. Every
 // bucket a request touches (the tenant's, the subject's) is checked and charged in one step, all

@@ -1,8 +1,8 @@
-// Tool policy of a tenant on one server (issue 8): `tools: { allow, deny }`, globs where `*`
-// matches any run of characters (none included) and everything else matches itself. A tool is
-// callable when it matches an allow pattern (or allow is absent) and no deny pattern; deny wins.
-// `tools/list` answers are filtered to callable tools; a `tools/call` of any other tool is answered
-// by the gateway as an unknown tool (-32602) without reaching the backend.
+// Tool policy of a tenant on one server (docs/authentication.md): `tools: { allow, deny }`, globs
+// where `*` matches any run of characters (none included) and everything else matches itself. A
+// tool is callable when it matches an allow pattern (or allow is absent) and no deny pattern; deny
+// wins. `tools/list` answers are filtered to callable tools; a `tools/call` of any other tool is
+// answered by the gateway as an unknown tool (-32602) without reaching the backend.
 import type { ToolPolicyConfig } from '../config/schema.js'
 import { GW_ERR_UNKNOWN_TOOL, toJsonRpcError } from '../core/errors.js'
 import type { JsonRpcRequest, JsonRpcResponse } from '../core/jsonrpc.js'

@@ -65,7 +65,7 @@ export const LINGER_MS = 5000
 export const DELETE_TIMEOUT_MS = 5000
 
 // Headers the gateway sets itself or that describe one hop; never taken from the client. The
-// client's credentials are among them whatever forwardHeaders says (A-UP-1, issue 8): a backend
+// client's credentials are among them whatever forwardHeaders says (A-UP-1): a backend
 // gets the server's or the tenant's configured credentials, never the caller's.
 const RESERVED_HEADERS = new Set([
   'accept', 'content-type', 'content-length', 'transfer-encoding', 'connection', 'keep-alive',
@@ -102,7 +102,7 @@ export interface SseCursor {
 
 export const keyOf = (id: RequestId): string => typeof id === 'number' ? `n${id}` : `s${id}`
 
-// One URL per server config rather than one per session (issue 10); weak, so a reload's old configs go.
+// One URL per server config rather than one per session; weak, so a reload's old configs go.
 const serverUrls = new WeakMap<HttpServerConfig, URL>()
 
 function serverUrl (config: HttpServerConfig): URL {
@@ -129,7 +129,7 @@ export abstract class HttpBackend implements HttpBackendConnection {
   protected readonly streams: Pool
   /**
    * Requests in flight by keyOf(id). Made on first use and dropped when empty, as #lingering: an
-   * idle session would otherwise keep the empty Map its initialize left (~180 B, issue 10).
+   * idle session would otherwise keep the empty Map its initialize left (~180 B).
    */
   #pending: Map<string, Pending> | undefined
   /** See lifetime: made on first use. */
@@ -210,7 +210,7 @@ export abstract class HttpBackend implements HttpBackendConnection {
    * Aborted on close(), detach() or an unrecoverable failure, for what lasts as long as the
    * connection (legacy SSE's stream and its reconnect waits). Made on first use: a Streamable HTTP
    * session needs none (its GET run is stopped by stopStreams, its notification POSTs are exchanges),
-   * and an AbortController with its listeners held ~1 KB per idle session (issue 10).
+   * and an AbortController with its listeners held ~1 KB per idle session.
    */
   protected get lifetime (): AbortSignal {
     if (this.#lifetime === undefined) {
@@ -515,7 +515,7 @@ function withConfigured (headers: Record<string, string>, config: HttpServerConf
 
 // Base headers of the sessions that forward no client header, which depend only on the server's
 // config and the tenant's upstream (both long-lived objects): one frozen object per pair rather than
-// one per session (issue 10). Weak, so a reload's old configs take theirs with them.
+// one per session. Weak, so a reload's old configs take theirs with them.
 const sharedBases = new WeakMap<HttpServerConfig, WeakMap<TenantUpstream | typeof NO_UPSTREAM, Readonly<Record<string, string>>>>()
 const NO_UPSTREAM = Object.freeze({})
 

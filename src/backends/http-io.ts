@@ -120,7 +120,8 @@ export function backoff (attempt: number, baseMs: number, maxMs: number): number
  * Feeds an SSE body through eventsource-parser and calls `done` once: with null when the body
  * ended, or with what ended it otherwise (the body's error, a close before its end, a handler that
  * threw, a message above MAX_BODY_BYTES). Stream callbacks rather than `for await`, so a stream
- * that stays idle for hours holds no async iterator, promises or parked frames (issue 10).
+ * that stays idle for hours holds no async iterator, promises or parked frames (heap per idle
+ * session: docs/performance.md).
  */
 export function readSse (body: Body, onEvent: (event: EventSourceMessage) => void, onRetry: (ms: number) => void, done: (err: Error | null) => void): void {
   const decoder = new TextDecoder()
@@ -220,8 +221,8 @@ export interface SseHandler {
 /**
  * One long-lived SSE request dispatched on an undici pool with this object as its handler, where
  * request() with a signal adds a RequestHandler, a BodyReadable with its listeners and an
- * AbortController per stream, all held for as long as the stream stays idle (issue 10; readSse reads
- * the bodies that request() returns). The text goes through eventsource-parser as in readSse.
+ * AbortController per stream, all held for as long as the stream stays idle (readSse reads the
+ * bodies that request() returns). The text goes through eventsource-parser as in readSse.
  *
  * It speaks undici's v2 handler API (onRequestStart ...), the only one undici 8 keeps; undici 7
  * adapts it with a controller that would keep the answer's raw header Buffers for the stream's whole
@@ -237,7 +238,7 @@ export class SseExchange implements Dispatcher.DispatchHandler {
   /**
    * The parser and decoder of the events being read: made by the first chunk after an event boundary
    * and dropped at the next (endsEvent), so an idle stream that has sent nothing, or only whole
-   * events and comments, holds neither (~0.9 KB per stream, issue 10). Between events
+   * events and comments, holds neither (~0.9 KB per stream). Between events
    * eventsource-parser keeps no state but its first-chunk flag (#newParser), so a new one reads on
    * exactly as the old one would have.
    */

@@ -1,6 +1,7 @@
-// A 2025-era client session in front of a modern (2026-07-28) HTTP backend (issue 9, "legacy client,
-// modern backend"; ARCHITECTURE.md flow 8). The client's session is the gateway's: the backend
-// keeps none. This connection speaks sessions toward the relay and stateless requests upstream:
+// A 2025-era client session in front of a modern (2026-07-28) HTTP backend (docs/behaviour.md,
+// "2025 clients in front of a modern-only server"; ARCHITECTURE.md flow 8). The client's session is
+// the gateway's: the backend keeps none. This connection speaks sessions toward the relay and
+// stateless requests upstream:
 //
 // - initialize is answered from the backend's `server/discover` (its capabilities, serverInfo and
 //   instructions); notifications/initialized, logging/setLevel and resources/(un)subscribe are

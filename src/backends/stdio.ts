@@ -220,7 +220,7 @@ class StdioBackend implements BackendConnection {
   /**
    * Aborted when the child is gone or close() was called: wakes every waiter. Made by the first
    * wait for a full pipe (most children never have one): an AbortController held per child for
-   * nothing cost an idle session some hundreds of bytes (issue 10).
+   * nothing cost an idle session some hundreds of bytes.
    */
   #gone: AbortController | undefined
   #exited = false
@@ -431,7 +431,7 @@ export function createStdioBackendFactory (factoryOptions: StdioFactoryOptions =
   return async function openStdio (options) {
     const { server, config, handlers } = options
     if (!isStdio(config)) throw new GW_ERR_INTERNAL(`server '${server}' is not a stdio server`)
-    // The tenant's variables last: they are the most specific (issue 8). Nothing comes from the client.
+    // The tenant's variables last: they are the most specific. Nothing comes from the client (IO-9).
     const env = { ...childEnvironment(factoryOptions.baseEnv ?? process.env, config), ...options.upstream?.env }
     await nextSpawnTurn()
     let child: ChildProcess

@@ -374,7 +374,7 @@ export class StreamableHttpBackend extends HttpBackend implements SseHandler {
   // A state machine driven by callbacks (open -> read -> wait -> open ...), not an async loop, and
   // each GET an SseExchange (http-io.ts) with this backend as its SseHandler: an idle session's
   // stream then holds its run, the exchange and undici's connection state, no body stream, signal,
-  // promise or parked frame (issue 10).
+  // promise or parked frame (heap per idle session: docs/performance.md).
 
   #openGet (): void {
     if (this.closed) return

@@ -57,7 +57,7 @@ export class Supervisor {
   #shuttingDown = false
   /**
    * Told by every session when it ends (stop or gone): one function for all of them, where a closure
-   * per session kept open()'s whole scope alive (~140 B per idle session, issue 10). A session is in
+   * per session kept open()'s whole scope alive (~140 B per idle session). A session is in
    * #sessions from its construction until it ends, and its sid cannot be opened again meanwhile, so
    * finding it there is what makes the release happen once.
    */

@@ -1,11 +1,11 @@
-// The configuration a running gateway serves from, replaceable at run time (issue 11, live
-// reload; ARCHITECTURE.md section 3).
+// The configuration a running gateway serves from, replaceable at run time (live reload:
+// docs/configuration.md; ARCHITECTURE.md section 3).
 //
 // - Routing settings (`servers`, `auth`, `tenants`) are reloadable: a new config replaces them at
 //   once, and every listener registered with onChange() hears what changed.
 // - Every other top-level key is a process setting (listen, redis, log, http, sessions, shutdown,
-//   reload, and the keys later issues add: metrics, tracing, ...). A reload never applies one: the
-//   running value stays, and the change lists the key in `restartNeeded` so it can be reported.
+//   reload, metrics, tracing, ...). A reload never applies one: the running value stays, and the
+//   change lists the key in `restartNeeded` so it can be reported.
 //   Refusing the whole reload instead would hold back a server change behind an unrelated edit.
 //
 // Readers on the hot path read `live.servers` (a getter over one frozen object): no copy per

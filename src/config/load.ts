@@ -377,7 +377,8 @@ const MANAGED_HEADERS = new Set([
 ])
 const TOKEN = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/
 const BEARER_TOKEN = /^[\x21-\x7e]+$/
-// The client's own credentials never go upstream (SPEC.md A-UP-1, issue 8); the backends drop them too.
+// The client's own credentials never go upstream (A-UP-1: no token passthrough); the backends drop
+// them too.
 const CLIENT_CREDENTIALS = new Set(['authorization', 'x-api-key', 'cookie', 'proxy-authorization'])
 
 /** Checks the schema cannot express. Each names the path only, never the value. */

@@ -1,6 +1,6 @@
-// Live reload (issue 11): re-reads the config file the process started with, on SIGHUP (main.ts)
-// or, opt-in (`reload.watch`), when the file changes on disk, and hands a valid result to the
-// LiveConfig (live.ts), which applies its routing settings. A bad file is refused with every
+// Live reload (docs/configuration.md): re-reads the config file the process started with, on SIGHUP
+// (main.ts) or, opt-in (`reload.watch`), when the file changes on disk, and hands a valid result to
+// the LiveConfig (live.ts), which applies its routing settings. A bad file is refused with every
 // problem logged, and the running config stays.
 //
 // The watch is on the file's folder, not on the file: an editor that saves by writing a new file

@@ -134,8 +134,9 @@ const ownListenerSchema = {
 } as const
 
 /**
- * An aggregate server (issue 27): one endpoint in front of several configured servers, its
- * members, whose tools and prompts it exposes under prefixed names (routing/aggregate/relay.ts).
+ * An aggregate server (docs/behaviour.md, Aggregating servers): one endpoint in front of several
+ * configured servers, its members, whose tools and prompts it exposes under prefixed names
+ * (routing/aggregate/relay.ts).
  */
 const aggregateServerSchema = {
   type: 'object',
@@ -384,8 +385,9 @@ export const configSchema = {
       }
     },
     /**
-     * The operator's console and admin API (issue 29): off unless a token is set. `Authorization:
-     * Bearer <token>`, compared in constant time; never a tenant's key or JWT. Use a ${ENV} placeholder.
+     * The operator's console and admin API (docs/console.md): off unless a token is set.
+     * `Authorization: Bearer <token>`, compared in constant time; never a tenant's key or JWT. Use
+     * a ${ENV} placeholder.
      */
     admin: {
       type: 'object',

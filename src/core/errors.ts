@@ -143,7 +143,7 @@ export function isGatewayError (err: unknown): err is GatewayError {
   return err instanceof Error && typeof (err as GatewayError).code === 'string' && (err as GatewayError).code.startsWith('GW_ERR_')
 }
 
-/** Retry-After of a 503 whose error names none: every 503 says when to come back (issue 28). */
+/** Retry-After of a 503 whose error names none, so every 503 tells clients when to come back. */
 export const DEFAULT_RETRY_AFTER_S = 1
 
 /** When to come back (whole seconds): the error's own, else DEFAULT_RETRY_AFTER_S for any 503. */

@@ -15,7 +15,7 @@ import type { ServerSource } from '../config/live.js'
 export interface HttpAuthenticateOptions {
   tenants: TenantDirectory
   jwt?: JwtCheck
-  /** Failed authentication charged per client address (issue 28); absent: not charged. */
+  /** Failed authentication charged per client address; absent: not charged. */
   failures?: AuthFailureBudget
   /** The client's address (http/client-address.ts): the TCP peer's, or what a trusted proxy says. */
   addressOf: AddressOf

@@ -1,6 +1,7 @@
 // What reaches a client before a route does: errors of the HTTP parser (Node's clientError),
 // the router's own (Fastify's frameworkErrors), and the body a refused request still carries.
-// Issue 28: whatever a client sends, it is answered in the gateway's JSON-RPC error format.
+// Whatever a client sends, it is answered in the gateway's JSON-RPC error format (docs/operating.md,
+// what hostile input costs a client).
 import { STATUS_CODES, type IncomingMessage } from 'node:http'
 import type { Socket } from 'node:net'
 import type { FastifyBaseLogger } from 'fastify'

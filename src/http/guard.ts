@@ -89,8 +89,8 @@ export default fp<HttpGuardOptions>(async function httpGuard (app: FastifyInstan
       lastAllowedHost = host
     }
     const origin = req.headers.origin
-    // The console calls the admin API from the gateway's own origin (issue 29); the API wants a
-    // bearer token, so a page elsewhere gains nothing from the browser's ambient credentials.
+    // The console calls the admin API from the gateway's own origin; the API wants a bearer
+    // token, so a page elsewhere gains nothing from the browser's ambient credentials.
     if (origin !== undefined && !originAllowed(origin) && !(req.url.startsWith('/admin') && sameOrigin(origin, host))) { done(new GW_ERR_FORBIDDEN('Origin not allowed')); return }
     done()
   })

@@ -1,8 +1,8 @@
-// Keep-alives of every open SSE stream of this process from one timer per interval (issue 10):
-// an idle stream lives for hours, and a timer of its own cost each one about 250 bytes (heap per
-// idle session) and a timer to create and clear. The streams sharing an interval are spread over
-// SLOTS slots, one visited per tick, so 10,000 streams are never written to in one turn of the
-// event loop (that would stall every request behind it).
+// Keep-alives of every open SSE stream of this process from one timer per interval: an idle stream
+// lives for hours, and a timer of its own cost each one about 250 bytes (heap per idle session) and
+// a timer to create and clear. The streams sharing an interval are spread over SLOTS slots, one
+// visited per tick, so 10,000 streams are never written to in one turn of the event loop (that
+// would stall every request behind it).
 
 /** What the timer calls for a stream, about every interval. */
 export interface KeepAliveTarget {

@@ -1,7 +1,8 @@
-// Request rate limits on the MCP endpoints (issue 8), before the body is read: every request of a tenant's principal on
-// `/mcp/<server>`, `/sse/<server>` and its messages URL is charged to the tenant's bucket and its
-// subject's, in one atomic step (auth/rate-limit.ts). /healthz, /readyz and anything else outside
-// those routes is never limited; anonymous principals and tenants without rate limits pass.
+// Request rate limits on the MCP endpoints (docs/authentication.md), before the body is read: every
+// request of a tenant's principal on `/mcp/<server>`, `/sse/<server>` and its messages URL is
+// charged to the tenant's bucket and its subject's, in one atomic step (auth/rate-limit.ts).
+// /healthz, /readyz and anything else outside those routes is never limited; anonymous principals
+// and tenants without rate limits pass.
 //
 // Over the limit: 429 with an integer Retry-After and a JSON-RPC error body. While the limiter's
 // Redis is unreachable the request is refused with 503 and Retry-After (fail closed): in Redis

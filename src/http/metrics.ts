@@ -1,6 +1,6 @@
-// GET /metrics: this instance's registry in the Prometheus text format (issue 11). Registered on the
-// main listener, or on an address of its own (`metrics.listen`, app.ts), never under /mcp, so no
-// MCP rate limit or quota applies. With `metrics.token`, a scraper must send
+// GET /metrics: this instance's registry in the Prometheus text format (docs/operating.md).
+// Registered on the main listener, or on an address of its own (`metrics.listen`, app.ts), never
+// under /mcp, so no MCP rate limit or quota applies. With `metrics.token`, a scraper must send
 // `Authorization: Bearer <token>`; the comparison is of SHA-256 digests, in constant time.
 import { createHash, timingSafeEqual } from 'node:crypto'
 import type { FastifyInstance, FastifyRequest } from 'fastify'

@@ -34,7 +34,7 @@ export default async function httpOps (app: FastifyInstance, opts: HttpOpsOption
     const shuttingDown = opts.router.stopping || opts.draining()
     const ready = storeTolerated && !shuttingDown
     reply.code(ready ? 200 : 503)
-    // Every 503 says when to ask again (issue 28).
+    // Every 503 says when to ask again, so clients back off instead of retrying at once.
     if (!ready) reply.header('retry-after', String(DEFAULT_RETRY_AFTER_S))
     return { status: ready ? 'ready' : 'not ready', store: storeReady ? 'up' : 'down', shuttingDown }
   })

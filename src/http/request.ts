@@ -152,7 +152,7 @@ export function serverOf (config: ServerSource, req: FastifyRequest<{ Params: { 
  */
 export function replyHeaders (reply: FastifyReply, extra: Record<string, string> = {}): Record<string, string> {
   const headers: Record<string, string> = {}
-  // for…in over the two plain objects: no entry arrays and no second copy per POST (issue 10).
+  // for…in over the two plain objects: no entry arrays and no second copy per POST.
   const set = reply.getHeaders()
   for (const name in set) {
     const value = set[name]

@@ -187,7 +187,7 @@ export class StreamWriter implements ClientWriter {
     res.writeHead(200, {
       'content-type': 'text/event-stream',
       'cache-control': 'no-cache, no-transform',
-      // No `connection` header: Node sets it, honouring a client's `Connection: close` (issue 28).
+      // No `connection` header: Node sets it, honouring a client's `Connection: close`.
       'x-accel-buffering': 'no',
       ...this.#o.headers
     })
@@ -197,8 +197,8 @@ export class StreamWriter implements ClientWriter {
     if (this.#preamble?.startsWith('id:') === true) this.#idSent = true
     if (first !== '') res.write(first)
     else res.flushHeaders()
-    // What only the opening needed goes now: an idle stream lives for hours (heap per idle
-    // session, issue 10). Node keeps the header block it sent as a tree of ~30 concatenated
+    // What only the opening needed goes now: an idle stream lives for hours (heap per idle session,
+    // docs/performance.md). Node keeps the header block it sent as a tree of ~30 concatenated
     // strings (about 1 KB); reading one character makes V8 flatten it into one string.
     this.#preamble = undefined
     this.#o.headers = SENT_HEADERS
@@ -304,8 +304,9 @@ export class StreamWriter implements ClientWriter {
 
   /**
    * The answer that completes this POST stream (and its JSON), handed over by this replica's relay
-   * before it reaches the log (issue 10). Taken only when nothing else is on its way to the stream
-   * (no append in flight here, no read of the log) and it is the last answer the stream waits for:
+   * before it reaches the log (docs/design-notes.md, The request path). Taken only when nothing
+   * else is on its way to the stream (no append in flight here, no read of the log) and it is the
+   * last answer the stream waits for:
    * - 'json': the stream is still held (lazy SSE) or is a JSON response, so the answers go out as
    *   one JSON body now. The client never had an event id, so the answer never needs the log: the
    *   caller does not append it, and the log goes with the request's marker when the writer ends

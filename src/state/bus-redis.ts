@@ -3,14 +3,14 @@
 // restarts (it retries with capped backoff and resumes after the last entry it saw) and close()
 // ends it at once by disconnecting the blocking connection.
 //
-// Why consumer groups (issue 28): a second group, never read from, records how far the reader
-// has handed client messages on (`deliver` envelopes: the handler gives them to a backend in the
-// same turn): after each batch that held one, its last delivered id is moved there (XGROUP SETID,
-// sent behind the batch on the reader's connection, never awaited; a batch of wakes sends
-// nothing). When the replica dies, what lies past it never reached its backends, read or not:
-// whoever takes its sessions over delivers those again (takeUnread) instead of failing them for
-// the backend's loss. The reader itself reads through a group (XREADGROUP NOACK, the cost of an
-// XREAD) only so that both groups live and die with the inbox key alike.
+// Why consumer groups (docs/design-notes.md, Routing): a second group, never read from, records how
+// far the reader has handed client messages on (`deliver` envelopes: the handler gives them to a
+// backend in the same turn): after each batch that held one, its last delivered id is moved there
+// (XGROUP SETID, sent behind the batch on the reader's connection, never awaited; a batch of wakes
+// sends nothing). When the replica dies, what lies past it never reached its backends, read or not:
+// whoever takes its sessions over delivers those again (takeUnread) instead of failing them for the
+// backend's loss. The reader itself reads through a group (XREADGROUP NOACK, the cost of an XREAD)
+// only so that both groups live and die with the inbox key alike.
 import { setTimeout as sleep } from 'node:timers/promises'
 import type { Bus, DeliverEnvelope, Envelope, EnvelopeHandler, PreparedWake } from './bus.js'
 import { compareEntryIds } from './event-log.js'

@@ -31,7 +31,7 @@ export type Envelope =
   | { kind: 'mrtr-cancel', ticket: string }
   /** A backend's session-level notification seen by another replica's pool, for listen streams here. */
   | { kind: 'listen-event', server: string, tenant: string | null, message: JsonRpcMessage }
-  /** An operator asked (admin API, replica `from`) that every replica re-read its config file (issue 29). */
+  /** An operator asked (admin API, replica `from`) that every replica re-read its config file. */
   | { kind: 'admin-reload', from: string }
 
 /** A log entry as a wake carries it: its JSON text, not the parsed message (LogEntry). */
@@ -40,7 +40,7 @@ export interface WokenEntry { entryId: string, json: string, seq: number }
 /**
  * A wake written by the event log in the same step as the append it announces (EventLog.append
  * `wake`), if the stream's holder then is `replicaId`: a round trip less between a backend's
- * answer and the replica that holds its client's stream (issue 10).
+ * answer and the replica that holds its client's stream.
  */
 export interface PreparedWake {
   replicaId: string

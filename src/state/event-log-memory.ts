@@ -49,7 +49,7 @@ export class MemoryEventLog implements EventLog {
     if (marker === 'done') return false
     if (marker !== undefined) {
       pending?.delete(field)
-      // An idle session keeps no empty map (heap per idle session, issue 10).
+      // An idle session keeps no empty map (heap per idle session: docs/performance.md).
       if (pending?.size === 0) this.#pending.delete(sid)
       return true
     }

@@ -12,8 +12,9 @@ export interface LogEntry {
   json: string
   /**
    * The entry's ordinal in its stream, counting from 1 with no gaps: a reader whose next entry is
-   * more than one past the last it delivered knows how many were trimmed before delivery (issue 11).
-   * It may start again at 1 when a silent stream expired and was created anew.
+   * more than one past the last it delivered knows how many were trimmed before delivery
+   * (`mcpgw_event_log_lost_total`). It may start again at 1 when a silent stream expired and was
+   * created anew.
    */
   seq: number
 }

@@ -85,7 +85,7 @@ export class MemorySessionStore implements SessionStore {
     const entry = this.#records.get(sid)
     // A shallow copy of a deep-frozen record: what a caller changes on it stays its own, and a
     // nested value it tried to change would throw, never reach the store. structuredClone per
-    // request cost more than the rest of the lookup (issue 10).
+    // request cost more than the rest of the lookup.
     return live(entry, Date.now()) ? { ...entry.value } : null
   }
 

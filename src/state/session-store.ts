@@ -149,8 +149,8 @@ export interface SessionStore {
   listeners (topic: string): Promise<string[]>
 
   /**
-   * The live sessions, most recently active first (at most `limit`): the admin API's index
-   * (issue 29). Kept by create, touch and delete, so it costs no write of its own on the hot path;
+   * The live sessions, most recently active first (at most `limit`): the admin API's index.
+   * Kept by create, touch and delete, so it costs no write of its own on the hot path;
    * `expiresAt` is when the record's idle TTL runs out (last activity = expiresAt - idle timeout,
    * to within the touch interval). An entry whose TTL has run out is dropped, never returned.
    */

@@ -1,4 +1,4 @@
-// What the admin console shows of the last minutes (issue 29): calls, errors and latency per
+// What the admin console shows of the last minutes (docs/console.md): calls, errors and latency per
 // server, calls and refusals per tenant, in ten-second slots aligned on the clock, so every
 // replica's slots line up and the admin API adds them up. Kept whether or not Prometheus metrics
 // are on; each record is an array write, no allocation (the relay records every answer).

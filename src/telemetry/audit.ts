@@ -1,7 +1,7 @@
-// Audit lines: one structured info line per decision that matters (issue 8): sessions created
-// and ended, requests refused and why, tool calls with their outcome. Each carries `audit: <event>`
-// so a log pipeline can select them. They name tenants and subject digests only, never a key, a
-// token, a full subject or a message body.
+// Audit lines: one structured info line per decision that matters (docs/authentication.md):
+// sessions created and ended, requests refused and why, tool calls with their outcome. Each carries
+// `audit: <event>` so a log pipeline can select them. They name tenants and subject digests only,
+// never a key, a token, a full subject or a message body.
 /** The part of a logger an audit line needs (pino's and Fastify's request loggers both fit). */
 export interface AuditLog { info: (obj: object, msg: string) => void }
 
@@ -42,10 +42,10 @@ export function auditChild (log: AuditParent, event: AuditEvent, fields: AuditFi
 let deferred: Array<[AuditLog, object, string]> = []
 
 /**
- * An audit line written once this turn of the event loop is over: the audit line of a tools/call
- * is logged when its answer arrives, and serialising it there delayed the answer (issue 10).
- * Everything logged in one turn is written by one setImmediate. `bound`: `log` came from
- * auditChild(…, event, …), so the event and its fixed fields are in it already.
+ * An audit line written once this turn of the event loop is over: the audit line of a tools/call is
+ * logged when its answer arrives, and serialising it there delayed the answer. Everything logged in
+ * one turn is written by one setImmediate. `bound`: `log` came from auditChild(…, event, …), so the
+ * event and its fixed fields are in it already.
  */
 export function auditSoon (log: AuditLog, event: AuditEvent, fields: AuditFields, bound = false): void {
   if (deferred.push([log, bound ? fields : { audit: event, ...fields }, MESSAGES[event]]) > 1) return

@@ -21,8 +21,8 @@ const REDACT = [
 /**
  * The root logger. Lines go to stdout through a buffer flushed every `flushMs` (and whenever it
  * holds 4 KiB, and synchronously at exit): a write(2) per line cost about a tenth of the gateway's
- * own CPU per call, the audit line of every tools/call included (issue 10). `flushMs: 0` writes
- * each line as it is logged. A SIGKILL loses at most `flushMs` of lines.
+ * own CPU per call, the audit line of every tools/call included (docs/performance.md). `flushMs: 0`
+ * writes each line as it is logged. A SIGKILL loses at most `flushMs` of lines.
  */
 export function createLogger (level: string, replicaId: string, destination?: DestinationStream, flushMs = 0): Logger {
   const options = {
@@ -68,13 +68,13 @@ type LogArgs = [obj: unknown, msg?: string, ...rest: unknown[]]
 const LINES_BEFORE_CHILD = 4
 
 /**
- * A child logger made only when it is needed: it keeps the parent and the bindings. Its first
- * lines (LINES_BEFORE_CHILD) go through the parent with the bindings as their first fields, which
- * writes what a child would (a key given twice appears once, the line's own value); a logger that
- * logs more, is asked for a child or a level change, or logs an Error by itself makes the real
- * pino child. Fastify builds a logger for every request, and a pino child per request cost about
- * 1.5 % of the gateway's CPU per call (issue 10); a session and its stdio child each kept one for
- * their lives, about 350 bytes apiece (heap per idle session), for a line or two at their start.
+ * A child logger made only when it is needed: it keeps the parent and the bindings. Its first lines
+ * (LINES_BEFORE_CHILD) go through the parent with the bindings as their first fields, which writes
+ * what a child would (a key given twice appears once, the line's own value); a logger that logs
+ * more, is asked for a child or a level change, or logs an Error by itself makes the real pino
+ * child. Fastify builds a logger for every request, and a pino child per request cost about 1.5 %
+ * of the gateway's CPU per call; a session and its stdio child each kept one for their lives, about
+ * 350 bytes apiece (heap per idle session), for a line or two at their start.
  */
 class LazyChildLogger {
   readonly #parent: Logger

@@ -1,8 +1,9 @@
-// Prometheus metrics of one gateway instance (issue 11; ARCHITECTURE.md section 7). Every metric is
-// defined here, on a registry of the instance's own, so several gateways in one process (tests)
-// never share or collide. Names follow the OpenTelemetry MCP semantic conventions where they exist
-// (`mcp.server.operation.duration` -> `mcp_server_operation_duration_seconds`, attribute
-// `mcp.method.name` -> label `mcp_method_name`); the gateway's own metrics are `mcpgw_*`.
+// Prometheus metrics of one gateway instance (docs/operating.md, Metrics; ARCHITECTURE.md
+// section 7). Every metric is defined here, on a registry of the instance's own, so several
+// gateways in one process (tests) never share or collide. Names follow the OpenTelemetry MCP
+// semantic conventions where they exist (`mcp.server.operation.duration` ->
+// `mcp_server_operation_duration_seconds`, attribute `mcp.method.name` -> label `mcp_method_name`);
+// the gateway's own metrics are `mcpgw_*`.
 //
 // Labels are bounded: a configured server name, a method from the known MCP list (else `other`), a
 // tool name the backend listed in a tools/list result (capped, else `other`), a tenant from config.

@@ -1,7 +1,8 @@
-// OpenTelemetry tracing, optional (issue 11; ARCHITECTURE.md section 7). `tracing` is null unless
-// `tracing.otlpEndpoint` is configured, so the hot path pays one null check per message and the
-// SDK is never loaded: every OpenTelemetry package is a dynamic import() below, and the types are
-// `import type` only (erased). When enabled, startTracing() replaces the null with the real thing.
+// OpenTelemetry tracing, optional (docs/operating.md, Tracing; ARCHITECTURE.md section 7).
+// `tracing` is null unless `tracing.otlpEndpoint` is configured, so the hot path pays one null
+// check per message and the SDK is never loaded: every OpenTelemetry package is a dynamic import()
+// below, and the types are `import type` only (erased). When enabled, startTracing() replaces the
+// null with the real thing.
 //
 // Spans follow the OpenTelemetry MCP semantic conventions (gen-ai/mcp.md):
 // - SERVER span per client JSON-RPC request, on the replica that received it, named

@@ -1,7 +1,7 @@
-// Adversarial review of authentication (issue 8): odd routes and encodings, Authorization
-// variants, hostile JWTs and hostile key sets, against a real gateway with a real stdio backend.
-// Every refusal must be a clean 4xx/503 with a JSON-RPC body, never a 2xx, a 500 or a hang, and
-// no credential may reach the logs.
+// Adversarial review of authentication (docs/authentication.md): odd routes and encodings,
+// Authorization variants, hostile JWTs and hostile key sets, against a real gateway with a real
+// stdio backend. Every refusal must be a clean 4xx/503 with a JSON-RPC body, never a 2xx, a 500 or
+// a hang, and no credential may reach the logs.
 import { createSign, KeyObject } from 'node:crypto'
 import { request as httpRequest } from 'node:http'
 import { createServer, type Server } from 'node:http'

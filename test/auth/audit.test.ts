@@ -1,4 +1,4 @@
-// Audit lines (issue 8): one per decision that matters - session created and ended with tenant and
+// Audit lines: one per decision that matters - session created and ended with tenant and
 // subject digest, each tools/call with tenant, subject digest, server, tool, outcome and duration,
 // refusals with their reason - and never a key, a token or a full subject in any log line.
 import t from 'tap'

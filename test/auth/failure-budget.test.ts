@@ -1,6 +1,6 @@
-// Issue 28: failed authentication is charged to a budget per client address. Guessing is
+// Failed authentication is charged to a budget per client address. Guessing is
 // throttled (429 with Retry-After), successes cost nothing, and another address is never refused
-// because of it. With Redis, two replicas draw on one budget. Issue 32: once an address's budget
+// because of it. With Redis, two replicas draw on one budget. Once an address's budget
 // is spent, a credential that verifies from what the gateway holds still passes (clients behind one
 // proxy share an address); a refused one, or a JWT that would need a key set fetched, is 429.
 import { request } from 'node:http'

@@ -1,7 +1,7 @@
-// Adversarial review of tenant limits (issue 8): a 429 is a clean answer (integer Retry-After,
-// JSON-RPC body); a client cannot dodge the request budget with batches or notifications; a
-// failed initialize leaks no session slot; /healthz, /readyz and /metrics are never limited.
-// Real gateway, real stdio backend, raw fetch.
+// Adversarial review of tenant limits (docs/authentication.md): a 429 is a clean answer (integer
+// Retry-After, JSON-RPC body); a client cannot dodge the request budget with batches or
+// notifications; a failed initialize leaks no session slot; /healthz, /readyz and /metrics are
+// never limited. Real gateway, real stdio backend, raw fetch.
 import t, { type Test } from 'tap'
 import { startGateway, stdioFixture, type RunningGateway } from '../helpers/gateway.js'
 import { bearer, initMessage, newKey, post, PUBLIC_URL } from '../helpers/auth.js'

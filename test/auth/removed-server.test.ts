@@ -1,4 +1,4 @@
-// Issue 32: with tenants, a server removed by a reload answers its sessions' next request, and a
+// With tenants, a server removed by a reload answers its sessions' next request, and a
 // new initialize, with 404 as without tenants (the client's cue that the session is gone; the
 // example config promises it), not the 403 of a server the tenant may not use. A server that
 // exists but belongs to another tenant stays 403.

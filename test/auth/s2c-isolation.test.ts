@@ -1,4 +1,4 @@
-// Adversarial review of isolation (issue 8) for the answers to server-to-client requests: while a
+// Adversarial review of isolation for the answers to server-to-client requests: while a
 // backend waits for the owner's answer to its sampling request, another tenant or another subject
 // answering it - with the owner's session id, or from a session of its own with the request's
 // opaque id - must never reach the owner's backend; the owner's own answer still does. One

@@ -1,4 +1,4 @@
-// The official v1 SDK client against a gateway with tenants (issue 8): an API key in
+// The official v1 SDK client against a gateway with tenants: an API key in
 // requestInit.headers (Streamable HTTP and legacy SSE), a JWT as a Bearer header, a JWT from an
 // OAuthClientProvider (the SDK's own auth path), and the SDK's discovery reading our metadata.
 import { Client } from '@modelcontextprotocol/sdk/client/index.js'

@@ -1,9 +1,10 @@
-// Issue 10 (memory per idle session): the standalone GET stream of a Streamable HTTP backend is
-// driven as a state machine (src/backends/streamable-http.ts), each GET an SseExchange dispatched on
-// the streams pool (src/backends/http-io.ts); POST streams are read with readSse. These tests hold it
-// to what the async loop did: reconnects keep order and Last-Event-ID, an oversized message ends the
-// stream, stop/start cycles and close() leave no GET running, a GET that fails at once or is stopped
-// before it connects still settles, and readSse settles once with its listeners gone.
+// Memory per idle session (docs/performance.md): the standalone GET stream of a Streamable HTTP
+// backend is driven as a state machine (src/backends/streamable-http.ts), each GET an SseExchange
+// dispatched on the streams pool (src/backends/http-io.ts); POST streams are read with readSse.
+// These tests hold it to what the async loop did: reconnects keep order and Last-Event-ID, an
+// oversized message ends the stream, stop/start cycles and close() leave no GET running, a GET that
+// fails at once or is stopped before it connects still settles, and readSse settles once with its
+// listeners gone.
 import type { ServerResponse } from 'node:http'
 import t, { type Test } from 'tap'
 import { httpConfig } from '../helpers/http-config.js'

@@ -1,10 +1,11 @@
-// SseExchange (src/backends/http-io.ts): the standalone GET stream's request, dispatched on an undici
-// pool with a handler object instead of request() (issue 10). What request() and readSse gave for
-// free is held here: undici's own errors (the error mapping of http-base.ts reads them), one end per
-// exchange, answers that are not read drained as drain() does, a handler's throw ending the read,
-// abort() releasing the connection, and the raw header Buffers undici 7 would keep let go of. Its
-// parser is dropped between events and made again: it must read exactly what one eventsource-parser
-// fed the same chunks through one TextDecoder reads (readSse, and this reader before issue 10).
+// SseExchange (src/backends/http-io.ts): the standalone GET stream's request, dispatched on an
+// undici pool with a handler object instead of request() (less held per idle stream). What
+// request() and readSse gave for free is held here: undici's own errors (the error mapping of
+// http-base.ts reads them), one end per exchange, answers that are not read drained as drain()
+// does, a handler's throw ending the read, abort() releasing the connection, and the raw header
+// Buffers undici 7 would keep let go of. Its parser is dropped between events and made again: it
+// must read exactly what one eventsource-parser fed the same chunks through one TextDecoder reads
+// (as readSse does).
 import type { IncomingHttpHeaders } from 'node:http'
 import t, { type Test } from 'tap'
 import { eventually } from '../helpers/wait.js'

@@ -1,4 +1,4 @@
-// The chaos run of issue 12: three gateway replicas on a Sentinel-managed Redis behind a
+// The chaos run (docs/replicas.md): three gateway replicas on a Sentinel-managed Redis behind a
 // non-sticky round-robin balancer, many SDK sessions calling in a loop (stdio and Streamable HTTP
 // backends; plain calls, progress, sampling) while replicas are SIGKILLed and restarted and the
 // Redis primary is killed and failed over. Every call is counted: answered correctly, answered with
@@ -47,7 +47,7 @@ export interface ChaosFigures {
   errorCodes: Record<string, number>
   /**
    * Calls answered -32007 (lost with the replica running their backend) that never reached a
-   * backend (stdio echo calls, whose text the backend logs on arrival): issue 28 says none.
+   * backend (stdio echo calls, whose text the backend logs on arrival): there must be none.
    */
   lostUnreached: number
   /** Sessions that had to be created again (their old one answered 404). */
@@ -213,7 +213,7 @@ export async function runChaos (t: Test, options: ChaosOptions): Promise<ChaosFi
     const slice = options.durationMs / (steps + 1)
     let killed = 0
     for (let step = 1; step <= steps && Date.now() < stopAt; step++) {
-      // Kills at random points of the calls' paths (issue 28): the calls run back to back, so a
+      // Kills at random points of the calls' paths: the calls run back to back, so a
       // random offset lands before, in or after the owner's inbox, backend or append.
       await sleep(Math.max(0, slice * (0.75 + Math.random() / 2)))
       if (step === Math.ceil(steps / 2)) {

@@ -1,5 +1,5 @@
 // Every config example in the README and docs/ that is a whole config (it has `servers`) passes the
-// same check as `--check-config` (issue 32: an example with `...` placeholders was refused). Its
+// same check as `--check-config` (an example with `...` placeholders must not be refused). Its
 // `${NAME}` placeholders are the docs' way to say "your secret", so each is given a value.
 import { readdir, readFile } from 'node:fs/promises'
 import { join } from 'node:path'

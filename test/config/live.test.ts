@@ -1,5 +1,5 @@
-// LiveConfig (issue 11, live reload): the diff of servers and tenants, process settings kept and
-// reported, the listeners' hook. Pure logic over configs from the real loader.
+// LiveConfig (live reload, docs/configuration.md): the diff of servers and tenants, process
+// settings kept and reported, the listeners' hook. Pure logic over configs from the real loader.
 import t from 'tap'
 import { parseConfig } from '../../src/config/load.js'
 import { diffNames, isEmptyChange, LiveConfig, sameValue, type ConfigChange } from '../../src/config/live.js'

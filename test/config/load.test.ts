@@ -499,7 +499,7 @@ t.test('the shipped configs validate', async t => {
     walk((serverSchema.else as Node).else as Node, servers.remote, '/servers/remote')
     walk((serverSchema.else as Node).then as Node, servers.workspace, '/servers/workspace')
     // A tenant: its own keys, one JWT issuer and one server's settings. Tool policy and limits
-    // are documented by their own part of issue 8.
+    // are documented on their own (docs/authentication.md, Limits and tool policy).
     const tenantSchema = root.properties?.tenants?.additionalProperties as Node
     const without = (node: Node, ...keys: string[]): Node => ({ properties: Object.fromEntries(Object.entries(node.properties ?? {}).filter(([k]) => !keys.includes(k))) })
     const acme = (raw.tenants as Record<string, Record<string, unknown>>).acme ?? {}

@@ -1,4 +1,4 @@
-// ConfigReloader (issue 11, live reload) over a real file and a real folder watch: a bad file is
+// ConfigReloader (live reload) over a real file and a real folder watch: a bad file is
 // refused with every problem and changes nothing; reloads never interleave; the watch follows an
 // editor's rename-over and a delete-then-create, and ignores saves that change no byte.
 import { mkdtemp, rename, rm, unlink, writeFile } from 'node:fs/promises'

@@ -2,8 +2,8 @@
 // conformance fixture as the only backend, reached over stdio or over Streamable HTTP:
 // `npm run test:conformance` runs each backend (stdio, http, modern) at the 2025-11-25
 // requirements (sessions) and at the 2026-07-28 ones (stateless requests), one after the other,
-// and stdio-pooled at the 2025-11-25 ones (issue 26: a pooled session must score what a dedicated
-// one does; 2026-07-28 requests take the pool whichever mode the server has).
+// and stdio-pooled at the 2025-11-25 ones (a pooled session must score what a dedicated one
+// does; 2026-07-28 requests take the pool whichever mode the server has).
 // Exit status follows the suite's: only scored scenarios count (tasks-* and the pending header
 // scenarios run but are not scored at 2026-07-28).
 //
@@ -11,10 +11,10 @@
 //
 // 1. backend stdio (default): the config fronts `node dist/test/fixtures/conformance-server.js`
 //    as stdio server `conformance`; backend stdio-pooled: the same with `sessions: pooled` (each
-//    session borrows a pooled child per request, issue 26); backend http: starts dist/test/fixtures/conformance-http.js,
+//    session borrows a pooled child per request); backend http: starts dist/test/fixtures/conformance-http.js,
 //    reads the URL it prints and fronts it as streamable-http server `conformance`; backend
 //    modern: the same with dist/test/fixtures/conformance-modern.js, a 2026-07-28 server (v2 SDK),
-//    fronted with `protocol: modern`; backend aggregate (issue 27): the stdio fixture as the first
+//    fronted with `protocol: modern`; backend aggregate: the stdio fixture as the first
 //    member of aggregate `workspace` with `prefix: ""`, the full-server fixture as the second
 //    (its names prefixed `other__`), and the suite pointed at /mcp/workspace. Either way
 //    the gateway listens on 127.0.0.1 and a free port (loopback, no auth: C-1, C-2);

@@ -1,8 +1,8 @@
-// Hostile input at volume (issue 28): seeded, bounded, thousands of malformed HTTP, JSON, JSON-RPC,
-// session, auth and slow-client inputs against a gateway in memory mode and a Redis pair (two
-// replicas on one real Redis), with tenants. Every answer must be a 4xx (or a deliberate 503) in
-// the gateway's JSON-RPC error format, or a 2xx; no other 5xx; every process stays up; its memory
-// stays flat; and one tenant never reaches another's session (404).
+// Hostile input at volume (docs/operating.md): seeded, bounded, thousands of malformed HTTP, JSON,
+// JSON-RPC, session, auth and slow-client inputs against a gateway in memory mode and a Redis pair
+// (two replicas on one real Redis), with tenants. Every answer must be a 4xx (or a deliberate 503)
+// in the gateway's JSON-RPC error format, or a 2xx; no other 5xx; every process stays up; its
+// memory stays flat; and one tenant never reaches another's session (404).
 //
 // `npm test` runs a short pass; `npm run fuzz` a long one. FUZZ_SEED and FUZZ_COUNT (inputs per
 // gateway) set the run; a failure names the seed and the input, so it can be replayed.

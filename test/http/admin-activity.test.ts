@@ -1,6 +1,6 @@
-// Issue 32: the console's "Last active" is the client's last message. It followed the idle TTL's
-// renewal, which an open GET stream's keep-alive moves too, so every SDK session read "1 s ago"
-// and idle clients could not be found.
+// The console's "Last active" is the client's last message, not the idle TTL's renewal: an open
+// GET stream's keep-alive moves that too, so every SDK session would read "1 s ago" and idle
+// clients could not be found.
 import { randomBytes } from 'node:crypto'
 import { setTimeout as sleep } from 'node:timers/promises'
 import t from 'tap'

@@ -1,7 +1,7 @@
-// The admin surface's door (issue 29): off by default; the admin token only (never a tenant's key),
-// compared as digests in constant time; a missing or wrong token is 401 and charged to the address's
-// failed-authentication budget like a tenant's bad key; the page is served with a strict CSP and
-// has no inline script or style.
+// The admin surface's door (docs/console.md): off by default; the admin token only (never a
+// tenant's key), compared as digests in constant time; a missing or wrong token is 401 and charged
+// to the address's failed-authentication budget like a tenant's bad key; the page is served with a
+// strict CSP and has no inline script or style.
 import { randomBytes } from 'node:crypto'
 import t from 'tap'
 import { parseConfig } from '../../src/config/load.js'

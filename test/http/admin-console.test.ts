@@ -1,4 +1,4 @@
-// The console in headless Chromium (issue 29): it loads with no console error and no CSP
+// The console in headless Chromium (docs/console.md): it loads with no console error and no CSP
 // violation, shows the servers and the live sessions of traffic made here, a filter narrows them,
 // and "End" (with its confirmation) ends a session. A screenshot is written for the docs
 // (CONSOLE_SCREENSHOT=path, default dist/console.png). Without a chromium binary the test is

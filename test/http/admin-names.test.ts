@@ -1,7 +1,7 @@
-// Issue 32: server and tenant names the schema accepts that are also properties every object
+// Server and tenant names the schema accepts that are also properties every object
 // inherits (`constructor`, `toString`, `valueOf`, `hasOwnProperty`) must work like any other name,
-// through the MCP endpoints and the admin API: they broke the admin API (500 on the overview, and
-// counts read "0function toString() …"). `__proto__` is not a name the schema accepts.
+// through the MCP endpoints and the admin API (read as plain keys they would give a 500 on the
+// overview, and counts like "0function toString() …"). `__proto__` is not a name the schema accepts.
 import { randomBytes } from 'node:crypto'
 import t from 'tap'
 import { parseConfig } from '../../src/config/load.js'

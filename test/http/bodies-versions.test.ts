@@ -1,4 +1,4 @@
-// Issue 12: bodies only where they belong (GET and DELETE never parse one; the Python SDK sends
+// Bodies only where they belong (GET and DELETE never parse one; the Python SDK sends
 // `content-type: application/json` on every request, DELETE included) and the version header as
 // the spec says (any supported version is accepted on an existing session). Raw HTTP, so every
 // header is the one a real client sends.

@@ -1,6 +1,6 @@
-// The client address behind trusted proxies (issue 32): X-Forwarded-For or RFC 7239 Forwarded is
-// believed only from `http.trustedProxies`, read right to left, so a client cannot choose its
-// address (and so its failed-authentication budget) by sending the header itself.
+// The client address behind trusted proxies (docs/authentication.md): X-Forwarded-For or RFC 7239
+// Forwarded is believed only from `http.trustedProxies`, read right to left, so a client cannot
+// choose its address (and so its failed-authentication budget) by sending the header itself.
 import type { FastifyRequest } from 'fastify'
 import t from 'tap'
 import { clientAddresses, type ClientAddressSettings } from '../../src/http/client-address.js'

@@ -1,8 +1,9 @@
-// The local fast path (issue 10): the answer that completes a POST stream written on the replica
-// whose relay got it goes to the client before the log's round trip (StreamWriter.answerDirectly).
-// As one JSON body (lazy SSE) it never enters the log; as an SSE stream's last frame it is
-// appended after, so a client whose connection dropped before it still finds it. Raw HTTP against
-// a real gateway, a real stdio server and a real Redis, watched with MONITOR.
+// The local fast path (docs/design-notes.md, The request path): the answer that completes a POST
+// stream written on the replica whose relay got it goes to the client before the log's round trip
+// (StreamWriter.answerDirectly). As one JSON body (lazy SSE) it never enters the log; as an SSE
+// stream's last frame it is appended after, so a client whose connection dropped before it still
+// finds it. Raw HTTP against a real gateway, a real stdio server and a real Redis, watched with
+// MONITOR.
 import t, { type Test } from 'tap'
 import { Redis } from 'ioredis'
 import { startGateway, stdioFixture, type RunningGateway } from '../helpers/gateway.js'

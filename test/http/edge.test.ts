@@ -1,4 +1,4 @@
-// Issue 28, "hostile input" and "smaller": what reaches a client before or beside a route is in
+// Hostile input (docs/operating.md): what reaches a client before or beside a route is in
 // the gateway's JSON-RPC error format, a body over the limit gets its 413 (not a reset), and
 // `Connection: close` is honoured on answers written on hijacked replies.
 import t from 'tap'

@@ -1,4 +1,4 @@
-// One keep-alive timer per interval for every open SSE stream (http/keep-alive.ts, issue 10):
+// One keep-alive timer per interval for every open SSE stream (http/keep-alive.ts):
 // each stream is called about once per interval, the streams are spread over the ticks, and a
 // stream taken out (or that ends itself meanwhile) is called no more. Pure logic, real timers.
 import t from 'tap'

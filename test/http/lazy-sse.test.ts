@@ -1,6 +1,7 @@
-// Lazy SSE (issue 10): a POST's SSE stream opens only when something other than its answers comes
-// first, or after http.lazySseMs; answers that come sooner are one application/json body. Raw
-// HTTP against a real gateway and a real stdio server, so the wire shape is what is asserted.
+// Lazy SSE (docs/behaviour.md): a POST's SSE stream opens only when something other than its
+// answers comes first, or after http.lazySseMs; answers that come sooner are one application/json
+// body. Raw HTTP against a real gateway and a real stdio server, so the wire shape is what is
+// asserted.
 import t, { type Test } from 'tap'
 import { startGateway, stdioFixture, type RunningGateway } from '../helpers/gateway.js'
 import { randomPrefix, startRedis, testRedis } from '../helpers/redis-server.js'

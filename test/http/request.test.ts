@@ -1,5 +1,5 @@
 // The body parser and the Accept check that every POST passes through (http/request.ts). Both
-// skip work on the hot path (issue 10): a short body is not walked for its depth, and an Accept
+// skip work on the hot path: a short body is not walked for its depth, and an Accept
 // value already allowed is not parsed again. These tests hold the rules those shortcuts keep.
 import Fastify, { type FastifyError, type FastifyInstance, type FastifyRequest } from 'fastify'
 import t, { type Test } from 'tap'

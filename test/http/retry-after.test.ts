@@ -1,5 +1,5 @@
-// Issue 28: every 503 says when to come back. An initialize while Redis is down used to get its 503
-// without the Retry-After the error table of docs/behaviour.md promises.
+// Every 503 says when to come back, as the error table of docs/behaviour.md promises: an
+// initialize while Redis is down included.
 import { setTimeout as sleep } from 'node:timers/promises'
 import t from 'tap'
 import { ACCEPT_BOTH, initMessage } from '../helpers/auth.js'

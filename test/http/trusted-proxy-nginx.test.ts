@@ -1,4 +1,4 @@
-// Issue 32: behind a proxy every client has the proxy's address. Through a real nginx (the
+// Behind a proxy every client has the proxy's address. Through a real nginx (the
 // shipped compose file's front), one client's bad keys must not lock out another's good ones:
 // with `http.trustedProxies` naming nginx, each client has a budget of its own (nginx's
 // X-Forwarded-For), and even without it a valid key is never refused for another's failures.

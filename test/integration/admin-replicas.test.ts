@@ -1,6 +1,6 @@
 // The admin API across two gateway processes on one Redis, under traffic that alternates between
-// them (issue 29): the counts are what the test made, a session is ended from the replica that does
-// not own it, and a reload asked on one replica reloads both.
+// them (docs/console.md): the counts are what the test made, a session is ended from the replica
+// that does not own it, and a reload asked on one replica reloads both.
 import { randomBytes } from 'node:crypto'
 import t from 'tap'
 import { stdioFixture } from '../helpers/gateway.js'

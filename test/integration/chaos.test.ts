@@ -1,6 +1,6 @@
-// Issue 12, the short chaos run (bounded: under 60 s): replicas SIGKILLed and restarted and the
-// Redis primary failed over under SDK sessions calling in a loop. The full run (50 sessions,
-// at least 5,000 calls) is `npm run chaos`; see test/chaos/chaos.ts.
+// The short chaos run (docs/replicas.md; bounded: under 60 s): replicas SIGKILLed and restarted and
+// the Redis primary failed over under SDK sessions calling in a loop. The full run (50 sessions, at
+// least 5,000 calls) is `npm run chaos`; see test/chaos/chaos.ts.
 import t from 'tap'
 import { runChaos } from '../chaos/chaos.js'
 

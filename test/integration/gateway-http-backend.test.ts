@@ -1,7 +1,7 @@
-// Issue 4: remote MCP servers behind the gateway. Real SDK upstreams on loopback (Streamable
-// HTTP in SSE and JSON modes, legacy HTTP+SSE), driven through the gateway by the official SDK
-// client; upstream failures; and, with Redis, any replica serving the session while the
-// backend's GET stream lease fails over when its holder dies.
+// Remote MCP servers behind the gateway (docs/behaviour.md, HTTP servers). Real SDK upstreams on
+// loopback (Streamable HTTP in SSE and JSON modes, legacy HTTP+SSE), driven through the gateway by
+// the official SDK client; upstream failures; and, with Redis, any replica serving the session
+// while the backend's GET stream lease fails over when its holder dies.
 import { Client } from '@modelcontextprotocol/sdk/client/index.js'
 import { SSEClientTransport } from '@modelcontextprotocol/sdk/client/sse.js'
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js'

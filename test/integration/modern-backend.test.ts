@@ -1,4 +1,4 @@
-// A modern (2026-07-28) HTTP backend behind the gateway (issue 9, backend face): the era is probed
+// A modern (2026-07-28) HTTP backend behind the gateway (docs/behaviour.md): the era is probed
 // once (`protocol: auto`), modern requests are relayed as they are (headers, envelope,
 // input_required and its requestState), the client's credential never goes upstream, closing the
 // response cancels upstream, and a tenant's tool policy still applies. A legacy backend on `auto`

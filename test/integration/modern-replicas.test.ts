@@ -1,4 +1,4 @@
-// 2026-07-28 requests across replicas (issue 9): two gateway processes on one Redis behind a
+// 2026-07-28 requests across replicas: two gateway processes on one Redis behind a
 // non-sticky round-robin proxy, the v2 SDK client pinned to the modern revision. Stateless requests
 // are served by whichever replica gets them (each with its own pool); an MRTR retry that lands on
 // the other replica is forwarded to the one holding the parked call, which completes it; a listen

@@ -1,4 +1,4 @@
-// 2026-07-28 requests under tenants (issues 8 and 9): the same credentials, isolation and policy as
+// 2026-07-28 requests under tenants: the same credentials, isolation and policy as
 // sessions. No credential is 401 with the challenge; a tenant's pool is its own (its upstream env
 // reaches only its children); a parked call's requestState is refused to any other principal; the
 // tool policy hides and refuses tools; the rate limit counts modern requests too.

@@ -1,8 +1,8 @@
-// MCP 2026-07-28 through the gateway (issue 9): the v2 SDK client pinned to the modern revision,
-// and in `auto` mode, next to the v1 SDK client on the same URL, in front of a legacy stdio backend
-// (the full-server fixture, a real child) and a legacy Streamable HTTP backend (the v1 SDK's
-// server), over real sockets. Raw HTTP checks what a client library would hide: JSON vs SSE,
-// the 400/404 statuses, MRTR state handling, cancellation on close. Several replicas:
+// MCP 2026-07-28 through the gateway (docs/behaviour.md): the v2 SDK client pinned to the modern
+// revision, and in `auto` mode, next to the v1 SDK client on the same URL, in front of a legacy
+// stdio backend (the full-server fixture, a real child) and a legacy Streamable HTTP backend (the
+// v1 SDK's server), over real sockets. Raw HTTP checks what a client library would hide: JSON vs
+// SSE, the 400/404 statuses, MRTR state handling, cancellation on close. Several replicas:
 // test/integration/modern-replicas.test.ts.
 import { Client as ClientV2, StreamableHTTPClientTransport as TransportV2 } from '@modelcontextprotocol/client'
 import { Client as ClientV1 } from '@modelcontextprotocol/sdk/client/index.js'

@@ -1,4 +1,4 @@
-// The gateway as an operating-system process (issue 11): the graceful drain at SIGTERM, and
+// The gateway as an operating-system process (docs/operating.md): the graceful drain at SIGTERM, and
 // `--check-config`, which validates without starting anything.
 import { spawn } from 'node:child_process'
 import { once } from 'node:events'

@@ -1,6 +1,6 @@
-// Issue 12: the store fails over too. A Sentinel-managed primary that the test fails over (SIGKILL),
-// and a real 3-master Redis Cluster under three gateway replicas; every script must run there
-// (all its keys named, one session's keys in one slot).
+// The store fails over too (docs/replicas.md). A Sentinel-managed primary that the test fails over
+// (SIGKILL), and a real 3-master Redis Cluster under three gateway replicas; every script must run
+// there (all its keys named, one session's keys in one slot).
 import { Client } from '@modelcontextprotocol/sdk/client/index.js'
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
 import { ToolListChangedNotificationSchema } from '@modelcontextprotocol/sdk/types.js'

@@ -82,7 +82,7 @@ t.test('no key lives forever', async t => {
     `${prefix}:inbox:replica-a`,
     `${prefix}:inbox:replica-b`,
     `${prefix}:replica:replica-a`,
-    // The admin API's session index (issue 29): ids scored by their records' expiry, with a TTL.
+    // The admin API's session index: ids scored by their records' expiry, with a TTL.
     `${prefix}:sessions`,
     `${prefix}:{${s1.id}}:cur:req-1`,
     `${prefix}:{${s1.id}}:ev:get`,

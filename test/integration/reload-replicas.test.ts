@@ -1,8 +1,8 @@
-// Live reload with Redis (issue 11): each replica reloads on its own signal. While a change rolls
-// across replicas, a replica that does not know a session's server answers 404 for it, and a
-// removed server's session ends when the replica owning its backend reloads. This is the order the
-// "Live reload" section of docs/configuration.md gives: reload every replica before clients use
-// an added server.
+// Live reload with Redis (docs/configuration.md): each replica reloads on its own signal. While a
+// change rolls across replicas, a replica that does not know a session's server answers 404 for it,
+// and a removed server's session ends when the replica owning its backend reloads. This is the
+// order the "Live reload" section of docs/configuration.md gives: reload every replica before
+// clients use an added server.
 import { writeFile } from 'node:fs/promises'
 import t from 'tap'
 import { stdioFixture } from '../helpers/gateway.js'

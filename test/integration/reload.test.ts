@@ -1,8 +1,8 @@
-// Live reload (issue 11), on gateway processes with live SDK sessions: the config file is
-// rewritten and the process told (SIGHUP, or its file watch). Added servers are served at once, a
-// removed server's sessions end (404), an unchanged server's sessions keep their backend child,
-// a changed server's open sessions keep their settings while new ones get the new settings, and
-// a bad file is refused with every problem logged while the old config keeps serving.
+// Live reload (docs/configuration.md), on gateway processes with live SDK sessions: the config file
+// is rewritten and the process told (SIGHUP, or its file watch). Added servers are served at once,
+// a removed server's sessions end (404), an unchanged server's sessions keep their backend child, a
+// changed server's open sessions keep their settings while new ones get the new settings, and a bad
+// file is refused with every problem logged while the old config keeps serving.
 import { createHash } from 'node:crypto'
 import { rename, writeFile } from 'node:fs/promises'
 import { Client } from '@modelcontextprotocol/sdk/client/index.js'

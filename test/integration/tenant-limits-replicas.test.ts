@@ -1,4 +1,4 @@
-// Tenant limits across replicas (issue 8): three gateway processes, one Redis, a non-sticky
+// Tenant limits across replicas: three gateway processes, one Redis, a non-sticky
 // round-robin balancer. One request budget and one session quota for the whole cluster, counted
 // by what succeeded; the tool policy holds whichever replica a request or its backend lands on.
 import { Client } from '@modelcontextprotocol/sdk/client/index.js'

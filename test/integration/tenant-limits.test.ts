@@ -1,4 +1,4 @@
-// Tenant limits and tool policy on the wire (issue 8): one gateway process with API-key tenants,
+// Tenant limits and tool policy on the wire: one gateway process with API-key tenants,
 // a real stdio backend, raw fetch for the refusals and the official SDK client for the policy.
 import { Client } from '@modelcontextprotocol/sdk/client/index.js'
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js'

@@ -1,4 +1,4 @@
-// Issue 11: one trace across two gateway processes on one Redis. The session's child lives on A
+// One trace across two gateway processes on one Redis. The session's child lives on A
 // (initialize landed there); the traced request lands on B, whose SERVER span's context crosses
 // the bus in the deliver envelope, so A's CLIENT span toward the backend is its child.
 import t, { type Test } from 'tap'

@@ -45,7 +45,7 @@ t.test('delete removes the record in its first call, even while streams keep bei
   await store.claimHolder(record.id, 'get', 'replica-a', 60_000)
   const streamsKey = `${prefix}:{${record.id}}:streams`
   // A client that opens a new stream every time delete has read the stream set (a POST flood on
-  // the session): delete used to refuse and retry, and gave up with the record still there.
+  // the session): a delete that refused and retried then could give up with the record still there.
   const smembers = redis.smembers.bind(redis)
   let added = 0
   ;(redis as unknown as { smembers: typeof smembers }).smembers = (async (key: string) => {

@@ -1,4 +1,4 @@
-// docs/grafana/mcp-gateway.json (issue 29) imports as is, and every metric it queries is one a
+// docs/grafana/mcp-gateway.json imports as is, and every metric it queries is one a
 // running gateway serves: a renamed or removed metric fails here, not on an operator's screen.
 import { readFile } from 'node:fs/promises'
 import t from 'tap'

@@ -1,5 +1,5 @@
 // The per-request logger (telemetry/logger.ts requestChildLogger): made only when a line is
-// logged (issue 10), and writing exactly the lines a pino child with the same bindings writes.
+// logged, and writing exactly the lines a pino child with the same bindings writes.
 // Pure logic over real pino loggers writing to memory.
 import { Writable } from 'node:stream'
 import t from 'tap'

@@ -1,4 +1,4 @@
-// Issue 11, metrics in Redis mode: gateway processes on one Redis behind a round-robin balancer.
+// Metrics in Redis mode: gateway processes on one Redis behind a round-robin balancer.
 // Each replica counts what it did (an operation once, on the owner), the bus and Redis are timed,
 // a restarted replica starts from zero while the others keep counting, and a Redis outage shows
 // up as command errors.

@@ -1,4 +1,4 @@
-// Issue 11, metrics: /metrics scraped and parsed after real traffic (the SDK client against a stdio
+// Metrics: /metrics scraped and parsed after real traffic (the SDK client against a stdio
 // child through a gateway in this process), a child crash and restart, hostile label values, the
 // token and the own listen address, and messages a client lost to the bounded event log.
 import { randomBytes } from 'node:crypto'

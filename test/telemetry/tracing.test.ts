@@ -1,4 +1,4 @@
-// Issue 11 (traces): spans exported over real OTLP/HTTP to an in-test receiver, from a real gateway
+// Traces: spans exported over real OTLP/HTTP to an in-test receiver, from a real gateway
 // in front of a real stdio backend; W3C trace context read from the client (header and
 // params._meta, SEP-414) and written into the backend request's _meta.
 import { execFile } from 'node:child_process'

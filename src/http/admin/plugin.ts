@@ -1,4 +1,4 @@
-// The operator's console (`/admin`) and admin API (`/admin/api/…`), issue 29. On only with
+// The operator's console (`/admin`) and admin API (`/admin/api/…`), docs/console.md. On only with
 // `admin.token`; on the main listener, or on an address of its own (`admin.listen`). The API
 // wants `Authorization: Bearer <admin token>`, compared as SHA-256 digests in constant time; a
 // missing or wrong token is 401 and charged to the address's failed-authentication budget (429

@@ -1,4 +1,4 @@
-// What the admin API answers (issue 29), across every replica through the session store:
+// What the admin API answers (docs/console.md), across every replica through the session store:
 // - each replica publishes a small summary (sessions and children by server, pools, the last
 //   minutes of calls, errors and latency per server and of calls and refusals per tenant, event-loop
 //   delay, draining, last reload) every SUMMARY_EVERY_MS, kept a few periods;

@@ -61,7 +61,7 @@ export const rateKey = (prefix: string, tenant: string, bucket: string): string 
 export const quotaKey = (prefix: string, tenant: string, scope: string): string => `${prefix}:q:{${tenant}}:${scope}`
 
 /**
- * The session index (issue 29): a sorted set of session ids scored by when their record expires,
+ * The admin API's session index: a sorted set of session ids scored by when their record expires,
  * kept by create, touch and delete; entries past their score are dropped when it is read.
  */
 export const sessionIndexKey = (prefix: string): string => `${prefix}:sessions`

@@ -93,8 +93,8 @@ return 1`
    * of the session, its events, holder and cursor keys; then the stream set. Every key is named
    * in KEYS (Redis Cluster): the caller reads the stream set first and passes each stream's
    * three keys. The record goes whatever else happens, in the first call: once a DELETE is
-   * answered, no replica may find the session (a stream added meanwhile used to make the script
-   * refuse, and ten refusals in a row left the record in place). A stream added since the caller
+   * answered, no replica may find the session (refusing whenever a stream was added meanwhile
+   * could, ten refusals in a row, leave the record in place). A stream added since the caller
    * read the set keeps the set (and its own keys) for the caller's next call, which names it.
    *   KEYS[1] meta   KEYS[2] owner   KEYS[3] stream set   KEYS[4] pending
    *   KEYS[5..] events, holder, cursor of ARGV[1], then of ARGV[2] …, then the seq hash
@@ -313,7 +313,7 @@ return { id, redis.call('GET', KEYS[2]), n }`
   /*
    * appendEventAndWake: appendEvent, then, if the stream's holder is the replica a wake was
    * prepared for, that wake in its inbox (as sendEnvelope puts it there), in the same step: the
-   * holder reads the entry without the appender's second round trip (issue 10). Its inbox is
+   * holder reads the entry without the appender's second round trip. Its inbox is
    * another slot, so never on a Cluster (Bus.prepareWake).
    *   KEYS[1..6] as appendEvent   KEYS[7] the holder's inbox
    *   ARGV[1..7] as appendEvent   ARGV[8] the replica the wake is for   ARGV[9] inbox max length
