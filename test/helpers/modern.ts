@@ -20,9 +20,9 @@ export interface Answer {
   messages: Array<Record<string, unknown>>
 }
 
-/** POSTs one modern request (Mcp-Name from params.name or params.uri); the response, unread. */
+/** POSTs one modern request (Mcp-Name from params.name, params.uri or params.taskId); the response, unread. */
 export async function modernFetch (url: string, method: string, params: Record<string, unknown>, id: number | string = 1, headers: Record<string, string> = {}, signal?: AbortSignal): Promise<Response> {
-  const name = typeof params.name === 'string' ? params.name : typeof params.uri === 'string' ? params.uri : undefined
+  const name = [params.name, params.uri, params.taskId].find((v): v is string => typeof v === 'string')
   return await fetch(url, {
     method: 'POST',
     ...(signal !== undefined ? { signal } : {}),

@@ -11,7 +11,7 @@ import { ElicitRequestSchema } from '@modelcontextprotocol/sdk/types.js'
 import t, { type Test } from 'tap'
 import { startModernUpstream } from '../fixtures/modern-upstream.js'
 import { sseEvent, startRawUpstream, startStreamableUpstream, type RawUpstream } from '../fixtures/http-upstreams.js'
-import { startGateway } from '../helpers/gateway.js'
+import { startGateway, stdioFixture } from '../helpers/gateway.js'
 import { bearer, newKey, PUBLIC_URL } from '../helpers/auth.js'
 import { eventually, textOf } from '../helpers/wait.js'
 import { last, modernPost } from '../helpers/modern.js'
@@ -178,4 +178,62 @@ t.test('the answer in a modern SSE body is its response, not a notification afte
   t.same(await toolsIn('probed', 1), ['open', 'secret'], 'the probe read the discover response: a modern server, relayed as it is')
   t.notOk(upstream.methods.includes('initialize'), 'never taken for a 2025 server')
   t.same(await toolsIn('pinned', 2), ['open'], 'under a tool policy the response is read, filtered and sent: the trailing log line is not the answer')
+})
+
+t.test('2026-07-28 Tasks extension: tasks/get, tasks/update and tasks/cancel reach a modern backend; Mcp-Name is checked against the task id', async t => {
+  const upstream = await startModernUpstream({ modernOnly: true, tasks: true })
+  t.teardown(upstream.close)
+  const gw = await startGateway(t, {
+    servers: {
+      modern: { transport: 'streamable-http', url: upstream.url, protocol: 'modern' },
+      local: stdioFixture('full-server')
+    }
+  })
+  const url = `${gw.url}/mcp/modern`
+  const created = await modernPost(url, 'tools/call', { name: 'long_job', arguments: { seconds: 1, label: 'report' }, _meta: meta }, 1)
+  const handle = last(created).result as { resultType?: string, taskId?: string }
+  t.equal(handle.resultType, 'task', 'the backend\'s task handle reaches the client')
+  const taskId = handle.taskId ?? ''
+  t.match(taskId, /^task-/)
+
+  const working = await modernPost(url, 'tasks/get', { taskId, _meta: meta }, 2)
+  t.equal(working.status, 200)
+  t.match(last(working).result, { taskId, status: 'working', resultType: 'complete' }, 'tasks/get is relayed, not refused as a removed method')
+  const sentGet = upstream.requests.find(r => (r.body as { method?: string } | undefined)?.method === 'tasks/get')
+  t.equal(sentGet?.headers['mcp-name'], taskId, 'Mcp-Name carries the task id upstream')
+
+  const mismatched = await modernPost(url, 'tasks/get', { taskId, _meta: meta }, 3, { 'mcp-name': 'task-someone-else' })
+  t.equal(mismatched.status, 400, 'an Mcp-Name naming another task is refused before anything goes upstream')
+  t.equal((last(mismatched).error as { code?: number } | undefined)?.code, -32020)
+  t.equal(upstream.requests.filter(r => (r.body as { id?: number } | undefined)?.id === 3).length, 0, 'the mismatched request never reached the backend')
+
+  const updated = await modernPost(url, 'tasks/update', { taskId, inputResponses: {}, _meta: meta }, 4)
+  t.match(last(updated).result, { resultType: 'complete' }, 'tasks/update is relayed')
+
+  const done = await eventually('the task to complete', async () => {
+    const got = last(await modernPost(url, 'tasks/get', { taskId, _meta: meta }, 5)).result as { status?: string }
+    return got.status === 'completed' ? got : undefined
+  }, 10_000, 200)
+  t.match(done, { status: 'completed', result: { content: [{ type: 'text', text: 'done: report' }] } }, 'the result comes inline with tasks/get')
+
+  const second = last(await modernPost(url, 'tools/call', { name: 'long_job', arguments: { seconds: 60, label: 'cancel-me' }, _meta: meta }, 6)).result as { taskId: string }
+  const cancelled = await modernPost(url, 'tasks/cancel', { taskId: second.taskId, _meta: meta }, 7)
+  t.match(last(cancelled).result, { resultType: 'complete' }, 'tasks/cancel is relayed')
+  t.match(last(await modernPost(url, 'tasks/get', { taskId: second.taskId, _meta: meta }, 8)).result, { status: 'cancelled' })
+
+  const unknown = await modernPost(url, 'tasks/get', { taskId: 'task-made-up', _meta: meta }, 9)
+  t.equal((last(unknown).error as { code?: number } | undefined)?.code, -32602, 'an unknown task id: the backend\'s -32602')
+
+  for (const method of ['tasks/result', 'tasks/list']) {
+    const removed = await modernPost(url, method, { taskId, _meta: meta }, 10)
+    t.equal(removed.status, 404, `${method} is removed in this era's extension`)
+    t.equal((last(removed).error as { code?: number } | undefined)?.code, -32601)
+  }
+
+  // A server the gateway serves such requests from itself has no task of this era: every id is unknown there.
+  const local = await modernPost(`${gw.url}/mcp/local`, 'tasks/get', { taskId, _meta: meta }, 11)
+  t.equal(local.status, 200)
+  t.match(last(local).error, { code: -32602, message: /Unknown task/ }, 'a pooled server answers -32602 for any task id')
+  const localCancel = await modernPost(`${gw.url}/mcp/local`, 'tasks/cancel', { taskId: 'x', _meta: meta }, 12)
+  t.equal((last(localCancel).error as { code?: number } | undefined)?.code, -32602)
 })
