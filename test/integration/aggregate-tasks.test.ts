@@ -7,7 +7,7 @@ import { fileURLToPath } from 'node:url'
 import { Client } from '@modelcontextprotocol/sdk/client/index.js'
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
 import {
-  CallToolResultSchema, CreateTaskResultSchema, GetTaskPayloadResultSchema, McpError, TaskStatusNotificationSchema, type Task
+  CallToolResultSchema, CreateTaskResultSchema, ElicitRequestSchema, GetTaskPayloadResultSchema, McpError, TaskStatusNotificationSchema, type Task
 } from '@modelcontextprotocol/sdk/types.js'
 import t, { type Test } from 'tap'
 import { startGateway, stdioFixture, type RunningGateway } from '../helpers/gateway.js'
@@ -22,7 +22,7 @@ const full = stdioFixture('full-server')
 const RESEARCH = 'ev__simulate-research-query'
 
 async function connect (t: Test, gw: RunningGateway, server = 'agg'): Promise<Client> {
-  const client = new Client({ name: 'agg-tasks-test', version: '1' }, { capabilities: {} })
+  const client = new Client({ name: 'agg-tasks-test', version: '1' }, { capabilities: { elicitation: { form: {} } } })
   await client.connect(new StreamableHTTPClientTransport(new URL(`${gw.url}/mcp/${server}`)))
   t.teardown(async () => { await client.close().catch(() => {}) })
   return client
@@ -93,6 +93,26 @@ t.test('tasks through an aggregate: tagged ids, routed to their member, one sess
 
     await eventually('a completed status notification', () => statuses.some(s => s.taskId === firstId && s.status === 'completed') ? true : undefined)
     t.ok(statuses.length > 0 && statuses.every(s => s.taskId.startsWith('everything:')), 'status notifications carry tagged ids')
+  })
+
+  t.test('a task that asks the client (input_required): the request names the tagged task, the answer reaches the member', async t => {
+    const related: unknown[] = []
+    client.setRequestHandler(ElicitRequestSchema, async request => {
+      related.push(request.params._meta?.['io.modelcontextprotocol/related-task'])
+      return { action: 'accept', content: { interpretation: 'historical' } }
+    })
+    let taskId = ''
+    let result: Record<string, unknown> | undefined
+    for await (const message of client.experimental.tasks.callToolStream({ name: RESEARCH, arguments: { topic: 'aggregates', ambiguous: true } }, CallToolResultSchema, { task: { ttl: 60_000 } })) {
+      if (message.type === 'taskCreated') taskId = message.task.taskId
+      if (message.type === 'result') result = message.result
+      if (message.type === 'error') t.fail(`the stream failed: ${message.error.message}`)
+    }
+    t.match(taskId, /^everything:./)
+    t.same(related, [{ taskId }], 'the member\'s elicitation relates to the tagged task')
+    // On input_required the stream asks tasks/result, which carries the member's question and then
+    // waits for the task to end: its result is the final one.
+    t.match(textOf(result), /Clarification\*\*: historical/, 'the client\'s answer reached the member')
   })
 
   t.test('cancel reaches the member that made the task', async t => {
