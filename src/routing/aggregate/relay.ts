@@ -7,7 +7,8 @@
 // `logging/setLevel` (sent to every member); lists are merged under exposed names (names.ts) and
 // paged with a cursor of the gateway's; a call goes where route.ts says: by its exposed name, a
 // resource by its URI, a completion by its ref. Ids, progress tokens and server-request ids are
-// rewritten per member.
+// rewritten per member, and so are task ids (tasks.ts): a task's requests go to the member that
+// made it.
 import { performance } from 'node:perf_hooks'
 import type { ToolPolicyLookup } from '../../auth/tool-policy.js'
 import type { ServerSource } from '../../config/live.js'
@@ -23,10 +24,11 @@ import {
 import { GET_STREAM, LEGACY_STREAM } from '../../state/event-log.js'
 import { errorTypeOf, type GatewayMetrics } from '../../telemetry/metrics.js'
 import type { TraceCarrier } from '../../telemetry/tracing.js'
-import { AggregateCatalogue, unitedInfo, type ListKind } from './catalogue.js'
+import { AggregateCatalogue, META_MEMBER, unitedInfo, withTimeout, type ListKind } from './catalogue.js'
 import { DedicatedLink, PooledLink, type MemberCall } from './member-link.js'
 import { routeRequest } from './route.js'
 import { SessionMembers, type SessionMember } from './session-members.js'
+import { TASK_ID_METHODS, tagTask, tagTaskParams, tagTaskResult, unitedTasks, unknownTaskMessage, untagTaskId } from './tasks.js'
 import type { BackendSupervisor, UpstreamLookup } from '../upstream/ports.js'
 import type { ConnectionPool } from '../upstream/pool.js'
 import { isJsonStream, Relay, type RelayHost, type RelayOptions } from '../upstream/relay.js'
@@ -35,6 +37,8 @@ import { capabilityNeededBy } from '../../core/mcp.js'
 /** list_changed of several members within this are one for the client. */
 const LIST_CHANGED_COALESCE_MS = 50
 const INVALID_PARAMS = -32602
+/** Pages of one member's tasks/list read for the aggregate's, at most. */
+const MAX_TASK_PAGES = 50
 
 const LIST_CHANGED_KINDS: Record<string, ListKind[]> = {
   'notifications/tools/list_changed': ['tools'],
@@ -244,6 +248,20 @@ export class AggregateRelay extends Relay {
         return
       }
     }
+    // Tasks: a task id says its member (tasks.ts); the list is every member's.
+    if (TASK_ID_METHODS.has(request.method)) {
+      const taskId = params.taskId
+      if (typeof taskId !== 'string') { fail(INVALID_PARAMS, 'Invalid params: taskId must be a string'); return }
+      const own = untagTaskId(taskId)
+      const member = own === null ? undefined : this.#members.byServer(own.server)
+      if (own === null || member === undefined || !hasTasks(member) || !isRecord(member.info?.capabilities.tasks)) { fail(INVALID_PARAMS, unknownTaskMessage(request.method, taskId)); return }
+      this.#run(member, { ...request, params: { ...params, taskId: own.taskId } }, streamId, holder)
+      return
+    }
+    if (request.method === 'tasks/list') {
+      await this.#listTasks(params, answer, fail)
+      return
+    }
     const route = await routeRequest(this.#catalogue, request.method, params, { subscriptions: true })
     switch (route.to) {
       case 'error':
@@ -252,20 +270,79 @@ export class AggregateRelay extends Relay {
       case 'list':
         // The exposed names become the aggregate's tool labels (metrics.ts bounds them).
         if (route.kind === 'tools') this.metrics.toolsListed(route.page)
-        answer(route.page)
+        answer(route.kind === 'tools' ? this.#withoutPooledTasks(route.page) : route.page)
         return
       case 'member': {
         // Under the member's own name or URI; a read's contents come back under the aggregate's URIs.
         const { member } = route
         const shown = route.read !== undefined ? (r: Record<string, unknown>) => this.#catalogue.exposeReadResult(member, r) : undefined
-        this.#run(member, { ...request, params: route.params }, streamId, holder, route.tool, shown)
+        let own = route.params
+        if (!hasTasks(member) && own.task !== undefined) {
+          // A pooled member's task would live on one connection of a pool other sessions share:
+          // the call runs as a plain one (the specification's receiver that ignores `task`).
+          const { task: _ignored, ...rest } = own
+          own = rest
+        }
+        this.#run(member, { ...request, params: own }, streamId, holder, route.tool, shown)
       }
     }
   }
 
+  /**
+   * tasks/list: every taking-part member's whole list (each read to its end, within
+   * memberTimeoutMs and MAX_TASK_PAGES pages) in member order, with tagged ids, in one page: the
+   * aggregate gives no cursor, so none is taken. A member that fails to list is left out, as from
+   * any merged list.
+   */
+  async #listTasks (params: Record<string, unknown>, answer: (result: Record<string, unknown>) => void, fail: (code: number, message: string) => void): Promise<void> {
+    const listing = this.#members.all.filter(m => m.down === null && hasTasks(m) && isRecord(m.info?.capabilities.tasks) && m.info.capabilities.tasks.list !== undefined)
+    if (listing.length === 0) { fail(JSONRPC_METHOD_NOT_FOUND, 'Method not found: tasks/list'); return }
+    if (params.cursor !== undefined) { fail(INVALID_PARAMS, 'Invalid params: unknown cursor'); return }
+    const { memberTimeoutMs } = this.#options.aggregate
+    const lists = await Promise.all(listing.map(async m => {
+      try {
+        return await withTimeout(this.#memberTasks(m), memberTimeoutMs, () => new GW_ERR_BACKEND_TIMEOUT(m.server, memberTimeoutMs))
+      } catch (err) {
+        this.log.warn({ member: m.server, list: 'tasks', reason: err instanceof Error ? err.message : String(err) }, 'aggregate member left out of a list (slow or failing)')
+        return []
+      }
+    }))
+    answer({ tasks: lists.flat() })
+  }
+
+  /** One member's tasks, every page, with tagged ids. */
+  async #memberTasks (member: SessionMember): Promise<Array<Record<string, unknown>>> {
+    const out: Array<Record<string, unknown>> = []
+    let cursor: string | undefined
+    for (let page = 0; page < MAX_TASK_PAGES; page++) {
+      const result = await this.#ask(member, 'tasks/list', cursor !== undefined ? { cursor } : {})
+      if (Array.isArray(result.tasks)) for (const task of result.tasks) if (isRecord(task)) out.push(tagTask(member.server, task))
+      if (typeof result.nextCursor !== 'string' || result.nextCursor === '') break
+      cursor = result.nextCursor
+    }
+    return out
+  }
+
+  /** A tools/list page whose pooled members' tools say nothing of tasks: through the aggregate they run as plain calls. */
+  #withoutPooledTasks (page: Record<string, unknown>): Record<string, unknown> {
+    if (!Array.isArray(page.tools) || this.#members.all.every(hasTasks)) return page
+    const pooled = new Set(this.#members.all.filter(m => !hasTasks(m)).map(m => m.server))
+    return {
+      ...page,
+      tools: page.tools.map((tool: unknown) => {
+        if (!isRecord(tool) || !isRecord(tool._meta) || !pooled.has(String(tool._meta[META_MEMBER])) || !isRecord(tool.execution) || tool.execution.taskSupport === undefined) return tool
+        const { taskSupport: _dropped, ...execution } = tool.execution
+        return { ...tool, execution }
+      })
+    }
+  }
+
   #initializeResult (): Record<string, unknown> {
-    const { protocolVersion, capabilities, serverInfo, instructions } = unitedInfo(this.server, this.#members.all.filter(m => m.down === null), this.#protocolVersionOfClient)
-    return { protocolVersion, capabilities, serverInfo, ...(instructions !== undefined ? { instructions } : {}) }
+    const up = this.#members.all.filter(m => m.down === null)
+    const { protocolVersion, capabilities, serverInfo, instructions } = unitedInfo(this.server, up, this.#protocolVersionOfClient)
+    // A session's own: 2026-07-28 requests (stateless.ts, server/discover) have no tasks.
+    const tasks = unitedTasks(up.filter(hasTasks).map(m => m.info?.capabilities ?? {}))
+    return { protocolVersion, capabilities: tasks !== undefined ? { ...capabilities, tasks } : capabilities, serverInfo, ...(instructions !== undefined ? { instructions } : {}) }
   }
 
   /** A request of the gateway's own to one member; its result, or throws. */
@@ -350,13 +427,18 @@ export class AggregateRelay extends Relay {
     }
     if (isResponse(message)) {
       this.#settle(running.clientId)
-      const shown = running.shown !== undefined && 'result' in message && isRecord(message.result) ? { ...message, result: running.shown(message.result) } : message
+      let shown = message
+      if ('result' in message && isRecord(message.result)) {
+        let result = running.shown !== undefined ? running.shown(message.result) : message.result
+        if (hasTasks(running.member)) result = tagTaskResult(running.member.server, running.method, result)
+        if (result !== message.result) shown = { ...message, result }
+      }
       this.#answered(running, { ...shown, id: running.clientId } as JsonRpcResponse)
       return
     }
     const side = isJsonStream(running.streamId) ? GET_STREAM : running.streamId
     if (isRequest(message)) {
-      this.#askClient(message, side, response => { running.call?.answer(response) })
+      this.#askClient(running.member, message, side, response => { running.call?.answer(response) })
       return
     }
     const params = isRecord(message.params) ? message.params : {}
@@ -369,7 +451,7 @@ export class AggregateRelay extends Relay {
   }
 
   /** A member's server-to-client request: to the client if it declared the capability, under its opaque id. */
-  #askClient (request: JsonRpcRequest, streamId: string, answer: (response: JsonRpcResponse) => void): void {
+  #askClient (member: SessionMember, request: JsonRpcRequest, streamId: string, answer: (response: JsonRpcResponse) => void): void {
     const capability = capabilityNeededBy(request.method)
     if (capability !== undefined && this.#capabilitiesOfClient[capability] === undefined) {
       answer(errorResponse(request.id, JSONRPC_METHOD_NOT_FOUND, `Client does not support ${request.method} (no '${capability}' capability)`))
@@ -378,11 +460,13 @@ export class AggregateRelay extends Relay {
     if (request.method === 'ping') { answer({ jsonrpc: '2.0', id: request.id, result: {} }); return }
     const opaque = String(request.id)
     this.#asks.set(opaque, answer)
-    this.#reply(streamId, request)
+    this.#reply(streamId, hasTasks(member) && isRecord(request.params) ? { ...request, params: tagTaskParams(member.server, request.method, request.params) } : request)
   }
 
   /** A member's notification (of a request, or of its connection). */
-  #fromMemberNotification (member: SessionMember, notification: JsonRpcNotification, streamId: string): void {
+  #fromMemberNotification (member: SessionMember, received: JsonRpcNotification, streamId: string): void {
+    // Task ids it carries (a status notification's, a related task's) are shown tagged.
+    const notification = hasTasks(member) && isRecord(received.params) ? { ...received, params: tagTaskParams(member.server, received.method, received.params) } : received
     const params = isRecord(notification.params) ? notification.params : {}
     const kinds = LIST_CHANGED_KINDS[notification.method]
     if (kinds !== undefined) {
@@ -412,7 +496,7 @@ export class AggregateRelay extends Relay {
     const member = this.#members.byServer(server)
     if (member === undefined) return
     const side = this.legacy ? LEGACY_STREAM : GET_STREAM
-    if (isRequest(message)) { this.#askClient(message, side, answer); return }
+    if (isRequest(message)) { this.#askClient(member, message, side, answer); return }
     if (isNotification(message)) this.#fromMemberNotification(member, message, side)
   }
 
@@ -448,4 +532,13 @@ export class AggregateRelay extends Relay {
     if (this.#closed && !isResponse(message)) return
     this.#host.append(this.sid, streamId, message, holder).catch(err => { this.log.warn({ err }, 'aggregate message not appended') })
   }
+}
+
+/**
+ * Whether a member takes part in tasks: one with a connection of the session's own (dedicated,
+ * HTTP, SSE), whose tasks are this session's alone. A pooled member's connection serves other
+ * sessions of the tenant too, and the next request of this session may take another one.
+ */
+function hasTasks (member: SessionMember): boolean {
+  return member.link instanceof DedicatedLink
 }
