@@ -24,11 +24,11 @@ import {
 import { GET_STREAM, LEGACY_STREAM } from '../../state/event-log.js'
 import { errorTypeOf, type GatewayMetrics } from '../../telemetry/metrics.js'
 import type { TraceCarrier } from '../../telemetry/tracing.js'
-import { AggregateCatalogue, META_MEMBER, unitedInfo, withTimeout, type ListKind } from './catalogue.js'
+import { AggregateCatalogue, unitedInfo, type ListKind } from './catalogue.js'
 import { DedicatedLink, PooledLink, type MemberCall } from './member-link.js'
 import { routeRequest } from './route.js'
 import { SessionMembers, type SessionMember } from './session-members.js'
-import { TASK_ID_METHODS, tagTask, tagTaskParams, tagTaskResult, unitedTasks, unknownTaskMessage, untagTaskId } from './tasks.js'
+import { mergedTasks, TASK_ID_METHODS, tagTaskParams, withoutTaskSupport, tagTaskResult, unitedTasks, unknownTaskMessage, untagTaskId } from './tasks.js'
 import type { BackendSupervisor, UpstreamLookup } from '../upstream/ports.js'
 import type { ConnectionPool } from '../upstream/pool.js'
 import { isJsonStream, Relay, type RelayHost, type RelayOptions } from '../upstream/relay.js'
@@ -37,8 +37,6 @@ import { capabilityNeededBy } from '../../core/mcp.js'
 /** list_changed of several members within this are one for the client. */
 const LIST_CHANGED_COALESCE_MS = 50
 const INVALID_PARAMS = -32602
-/** Pages of one member's tasks/list read for the aggregate's, at most. */
-const MAX_TASK_PAGES = 50
 
 const LIST_CHANGED_KINDS: Record<string, ListKind[]> = {
   'notifications/tools/list_changed': ['tools'],
@@ -270,7 +268,7 @@ export class AggregateRelay extends Relay {
       case 'list':
         // The exposed names become the aggregate's tool labels (metrics.ts bounds them).
         if (route.kind === 'tools') this.metrics.toolsListed(route.page)
-        answer(route.kind === 'tools' ? this.#withoutPooledTasks(route.page) : route.page)
+        answer(route.kind === 'tools' ? withoutTaskSupport(route.page, new Set(this.#members.all.filter(m => !hasTasks(m)).map(m => m.server))) : route.page)
         return
       case 'member': {
         // Under the member's own name or URI; a read's contents come back under the aggregate's URIs.
@@ -288,53 +286,13 @@ export class AggregateRelay extends Relay {
     }
   }
 
-  /**
-   * tasks/list: every taking-part member's whole list (each read to its end, within
-   * memberTimeoutMs and MAX_TASK_PAGES pages) in member order, with tagged ids, in one page: the
-   * aggregate gives no cursor, so none is taken. A member that fails to list is left out, as from
-   * any merged list.
-   */
+  /** tasks/list: the taking-part members' lists merged (tasks.ts). */
   async #listTasks (params: Record<string, unknown>, answer: (result: Record<string, unknown>) => void, fail: (code: number, message: string) => void): Promise<void> {
     const listing = this.#members.all.filter(m => m.down === null && hasTasks(m) && isRecord(m.info?.capabilities.tasks) && m.info.capabilities.tasks.list !== undefined)
     if (listing.length === 0) { fail(JSONRPC_METHOD_NOT_FOUND, 'Method not found: tasks/list'); return }
     if (params.cursor !== undefined) { fail(INVALID_PARAMS, 'Invalid params: unknown cursor'); return }
-    const { memberTimeoutMs } = this.#options.aggregate
-    const lists = await Promise.all(listing.map(async m => {
-      try {
-        return await withTimeout(this.#memberTasks(m), memberTimeoutMs, () => new GW_ERR_BACKEND_TIMEOUT(m.server, memberTimeoutMs))
-      } catch (err) {
-        this.log.warn({ member: m.server, list: 'tasks', reason: err instanceof Error ? err.message : String(err) }, 'aggregate member left out of a list (slow or failing)')
-        return []
-      }
-    }))
-    answer({ tasks: lists.flat() })
-  }
-
-  /** One member's tasks, every page, with tagged ids. */
-  async #memberTasks (member: SessionMember): Promise<Array<Record<string, unknown>>> {
-    const out: Array<Record<string, unknown>> = []
-    let cursor: string | undefined
-    for (let page = 0; page < MAX_TASK_PAGES; page++) {
-      const result = await this.#ask(member, 'tasks/list', cursor !== undefined ? { cursor } : {})
-      if (Array.isArray(result.tasks)) for (const task of result.tasks) if (isRecord(task)) out.push(tagTask(member.server, task))
-      if (typeof result.nextCursor !== 'string' || result.nextCursor === '') break
-      cursor = result.nextCursor
-    }
-    return out
-  }
-
-  /** A tools/list page whose pooled members' tools say nothing of tasks: through the aggregate they run as plain calls. */
-  #withoutPooledTasks (page: Record<string, unknown>): Record<string, unknown> {
-    if (!Array.isArray(page.tools) || this.#members.all.every(hasTasks)) return page
-    const pooled = new Set(this.#members.all.filter(m => !hasTasks(m)).map(m => m.server))
-    return {
-      ...page,
-      tools: page.tools.map((tool: unknown) => {
-        if (!isRecord(tool) || !isRecord(tool._meta) || !pooled.has(String(tool._meta[META_MEMBER])) || !isRecord(tool.execution) || tool.execution.taskSupport === undefined) return tool
-        const { taskSupport: _dropped, ...execution } = tool.execution
-        return { ...tool, execution }
-      })
-    }
+    const byServer = new Map(listing.map(m => [m.server, m]))
+    answer(await mergedTasks([...byServer.keys()], async (server, p) => await this.#ask(byServer.get(server) as SessionMember, 'tasks/list', p), this.#options.aggregate.memberTimeoutMs, this.log))
   }
 
   #initializeResult (): Record<string, unknown> {

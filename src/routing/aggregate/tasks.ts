@@ -5,7 +5,10 @@
 // tasks/get, tasks/result or tasks/cancel goes to the member its tag names, under the member's own id.
 // Pure: the relay (relay.ts) runs the requests. docs/behaviour.md, "Aggregating servers", says
 // which members take part (those with a connection of the session's own) and why.
+import type { Logger } from 'pino'
+import { GW_ERR_BACKEND_TIMEOUT } from '../../core/errors.js'
 import { isRecord } from '../../core/jsonrpc.js'
+import { META_MEMBER, withTimeout } from './catalogue.js'
 
 /** `_meta` key of a message that relates to a task (specification, "Tasks": related task metadata). */
 export const RELATED_TASK = 'io.modelcontextprotocol/related-task'
@@ -85,4 +88,59 @@ export function tagTaskParams (server: string, method: string, params: Record<st
   if (method === 'notifications/tasks/status') return tagTask(server, params)
   const meta = tagMeta(server, params._meta)
   return meta === params._meta ? params : { ...params, _meta: meta }
+}
+
+/** Pages of one member's tasks/list read for the aggregate's, at most. */
+const MAX_TASK_PAGES = 50
+
+/**
+ * An aggregate session's tasks/list: each listing member's whole list (read to its end, within
+ * `timeoutMs` and MAX_TASK_PAGES pages) in member order, with tagged ids, in one page: the
+ * aggregate gives no cursor, so it takes none. A member that fails to list is left out, as from
+ * any merged list.
+ */
+export async function mergedTasks (
+  members: readonly string[],
+  list: (member: string, params: Record<string, unknown>) => Promise<Record<string, unknown>>,
+  timeoutMs: number,
+  log: Logger
+): Promise<{ tasks: Array<Record<string, unknown>> }> {
+  const lists = await Promise.all(members.map(async member => {
+    try {
+      return await withTimeout(memberTasks(member, list), timeoutMs, () => new GW_ERR_BACKEND_TIMEOUT(member, timeoutMs))
+    } catch (err) {
+      log.warn({ member, list: 'tasks', reason: err instanceof Error ? err.message : String(err) }, 'aggregate member left out of a list (slow or failing)')
+      return []
+    }
+  }))
+  return { tasks: lists.flat() }
+}
+
+/** One member's tasks, every page, with tagged ids. */
+async function memberTasks (member: string, list: (member: string, params: Record<string, unknown>) => Promise<Record<string, unknown>>): Promise<Array<Record<string, unknown>>> {
+  const out: Array<Record<string, unknown>> = []
+  let cursor: string | undefined
+  for (let page = 0; page < MAX_TASK_PAGES; page++) {
+    const result = await list(member, cursor !== undefined ? { cursor } : {})
+    if (Array.isArray(result.tasks)) for (const task of result.tasks) if (isRecord(task)) out.push(tagTask(member, task))
+    if (typeof result.nextCursor !== 'string' || result.nextCursor === '') break
+    cursor = result.nextCursor
+  }
+  return out
+}
+
+/**
+ * A tools/list page whose tools of the `plain` members (pooled ones) say nothing of tasks:
+ * through the aggregate those run as plain calls.
+ */
+export function withoutTaskSupport (page: Record<string, unknown>, plain: ReadonlySet<string>): Record<string, unknown> {
+  if (!Array.isArray(page.tools) || plain.size === 0) return page
+  return {
+    ...page,
+    tools: page.tools.map((tool: unknown) => {
+      if (!isRecord(tool) || !isRecord(tool._meta) || !plain.has(String(tool._meta[META_MEMBER])) || !isRecord(tool.execution) || tool.execution.taskSupport === undefined) return tool
+      const { taskSupport: _dropped, ...execution } = tool.execution
+      return { ...tool, execution }
+    })
+  }
 }
