@@ -52,7 +52,7 @@ export interface RouterOptions extends ReplicaContext {
   upstream?: UpstreamLookup
   /** A tenant's tool policy on a server (auth/tool-policy.ts); none without tenants. */
   toolPolicy?: ToolPolicyLookup
-  /** The (server, tenant) pools of backend connections: pooled sessions run on them (flow 9). */
+  /** The (server, tenant) pools of backend connections: pooled sessions run on them (docs/architecture.md, "A pooled call"). */
   pool: ConnectionPool
 }
 
@@ -293,7 +293,7 @@ export class Router {
     const sid = record.id
     const kind = admission?.kind ?? this.#kinds.of(record.server)
     if (isResponse(message)) {
-      // An answer to a server-to-client request goes to the replica named in its opaque id (flow 3).
+      // An answer to a server-to-client request goes to the replica named in its opaque id (docs/architecture.md, "A backend message").
       const replica = replicaOfOpaqueId(message.id)
       if (replica === this.replicaId || replica === null) { kind.answer(record, message); return }
       // The id is client input: only a live replica gets an envelope (no inbox for made-up names).
