@@ -134,7 +134,13 @@ export class Router {
     }, this.#pooled)
     this.#sessions = new Sessions({ replicaId, config, store, eventLog, bus, log, metrics, ownership: this.#ownership, kinds: this.#kinds, pooled: this.#pooled, streams: this.#streams, stopping: () => this.#stopping, ...(options.admitSession !== undefined ? { admit: options.admitSession } : {}) })
     this.#watch = new ReplicaWatch({
-      ...options,
+      replicaId,
+      config,
+      store,
+      eventLog,
+      bus,
+      log,
+      metrics,
       ownership: this.#ownership,
       streams: this.#streams,
       kindOf: server => this.#kinds.of(server),

@@ -1,6 +1,7 @@
 // The watch over what another replica's loss (or the store's) leaves this one waiting for
 // (docs/architecture.md, "Owner loss (routed)"): this replica's heartbeat, and the upkeep of its
-// leases. The router dispatches messages; this module keeps the leases it dispatches by current.
+// leases. The router dispatches by those leases; this module keeps them current and acts when
+// one is lost.
 //
 // - The heartbeat (a third of its TTL apart) tells the others this replica is alive, then looks at
 //   the requests its POST streams wait for: a replica that served some of them and is gone never
