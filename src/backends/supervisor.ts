@@ -10,6 +10,7 @@ import type { Logger } from 'pino'
 import type { BackendFactory } from './backend.js'
 import type { ServerConfig } from '../config/schema.js'
 import type { ServerSource } from '../config/live.js'
+import { countsTowardMaxSessions } from '../config/server-kind.js'
 import {
   GW_ERR_BACKEND_CAPACITY,
   GW_ERR_BACKEND_UNAVAILABLE,
@@ -98,9 +99,7 @@ export class Supervisor {
     if (factory === undefined) throw new GW_ERR_BACKEND_UNAVAILABLE(server, `no factory for transport '${config.transport}'`)
     if (this.#sessions.has(sid)) throw new GW_ERR_CONFLICT('the session already has a backend connection')
     const live = this.#perServer.get(server) ?? 0
-    // A pooled server's children are the pool's, bounded by poolMax per tenant (routing/upstream/pool.ts);
-    // its maxSessions counts client sessions (routing/kinds/pooled-sessions.ts).
-    if (live >= config.maxSessions && !(config.transport === 'stdio' && config.sessions === 'pooled')) {
+    if (live >= config.maxSessions && countsTowardMaxSessions(config)) {
       throw withRetryAfter(new GW_ERR_BACKEND_CAPACITY(server, config.maxSessions), CAPACITY_RETRY_AFTER_S)
     }
 

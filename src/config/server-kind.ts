@@ -17,6 +17,16 @@ export function kindNameOf (config: ServerConfig | undefined): KindName {
   }
 }
 
+/**
+ * Whether each of a server's client sessions takes a backend connection of its own, so the
+ * supervisor refuses one past maxSessions. A pooled server's children are the pool's, bounded by
+ * poolMax per tenant (routing/upstream/pool.ts); its maxSessions counts client sessions
+ * (routing/kinds/pooled-sessions.ts).
+ */
+export function countsTowardMaxSessions (config: ServerConfig): boolean {
+  return kindNameOf(config) !== 'pooled'
+}
+
 /** A server's config now, safe for any name (a name that is an Object.prototype member is just absent). */
 export function serverConfigOf (live: ServerSource, server: string): ServerConfig | undefined {
   return Object.hasOwn(live.servers, server) ? live.servers[server] : undefined

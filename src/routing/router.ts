@@ -1,19 +1,19 @@
-// Terminal dispatch (ARCHITECTURE.md section 5): a client message goes where the session's kind
-// sends it (kinds/), a message for a client is appended to its stream's log and the stream's
-// holder is woken. Local first: when owner or holder is this replica, no bus hop.
+// Dispatch (docs/architecture.md, "Flows"): a client message goes where the session's kind sends
+// it (kinds/), a message for a client is appended to its stream's log and the stream's holder is
+// woken. Local first: when owner or holder is this replica, no bus hop.
 //
 // The router asks no session what kind it is: kinds/kinds.ts picks the kind of each message from
-// the live config, and the kind decides. What stays here is the wiring of the parts, the bus's
-// envelopes and the replica's upkeep:
-//   sessions.ts   lifecycle (create, principal-checked lookup, touch, end)
-//   streams.ts    client streams held here (append/wake, writers, holder leases)
-//   ownership.ts  relays owned here, leases, liveness, takeover
-//   kinds/        routed, aggregate, direct and pooled sessions
+// the live config, and the kind decides. What stays here is the wiring of the parts and the bus's
+// envelopes:
+//   sessions.ts              lifecycle (create, principal-checked lookup, touch, end)
+//   replica/streams.ts       client streams held here (open, append/wake, writers)
+//   replica/ownership.ts     relays owned here, leases, liveness, takeover
+//   replica/replica-watch.ts the heartbeat and lease upkeep that find a lost replica or store
+//   kinds/                   routed, aggregate, direct and pooled sessions
 import type { ToolPolicyLookup } from '../auth/tool-policy.js'
 import { refusedCall } from '../auth/tool-policy.js'
 import {
-  GW_ERR_BACKEND_LOST, GW_ERR_SERVER_NOT_FOUND, GW_ERR_SESSION_NOT_FOUND, GW_ERR_SHUTTING_DOWN, GW_ERR_STORE_UNAVAILABLE,
-  toJsonRpcError
+  GW_ERR_SERVER_NOT_FOUND, GW_ERR_SESSION_NOT_FOUND, GW_ERR_SHUTTING_DOWN, toJsonRpcError
 } from '../core/errors.js'
 import type { ServerSource } from '../config/live.js'
 import type { IncomingHttpHeaders } from 'node:http'
@@ -23,26 +23,25 @@ import type { Envelope } from '../state/bus.js'
 import type { SessionRecord } from '../state/session-store.js'
 import { tracing, type TraceCarrier } from '../telemetry/tracing.js'
 import type { ReplicaContext } from './replica/context.js'
-import { heartbeatTtl, Ownership } from './replica/ownership.js'
-import type { BackendPool, UpstreamLookup } from './upstream/ports.js'
+import { Ownership } from './replica/ownership.js'
+import { ReplicaWatch } from './replica/replica-watch.js'
+import type { BackendSupervisor, UpstreamLookup } from './upstream/ports.js'
 import type { RelayHost } from './upstream/relay.js'
 import { isValidSessionId, Sessions, type NewSession } from './sessions.js'
-import { APPEND_RETRY_MS, ClientStreams, type OpenPostOptions, type OpenStreamOptions } from './replica/streams.js'
+import { ClientStreams, type OpenPostOptions, type OpenStreamOptions } from './replica/streams.js'
 import type { ConnectionPool } from './upstream/pool.js'
 import { PooledSessions } from './kinds/pooled-sessions.js'
-import type { StreamKind, UpkeepPass } from '../telemetry/metrics.js'
-import { shortHash } from '../telemetry/logger.js'
-import { inBatches } from './replica/upkeep.js'
+import type { StreamKind } from '../telemetry/metrics.js'
 import { Delivery } from './kinds/delivery.js'
 import { SessionKinds } from './kinds/kinds.js'
 import { serverConfigOf, type KindName, type Route, type SessionKind } from './kinds/kind.js'
 
-export type { BackendPool } from './upstream/ports.js'
+export type { BackendSupervisor } from './upstream/ports.js'
 export type { BackendSessionHandle } from './upstream/relay.js'
 export type { Route } from './kinds/kind.js'
 
 export interface RouterOptions extends ReplicaContext {
-  backends: BackendPool
+  backends: BackendSupervisor
   /** Makes a client stream's writer: the HTTP layer's, handed down so routing never imports it. */
   newWriter: WriterFactory
   /** The servers as configured now (live reload); config.servers is the boot-time set. */
@@ -53,7 +52,7 @@ export interface RouterOptions extends ReplicaContext {
   upstream?: UpstreamLookup
   /** A tenant's tool policy on a server (auth/tool-policy.ts); none without tenants. */
   toolPolicy?: ToolPolicyLookup
-  /** The (server, tenant) pools of backend connections: pooled sessions run on them (flow 9). */
+  /** The (server, tenant) pools of backend connections: pooled sessions run on them (docs/architecture.md, "A pooled call"). */
   pool: ConnectionPool
 }
 
@@ -69,26 +68,14 @@ export interface Admission {
 
 export class Router {
   readonly replicaId: string
-  readonly #o: RouterOptions
+  readonly #services: RouterOptions
   readonly #streams: ClientStreams
   readonly #ownership: Ownership
   readonly #sessions: Sessions
   readonly #pooled: PooledSessions
   readonly #delivery: Delivery
   readonly #kinds: SessionKinds
-  #tick: NodeJS.Timeout | undefined
-  /** Whether a tick is running (#onTick). */
-  #ticking = false
-  /** The server of sessions whose streams are held here, as last read (#watchOwners). */
-  readonly #serverOf = new Map<string, string>()
-  #beat: NodeJS.Timeout | undefined
-  #storeDown = false
-  /** When the heartbeat first failed in the outage going on, if one is. */
-  #storeDownSince: number | undefined
-  /** `<sid> <replica>`: requests of a lost replica being settled now (#onBeat). */
-  readonly #adopting = new Set<string>()
-  /** Requests answered directly while the store was away: their markers are taken once it is back. */
-  #answeredWithoutLog: Array<{ sid: string, streamId: string, id: RequestId }> = []
+  readonly #watch: ReplicaWatch
   #seq = 0
   #stopping = false
   /** Envelopes of the 2026-07-28 face (MRTR retries across replicas), handed to it as they come. */
@@ -97,7 +84,7 @@ export class Router {
   #adminEnvelopes: ((envelope: Envelope) => void) | undefined
 
   constructor (options: RouterOptions) {
-    this.#o = options
+    this.#services = options
     this.replicaId = options.replicaId
     const { replicaId, config, store, eventLog, bus, log, metrics } = options
     const endSession = async (sid: string, reason: string): Promise<void> => { await this.#sessions.end(sid, reason) }
@@ -146,42 +133,42 @@ export class Router {
       toolPolicy: options.toolPolicy
     }, this.#pooled)
     this.#sessions = new Sessions({ replicaId, config, store, eventLog, bus, log, metrics, ownership: this.#ownership, kinds: this.#kinds, pooled: this.#pooled, streams: this.#streams, stopping: () => this.#stopping, ...(options.admitSession !== undefined ? { admit: options.admitSession } : {}) })
+    this.#watch = new ReplicaWatch({
+      replicaId,
+      config,
+      store,
+      eventLog,
+      bus,
+      log,
+      metrics,
+      ownership: this.#ownership,
+      streams: this.#streams,
+      kindOf: server => this.#kinds.of(server),
+      failOrphans: async (sid, server, reason) => { await this.#delivery.failOrphans(sid, server, reason) },
+      sweepSessions: () => { this.#sessions.sweep() },
+      endSession
+    })
   }
 
-  get #leaseMs (): number { return this.#o.config.redis?.leaseMs ?? 10_000 }
-  get #idleMs (): number { return this.#o.config.sessions.idleTimeoutMs }
-
   async start (): Promise<void> {
-    await this.#o.bus.start(this.replicaId, envelope => { this.#onEnvelope(envelope) })
-    const beatTtl = heartbeatTtl(this.#leaseMs)
-    await this.#o.store.heartbeat(this.replicaId, beatTtl).catch(() => {})
-    const every = Math.max(250, Math.min(5000, Math.floor(this.#leaseMs / 3), Math.floor(this.#idleMs / 4)))
-    this.#tick = setInterval(() => { this.#onTick().catch(err => this.#o.log.warn({ err }, 'router tick failed')) }, every)
-    this.#tick.unref()
-    let beating = false
-    this.#beat = setInterval(() => {
-      if (beating) return
-      beating = true
-      this.#timed('heartbeat', async () => { await this.#onBeat(beatTtl) }).catch(err => this.#o.log.warn({ err }, 'heartbeat failed')).finally(() => { beating = false })
-    }, Math.floor(beatTtl / 3))
-    this.#beat.unref()
+    await this.#services.bus.start(this.replicaId, envelope => { this.#onEnvelope(envelope) })
+    await this.#watch.start()
   }
 
   /** Graceful stop: streams end with a retry hint, leases released, backends stopped. */
   async stop (): Promise<void> {
     this.#stopping = true
-    clearInterval(this.#tick)
-    clearInterval(this.#beat)
-    this.#streams.endAll(this.#o.config.http.retryMs)
+    this.#watch.stop()
+    this.#streams.endAll(this.#services.config.http.retryMs)
     this.#pooled.stop()
     await this.#ownership.stopAll(new GW_ERR_SHUTTING_DOWN())
-    await this.#o.bus.close()
+    await this.#services.bus.close()
   }
 
   get stopping (): boolean { return this.#stopping }
 
   /** Whether an envelope sent after a log write reaches its replica only once that write is applied (Bus.ordered). */
-  get busOrdered (): boolean { return this.#o.bus.ordered }
+  get busOrdered (): boolean { return this.#services.bus.ordered }
 
   /** The 2026-07-28 face's own envelopes (mrtr-*) go to this handler. */
   onModernEnvelope (handler: (envelope: Envelope) => void): void {
@@ -195,7 +182,7 @@ export class Router {
 
   /** Puts an envelope in another replica's inbox (the 2026-07-28 face forwards MRTR retries). */
   async sendEnvelope (replica: string, envelope: Envelope): Promise<void> {
-    await this.#o.bus.send(replica, envelope)
+    await this.#services.bus.send(replica, envelope)
   }
 
   /** Whether a replica's heartbeat is current (cached briefly). */
@@ -230,7 +217,7 @@ export class Router {
     // (the session was ended while its child waited to be spawned), ended the session already (its
     // relay was registered), or not; either way the client must not get its id, and is told the
     // server is gone (404), not that its backend failed.
-    const removed = (): boolean => serverConfigOf(this.#o.live, input.server) === undefined
+    const removed = (): boolean => serverConfigOf(this.#services.live, input.server) === undefined
     // A pooled session starts no child: the pool answers for its backend (and refuses past maxSessions).
     await this.#kinds.of(input.server).prepare(input.server, input.tenant ?? null)
     const record = await this.#sessions.create(input, forwardedHeaders).catch((err: unknown) => {
@@ -251,7 +238,7 @@ export class Router {
     if (servers.length === 0) return 0
     const sids = this.#ownership.sessionsOf(new Set(servers))
     await Promise.all(sids.map(async sid => {
-      await this.#sessions.end(sid, reason).catch(err => this.#o.log.warn({ err }, 'session end failed'))
+      await this.#sessions.end(sid, reason).catch(err => this.#services.log.warn({ err }, 'session end failed'))
     }))
     return sids.length
   }
@@ -282,7 +269,7 @@ export class Router {
   async openStream (options: OpenStreamOptions, record?: SessionRecord): Promise<ClientWriter> {
     const writer = await this.#streams.open(options)
     if (record !== undefined) {
-      this.#serverOf.set(record.id, record.server)
+      this.#watch.streamHeld(record.id, record.server)
       this.#kinds.of(record.server).listen(record)
     }
     return writer
@@ -312,11 +299,11 @@ export class Router {
     const sid = record.id
     const kind = admission?.kind ?? this.#kinds.of(record.server)
     if (isResponse(message)) {
-      // An answer to a server-to-client request goes to the replica named in its opaque id (flow 3).
+      // An answer to a server-to-client request goes to the replica named in its opaque id (docs/architecture.md, "A backend message").
       const replica = replicaOfOpaqueId(message.id)
       if (replica === this.replicaId || replica === null) { kind.answer(record, message); return }
       // The id is client input: only a live replica gets an envelope (no inbox for made-up names).
-      if (await this.#ownership.isAlive(replica)) await this.#o.bus.send(replica, { kind: 'deliver', sid, streamId: null, message })
+      if (await this.#ownership.isAlive(replica)) await this.#services.bus.send(replica, { kind: 'deliver', sid, streamId: null, message })
       return
     }
     if (isRequest(message) && streamId !== null && this.#refusedByToolPolicy(record, message, streamId)) {
@@ -341,9 +328,9 @@ export class Router {
 
   /** A tools/call the tenant's tool policy denies is answered here, as an unknown tool (tool-policy.ts). */
   #refusedByToolPolicy (record: SessionRecord, request: JsonRpcRequest, streamId: string): boolean {
-    const refusal = refusedCall(this.#o.toolPolicy, { tenant: record.tenant, subject: record.subjectDigest, server: record.server }, request, this.#o.log)
+    const refusal = refusedCall(this.#services.toolPolicy, { tenant: record.tenant, subject: record.subjectDigest, server: record.server }, request, this.#services.log)
     if (refusal === null) return false
-    this.#streams.append(record.id, streamId, refusal).catch(err => this.#o.log.warn({ err }, 'tool policy refusal not delivered'))
+    this.#streams.append(record.id, streamId, refusal).catch(err => this.#services.log.warn({ err }, 'tool policy refusal not delivered'))
     return true
   }
 
@@ -363,7 +350,7 @@ export class Router {
    * one round trip for both, not two. Hand it to admit(); undefined when admit() would not read it.
    */
   prefetchOwner (sid: string | undefined, server: string): Promise<string | null> | undefined {
-    if (this.#o.config.redis === undefined || sid === undefined || !isValidSessionId(sid)) return undefined
+    if (this.#services.config.redis === undefined || sid === undefined || !isValidSessionId(sid)) return undefined
     return this.#kinds.of(server).prefetchOwner(sid)
   }
 
@@ -377,7 +364,7 @@ export class Router {
     admission?.kind.release(admission.route)
   }
 
-  // ---- envelopes and upkeep ----------------------------------------------------------------
+  // ---- envelopes ----------------------------------------------------------------
 
   #onEnvelope (envelope: Envelope): void {
     switch (envelope.kind) {
@@ -406,7 +393,7 @@ export class Router {
         this.#streams.release(envelope.sid, envelope.streamId)
         return
       case 'end-session':
-        this.#sessions.endLocal(envelope.sid, envelope.reason, envelope.server).catch(err => this.#o.log.error({ err }, 'local session end failed'))
+        this.#sessions.endLocal(envelope.sid, envelope.reason, envelope.server).catch(err => this.#services.log.error({ err }, 'local session end failed'))
         return
       case 'mrtr-resume':
       case 'mrtr-out':
@@ -416,158 +403,6 @@ export class Router {
         return
       case 'admin-reload':
         this.#adminEnvelopes?.(envelope)
-    }
-  }
-
-  /**
-   * Every third of a heartbeat: the heartbeat itself, then the watch over the requests this
-   * replica's POST streams wait for. An owner found dead means their answers can never come: they
-   * get -32007 now (ARCHITECTURE.md 6). While the store is unreachable nothing can be appended or
-   * read, so every waiting request here is answered directly with an error.
-   */
-  async #onBeat (ttlMs: number): Promise<void> {
-    const { store, log } = this.#o
-    let beat = true
-    await store.heartbeat(this.replicaId, ttlMs).catch(() => { beat = false })
-    if (!beat || !store.isReady()) {
-      // A blink, a restart or a failover is a delay (issue 28): the answers on their way are
-      // tried again across the reconnect for as long (ClientStreams, APPEND_RETRY_MS). Only an
-      // outage longer than that answers the requests waiting here with an error.
-      const since = this.#storeDownSince ??= Date.now()
-      if (Date.now() - since < APPEND_RETRY_MS) return
-      if (!this.#storeDown) log.warn('session store unreachable; answering waiting requests with an error')
-      this.#storeDown = true
-      const err = new GW_ERR_STORE_UNAVAILABLE('the session store became unreachable while this request was in flight')
-      this.#answeredWithoutLog.push(...this.#streams.failAwaiting(id => toJsonRpcError(err, id)))
-      return
-    }
-    this.#storeDown = false
-    this.#storeDownSince = undefined
-    // Those requests got their answer: a late one from the backend must not be written after it.
-    for (const { sid, streamId, id } of this.#answeredWithoutLog.splice(0)) await this.#o.eventLog.claim(sid, streamId, id, this.#idleMs).catch(() => {})
-    for (const sid of this.#streams.awaitingSessions()) {
-      if (this.#ownership.opening(sid) !== undefined) continue
-      const local = this.#ownership.local(sid)
-      // A relay here of a kind with an owner (routed, aggregate) is the owner: its record is not needed.
-      const owned = local !== undefined && this.#kinds.of(local.server).hasOwner
-      const record = owned ? null : await store.get(sid)
-      const server = local?.server ?? record?.server
-      if (server === undefined) continue
-      // Each marker names the replica that serves its request (the one that took a direct
-      // session's POST; a routed session's owner as routed to). Requests served by a replica that
-      // is gone died with it, whoever owns the session now: a replica that kept serving a session
-      // another one had taken over (its lease not yet found lost) and then died is one case.
-      let adopting = false
-      /** A replica serving some of these requests still has a heartbeat. */
-      let servedByLive = false
-      for (const replica of await this.#o.eventLog.pendingReplicas(sid)) {
-        if (replica === this.replicaId) continue
-        if (await store.isAlive(replica)) { servedByLive = true; continue }
-        adopting = true
-        // Not awaited: it may take the session over and start its backend, which must not hold
-        // up this replica's own heartbeat (a beat skipped for that long would look like a death).
-        const key = `${sid} ${replica}`
-        if (this.#adopting.has(key)) continue
-        this.#adopting.add(key)
-        this.#kinds.of(server).orphansOf(sid, server, replica, local, record)
-          .catch(err => log.warn({ err, sid: shortHash(sid) }, 'requests of a lost replica not settled'))
-          .finally(() => this.#adopting.delete(key))
-      }
-      // Settled there, with what the lost replica never handed on delivered again (not failed below).
-      if (adopting) continue
-      // A routed session whose backend runs here: its answers come from here.
-      if (owned) continue
-      // Direct and pooled sessions have no owner whose loss ends their requests (pending markers above).
-      if (record === null || !this.#kinds.of(record.server).hasOwner) continue
-      if (this.#ownership.has(sid)) continue
-      const owner = await store.getOwner(sid)
-      if (owner === this.replicaId || (owner !== null && await store.isAlive(owner))) continue
-      // A lease shorter than a heartbeat (redis.leaseMs under 3 s) lapses before its dead holder
-      // is known dead: the replica serving the requests is found gone on a later beat, and what it
-      // never handed on is delivered again then (above), not failed now.
-      if (owner === null && servedByLive) continue
-      await this.#delivery.failOrphans(sid, record.server, owner === null ? 'owner lease expired' : `replica ${owner} is gone`)
-    }
-  }
-
-  /**
-   * One upkeep tick (a third of a lease apart): owner leases, holder leases, then the watch over
-   * sessions whose streams are held here and whose owner is elsewhere. A tick never starts while
-   * the last one still runs: two passes at once would only slow each other past the leases.
-   */
-  async #onTick (): Promise<void> {
-    if (this.#ticking) return
-    this.#ticking = true
-    try {
-      await this.#tickOnce()
-    } finally {
-      this.#ticking = false
-    }
-  }
-
-  async #tickOnce (): Promise<void> {
-    const ownership = this.#ownership
-    this.#sessions.sweep()
-    const { expired, leaseLost } = await this.#timed('owner_leases', async () => await ownership.renew())
-    // Idle timeout reached (or deleted elsewhere): stop the backend (idle reaping).
-    for (const sid of expired) await this.#sessions.end(sid, 'idle timeout')
-    // Another replica took the session over (it thought this one dead): only the backend stops
-    // here; the client's streams held here go on.
-    // All at once: each drop takes its relay out at once, then waits for its backend to stop; one
-    // after another, the last relays would go on serving sessions owned elsewhere for seconds.
-    await Promise.all(leaseLost.map(async sid => {
-      const server = ownership.local(sid)?.server ?? '?'
-      await ownership.drop(sid, new GW_ERR_BACKEND_LOST(server, 'another replica took the session over'))
-    }))
-    const held = await this.#timed('stream_leases', async () => await this.#streams.renew())
-    await this.#timed('owner_watch', async () => { await this.#watchOwners(held) })
-  }
-
-  /**
-   * Sessions whose streams are held here and whose backend runs elsewhere: an owner found gone is
-   * acted on. Pooled sessions have no owner: known by their server (learnt once per session, and
-   * never stored: a reload may change a server's mode), they cost nothing here.
-   */
-  async #watchOwners (held: Set<string>): Promise<void> {
-    const { store } = this.#o
-    const ownership = this.#ownership
-    for (const sid of this.#serverOf.keys()) if (!held.has(sid)) this.#serverOf.delete(sid)
-    const watched = [...held].filter(sid => {
-      if (ownership.has(sid)) return false
-      const server = this.#serverOf.get(sid)
-      return server === undefined || this.#kinds.of(server).leased
-    })
-    await inBatches(watched, async batch => {
-      const owners = await Promise.all(batch.map(async sid => await store.getOwner(sid)))
-      const orphaned: string[] = []
-      for (const [i, sid] of batch.entries()) {
-        const owner = owners[i] ?? null
-        if (owner === null || !await ownership.isAlive(owner)) orphaned.push(sid)
-      }
-      const records = await Promise.all(orphaned.map(async sid => await store.get(sid)))
-      for (const [i, sid] of orphaned.entries()) {
-        const record = records[i] ?? null
-        if (record === null) continue
-        this.#serverOf.set(sid, record.server)
-        // Carried on, taken over here, or ended, as its kind says (a pooled session has no owner: nothing was lost).
-        await this.#kinds.of(record.server).ownerGone(record)
-      }
-    })
-  }
-
-  /**
-   * Runs one upkeep pass and records how long it took. A pass longer than a third of the lease
-   * (the renewal interval) is logged: leases then lapse between renewals, and only re-claiming
-   * keeps them.
-   */
-  async #timed<T> (pass: UpkeepPass, run: () => Promise<T>): Promise<T> {
-    const started = performance.now()
-    try {
-      return await run()
-    } finally {
-      const ms = performance.now() - started
-      this.#o.metrics.upkeepPass(pass, ms / 1000)
-      if (ms > this.#leaseMs / 3) this.#o.log.warn({ pass, ms: Math.round(ms), leaseMs: this.#leaseMs }, 'upkeep pass took longer than a third of the lease')
     }
   }
 }

@@ -1,4 +1,4 @@
-// Session lifecycle (ARCHITECTURE.md flows 1 and 5): create, look up (principal-checked), update,
+// Session lifecycle (docs/architecture.md, "Flows"): create, look up (principal-checked), update,
 // touch (idle timeout) and end, on this replica and, through the bus, on the others.
 import { randomBytes } from 'node:crypto'
 import { GW_ERR_BACKEND_UNAVAILABLE, GW_ERR_SHUTTING_DOWN } from '../core/errors.js'
@@ -30,7 +30,7 @@ export interface SessionsOptions extends ReplicaContext {
   ownership: Ownership
   /** What each kind of session holds here (kinds/). */
   kinds: SessionKinds
-  /** Pooled sessions' calls running here, ended with the session (flow 9). */
+  /** Pooled sessions' calls running here, ended with the session (docs/architecture.md, "A pooled call"). */
   pooled: PooledSessions
   streams: ClientStreams
   /** Whether the replica is stopping (no new sessions then). */
@@ -40,7 +40,7 @@ export interface SessionsOptions extends ReplicaContext {
 }
 
 export class Sessions {
-  readonly #o: SessionsOptions
+  readonly #services: SessionsOptions
   /** When each session's TTL was last refreshed from here. */
   readonly #lastTouch = new Map<string, number>()
   /** When each session's last-active time was last written (touch). */
@@ -50,39 +50,40 @@ export class Sessions {
    * read. What a POST needs of them (server, principal, transport, version, tenant) never changes
    * once created, and whether the session still exists is asked alongside its requests (an
    * EXISTS that travels with them, or the marking script: ClientStreams.openPost; a session found
-   * gone is refused with 404), so such a POST waits for no read first (issue 10).
+   * gone is refused with 404), so such a POST waits for no read first: a read before every call
+   * was a Redis round trip on the request path.
    */
   readonly #owned = new Map<string, SessionRecord>()
 
   constructor (options: SessionsOptions) {
-    this.#o = options
+    this.#services = options
   }
 
-  get #idleMs (): number { return this.#o.config.sessions.idleTimeoutMs }
+  get #idleMs (): number { return this.#services.config.sessions.idleTimeoutMs }
 
   /** Creates a session owned by this replica and starts its backend connection. */
   async create (input: NewSession, forwardedHeaders?: Record<string, string>): Promise<SessionRecord> {
-    if (this.#o.stopping()) throw new GW_ERR_SHUTTING_DOWN()
+    if (this.#services.stopping()) throw new GW_ERR_SHUTTING_DOWN()
     // The initialize params are frozen, not copied: the relay, the backend's replay and the memory
     // store then share one object nobody can change (heap per idle session).
     const record: SessionRecord = { ...input, initializeParams: deepFreeze(input.initializeParams), id: randomBytes(24).toString('base64url'), backendSessionId: null, createdAt: Date.now() }
-    await this.#o.store.create(record, this.#idleMs)
+    await this.#services.store.create(record, this.#idleMs)
     // The quota slot is taken once the record exists (quotas.ts prunes slots whose record is gone).
-    if (this.#o.admit !== undefined) {
+    if (this.#services.admit !== undefined) {
       try {
-        await this.#o.admit(record)
+        await this.#services.admit(record)
       } catch (err) {
-        await this.#o.store.delete(record.id).catch(() => {})
+        await this.#services.store.delete(record.id).catch(() => {})
         throw err
       }
     }
     try {
-      await this.#o.kinds.of(record.server).open(record, forwardedHeaders)
+      await this.#services.kinds.of(record.server).open(record, forwardedHeaders)
     } catch (err) {
-      await this.#o.store.delete(record.id).catch(() => {})
+      await this.#services.store.delete(record.id).catch(() => {})
       throw err
     }
-    audit(this.#o.log, 'session.created', { ...principalOfRecord(record), server: record.server, transport: record.transport, session: shortHash(record.id) })
+    audit(this.#services.log, 'session.created', { ...principalOfRecord(record), server: record.server, transport: record.transport, session: shortHash(record.id) })
     return record
   }
 
@@ -94,15 +95,15 @@ export class Sessions {
   async get (sid: string, principal: string, checkedLater = false): Promise<SessionRecord | null> {
     if (!isValidSessionId(sid)) return null
     const owned = checkedLater ? this.#owned.get(sid) : undefined
-    if (owned !== undefined && this.#o.ownership.local(sid)?.isOwner === true) {
+    if (owned !== undefined && this.#services.ownership.local(sid)?.isOwner === true) {
       if (owned.principal !== principal) return null
       this.touch(sid)
       return owned
     }
-    const record = await this.#o.store.get(sid)
+    const record = await this.#services.store.get(sid)
     if (record === null || record.principal !== principal) return null
     this.touch(sid)
-    if (this.#o.config.redis !== undefined && this.#o.ownership.local(sid)?.isOwner === true && this.#o.kinds.of(record.server).cachesRecord(record)) {
+    if (this.#services.config.redis !== undefined && this.#services.ownership.local(sid)?.isOwner === true && this.#services.kinds.of(record.server).cachesRecord(record)) {
       this.#owned.set(sid, deepFreeze(record))
     }
     return record
@@ -117,8 +118,8 @@ export class Sessions {
   }
 
   async update (sid: string, patch: Partial<Omit<SessionRecord, 'id'>>): Promise<void> {
-    await this.#o.store.update(sid, patch)
-    this.#o.ownership.local(sid)?.setClient(
+    await this.#services.store.update(sid, patch)
+    this.#services.ownership.local(sid)?.setClient(
       patch.protocolVersion,
       patch.initializeParams != null ? capabilitiesOf(patch.initializeParams) : undefined
     )
@@ -126,7 +127,7 @@ export class Sessions {
 
   /** Ends a session everywhere (DELETE, legacy stream closed, backend gone, idle). */
   async end (sid: string, reason: string): Promise<void> {
-    const { store, bus, replicaId } = this.#o
+    const { store, bus, replicaId } = this.#services
     const [record, owner, getHolder] = await Promise.all([
       store.get(sid).catch(() => null),
       store.getOwner(sid).catch(() => null),
@@ -135,10 +136,10 @@ export class Sessions {
     const existed = await store.delete(sid)
     // Once per session: a second end (another replica, a race) finds it deleted. A record that
     // expired (idle timeout) is gone already: then the owner of its backend tells who it was.
-    const relay = this.#o.ownership.local(sid)
-    if (existed && record !== null) audit(this.#o.log, 'session.ended', { ...principalOfRecord(record), server: record.server, reason, session: shortHash(sid) })
-    else if (record === null && relay?.isOwner === true) audit(this.#o.log, 'session.ended', { ...relay.principal, server: relay.server, reason, session: shortHash(sid) })
-    await this.#o.eventLog.deleteSession(sid)
+    const relay = this.#services.ownership.local(sid)
+    if (existed && record !== null) audit(this.#services.log, 'session.ended', { ...principalOfRecord(record), server: record.server, reason, session: shortHash(sid) })
+    else if (record === null && relay?.isOwner === true) audit(this.#services.log, 'session.ended', { ...relay.principal, server: relay.server, reason, session: shortHash(sid) })
+    await this.#services.eventLog.deleteSession(sid)
     const server = record?.server ?? relay?.server
     const envelope: Envelope = { kind: 'end-session', sid, reason, server }
     for (const replica of new Set([owner, getHolder])) {
@@ -152,14 +153,14 @@ export class Sessions {
    * request still waiting on a stream here gets its one answer first, an error saying why.
    */
   async endLocal (sid: string, reason: string, server?: string): Promise<void> {
-    const relay = this.#o.ownership.local(sid)
+    const relay = this.#services.ownership.local(sid)
     const err = new GW_ERR_BACKEND_UNAVAILABLE(server ?? relay?.server ?? '?', `session ended: ${reason}`)
-    this.#o.streams.endSession(sid, err)
-    this.#o.pooled.endLocal(sid, err)
+    this.#services.streams.endSession(sid, err)
+    this.#services.pooled.endLocal(sid, err)
     this.#lastTouch.delete(sid)
     this.#lastActive.delete(sid)
     this.#owned.delete(sid)
-    if (await this.#o.ownership.drop(sid, err)) {
+    if (await this.#services.ownership.drop(sid, err)) {
       relay?.log.info({ reason }, 'session ended')
     }
   }
@@ -173,12 +174,12 @@ export class Sessions {
     const now = Date.now()
     if (now - (this.#lastActive.get(sid) ?? 0) >= ACTIVE_MARK_MS) {
       this.#lastActive.set(sid, now)
-      this.#o.store.update(sid, { lastActiveAt: now }).catch(() => {})
+      this.#services.store.update(sid, { lastActiveAt: now }).catch(() => {})
     }
     const last = this.#lastTouch.get(sid) ?? 0
     if (now - last < this.#idleMs / 10) return
     this.#lastTouch.set(sid, now)
-    this.#o.store.touch(sid, this.#idleMs).catch(() => {})
+    this.#services.store.touch(sid, this.#idleMs).catch(() => {})
   }
 
   /**
@@ -189,6 +190,6 @@ export class Sessions {
     const stale = Date.now() - this.#idleMs
     for (const [sid, at] of this.#lastTouch) if (at < stale) this.#lastTouch.delete(sid)
     for (const [sid, at] of this.#lastActive) if (at < stale) this.#lastActive.delete(sid)
-    for (const sid of this.#owned.keys()) if (this.#o.ownership.local(sid)?.isOwner !== true) this.#owned.delete(sid)
+    for (const sid of this.#owned.keys()) if (this.#services.ownership.local(sid)?.isOwner !== true) this.#owned.delete(sid)
   }
 }

@@ -20,26 +20,26 @@ export interface DeliveryOptions extends ReplicaContext {
 }
 
 export class Delivery {
-  readonly #o: DeliveryOptions
+  readonly #services: DeliveryOptions
 
   constructor (options: DeliveryOptions) {
-    this.#o = options
+    this.#services = options
   }
 
   /** Hands a client message to the session's relay on this replica. */
   toRelay (relay: Relay, message: JsonRpcMessage, streamId: string | null, trace?: TraceCarrier, holder?: string): void {
-    this.#o.touch(relay.sid)
-    if (relay.direct && relay.isOwner && this.#o.config.redis !== undefined) {
+    this.#services.touch(relay.sid)
+    if (relay.direct && relay.isOwner && this.#services.config.redis !== undefined) {
       const cancelled = cancelledRequestOf(message)
       if (cancelled !== undefined && !relay.inFlight(cancelled)) {
-        this.#cancelElsewhere(relay.sid, message).catch(err => this.#o.log.warn({ err, sid: shortHash(relay.sid) }, 'cancellation not passed on'))
+        this.#cancelElsewhere(relay.sid, message).catch(err => this.#services.log.warn({ err, sid: shortHash(relay.sid) }, 'cancellation not passed on'))
       }
     }
     if (isRequest(message) && message.method === 'initialize' && relay.legacy) {
       // A legacy session negotiates on a POST that may have landed on another replica, which
       // stored the outcome: take version and capabilities from the record before forwarding.
       const target = streamId ?? LEGACY_STREAM
-      this.#o.store.get(relay.sid).then(record => {
+      this.#services.store.get(relay.sid).then(record => {
         if (record !== null) relay.setClient(record.protocolVersion, capabilitiesOf(record.initializeParams))
         relay.deliver(message, target, trace, holder)
       }, err => { relay.refuse(message, target, err) })
@@ -52,22 +52,22 @@ export class Delivery {
    * A direct session's cancellation reached its lease holder, but the request runs on another
    * replica (every replica sends a direct session's requests itself): the replicas its pending
    * markers name get it too, so the one running it settles its stream (its relay tells the
-   * backend as well; a second cancellation of one request is ignored, U-CAN-1). A request not
+   * backend as well; a second cancellation of one request is ignored). A request not
    * marked (answered as one JSON body so far) is not found: it ends at its deadline.
    */
   async #cancelElsewhere (sid: string, message: JsonRpcMessage): Promise<void> {
-    for (const replica of await this.#o.eventLog.pendingReplicas(sid)) {
-      if (replica !== this.#o.replicaId && await this.#o.ownership.isAlive(replica)) await this.#o.bus.send(replica, { kind: 'deliver', sid, streamId: null, message })
+    for (const replica of await this.#services.eventLog.pendingReplicas(sid)) {
+      if (replica !== this.#services.replicaId && await this.#services.ownership.isAlive(replica)) await this.#services.bus.send(replica, { kind: 'deliver', sid, streamId: null, message })
     }
   }
 
   /** What a lost replica `dead` never handed on of the session's messages, now marked as served by `servedBy`. */
   async takeUnread (dead: string, sid: string, servedBy: string): Promise<DeliverEnvelope[]> {
-    const unread = await this.#o.bus.takeUnread(dead, sid, servedBy).catch((err: unknown) => {
-      this.#o.log.warn({ err, sid: shortHash(sid) }, 'unread messages of a lost replica not taken; its requests get -32007')
+    const unread = await this.#services.bus.takeUnread(dead, sid, servedBy).catch((err: unknown) => {
+      this.#services.log.warn({ err, sid: shortHash(sid) }, 'unread messages of a lost replica not taken; its requests get -32007')
       return []
     })
-    if (unread.length > 0) this.#o.log.info({ sid: shortHash(sid), from: dead, to: servedBy, messages: unread.length }, 'messages a lost replica never handed on are delivered again')
+    if (unread.length > 0) this.#services.log.info({ sid: shortHash(sid), from: dead, to: servedBy, messages: unread.length }, 'messages a lost replica never handed on are delivered again')
     return unread
   }
 
@@ -77,8 +77,8 @@ export class Delivery {
    * name this replica now); every other request recorded up to now gets -32007.
    */
   async adoptOrphans (sid: string, server: string, reason: string, dead: string | null): Promise<DeliverEnvelope[]> {
-    const unread = dead === null ? [] : await this.takeUnread(dead, sid, this.#o.replicaId)
-    await this.failOrphans(sid, server, reason, undefined, this.#o.replicaId)
+    const unread = dead === null ? [] : await this.takeUnread(dead, sid, this.#services.replicaId)
+    await this.failOrphans(sid, server, reason, undefined, this.#services.replicaId)
     return unread
   }
 
@@ -87,20 +87,20 @@ export class Delivery {
     for (const { sid, streamId, message, trace, holder } of envelopes) {
       if ('relay' in to) this.toRelay(to.relay, message, streamId, trace, holder)
       else if (isRequest(message) && streamId !== null) {
-        this.#o.streams.append(sid, streamId, toJsonRpcError(to.err, message.id)).catch(err => this.#o.log.warn({ err, sid: shortHash(sid) }, 'error answer not appended'))
+        this.#services.streams.append(sid, streamId, toJsonRpcError(to.err, message.id)).catch(err => this.#services.log.warn({ err, sid: shortHash(sid) }, 'error answer not appended'))
       }
     }
   }
 
   /** Answers every request that was in flight on a lost owner with -32007 (exactly once: claimed). */
   async failOrphans (sid: string, server: string, reason: string, of?: string, except?: string): Promise<void> {
-    const orphans = await this.#o.eventLog.claimOrphans(sid, of, except)
+    const orphans = await this.#services.eventLog.claimOrphans(sid, of, except)
     if (orphans.length === 0) return
-    this.#o.log.warn({ sid: shortHash(sid), requests: orphans.length, reason }, 'requests in flight on a lost owner answered with an error')
+    this.#services.log.warn({ sid: shortHash(sid), requests: orphans.length, reason }, 'requests in flight on a lost owner answered with an error')
     const err = new GW_ERR_BACKEND_LOST(server, reason)
     for (const { streamId, id } of orphans) {
-      await this.#o.streams.append(sid, streamId, toJsonRpcError(err, id), true)
-        .catch(e => this.#o.log.warn({ err: e, sid: shortHash(sid) }, 'owner-loss error not appended'))
+      await this.#services.streams.append(sid, streamId, toJsonRpcError(err, id), true)
+        .catch(e => this.#services.log.warn({ err: e, sid: shortHash(sid) }, 'owner-loss error not appended'))
     }
   }
 }

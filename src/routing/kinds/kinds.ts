@@ -1,5 +1,6 @@
 // The session kinds of one replica, and the one place that picks a message's kind: of(server),
 // from the live config on every call.
+import type { ServerSource } from '../../config/live.js'
 import type { JsonRpcMessage } from '../../core/jsonrpc.js'
 import type { PooledSessions } from './pooled-sessions.js'
 import { AggregateKind, type AggregateKindOptions } from './aggregate.js'
@@ -9,13 +10,14 @@ import { PooledKind } from './pooled.js'
 import { RoutedKind } from './routed.js'
 
 export class SessionKinds {
-  readonly #o: AggregateKindOptions
+  /** The servers as configured now: each message's kind is read from them. */
+  readonly #live: ServerSource
   readonly #pooledSessions: PooledSessions
   readonly #aggregate: AggregateKind
   readonly #byName: Record<KindName, SessionKind>
 
   constructor (options: AggregateKindOptions, pooledSessions: PooledSessions) {
-    this.#o = options
+    this.#live = options.live
     this.#pooledSessions = pooledSessions
     this.#aggregate = new AggregateKind(options)
     this.#byName = {
@@ -28,7 +30,7 @@ export class SessionKinds {
 
   /** The kind of a server's sessions now (a reload may change it between two messages). */
   of (server: string): SessionKind {
-    return this.#byName[kindNameOf(serverConfigOf(this.#o.live, server))]
+    return this.#byName[kindNameOf(serverConfigOf(this.#live, server))]
   }
 
   /**

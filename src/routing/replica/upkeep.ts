@@ -1,9 +1,9 @@
-// Upkeep passes over every stream, relay or session of this replica (the router tick: holder and
-// owner leases, the watch over lost owners). A pass must neither hold the event loop (10,000 idle
-// streams held requests up for hundreds of ms per tick, issue 10) nor outlast the leases it renews
-// (a pass that awaited one store call per stream, with a yield between them, took longer than a
-// lease under load and ended streams nobody else could hold, issue 32). So a pass works in
-// batches (one store call each: one round trip with Redis, pipelined) and gives the loop back
+// Upkeep passes over every stream, relay or session of this replica (the upkeep tick of
+// replica-watch.ts: holder and owner leases, the watch over lost owners). A pass must neither hold
+// the event loop (10,000 idle streams held requests up for hundreds of ms per tick) nor outlast
+// the leases it renews (a pass that awaited one store call per stream, with a yield between them,
+// took longer than a lease under load and ended streams nobody else could hold). So a pass works
+// in batches (one store call each: one round trip with Redis, pipelined) and gives the loop back
 // whenever it has used a slice of it.
 import { setImmediate as nextTurn } from 'node:timers/promises'
 

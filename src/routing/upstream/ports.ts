@@ -15,8 +15,6 @@ export interface BackendSupervisor {
   stopAll (options?: { detach?: boolean }): Promise<void>
 }
 
-/** @deprecated The former name of BackendSupervisor, kept until the rooms that still import it have moved. */
-export type BackendPool = BackendSupervisor
 
 /** A tenant's upstream headers/env for a server (auth/tenants.ts). */
 export type UpstreamLookup = (tenant: string | null | undefined, server: string) => TenantUpstream
