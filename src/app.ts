@@ -1,4 +1,4 @@
-// The only place services are built and plugins registered, in order (STYLE.md habit 4).
+// The only place services are built and plugins registered, in order.
 import Fastify, { LogController, type FastifyBaseLogger, type FastifyError, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify'
 import type { Logger } from 'pino'
 import { httpBackendFactory } from './backends/http.js'
@@ -414,7 +414,7 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
   await app.register(httpStreamable, { config, live, router, modern })
   await app.register(httpLegacySse, { live, router })
 
-  // SSE responses end in preClose, before Fastify waits for open requests (STYLE.md habit 8).
+  // SSE responses end in preClose, before Fastify waits for open requests.
   app.addHook('preClose', async () => {
     closing = true
     modern.endListeners()

@@ -1,4 +1,4 @@
-// Credentials -> principal (ARCHITECTURE.md principle 6, SPEC.md A-RS-3). A credential arrives
+// Credentials -> principal (docs/architecture.md, A-RS-3). A credential arrives
 // only in a header: `Authorization: Bearer <API key or JWT>` or `X-API-Key: <API key>`; a token
 // in the query string is never looked at. Refusals carry the RFC 6750 challenge: without a
 // credential only `resource_metadata` (the client starts discovery, RFC 9728 section 5.1); with a

@@ -1,4 +1,4 @@
-// JWT access tokens (OAuth 2.1 resource server, SPEC.md A-RS-3, A-RS-4, A-RS-7): signed by a key
+// JWT access tokens (OAuth 2.1 resource server, A-RS-3, A-RS-4, A-RS-7): signed by a key
 // from the issuer's JWKS, with the issuer, an audience naming this endpoint (RFC 8707: by default
 // its resource URL), an allowed algorithm (never `none`), a valid exp/nbf and the tenant's extra
 // claims. Keys rotate: a token naming an unknown `kid` refetches the key set, at most once per

@@ -1,4 +1,4 @@
-// Who is calling (ARCHITECTURE.md principle 6): every request on an MCP endpoint is resolved into
+// Who is calling (docs/architecture.md): every request on an MCP endpoint is resolved into
 // a principal before it touches a session. A session belongs to the principal's `key`; any other
 // key sees 404. Without tenants everyone is the one anonymous principal.
 

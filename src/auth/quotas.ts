@@ -1,4 +1,4 @@
-// Open-session quotas of tenants and subjects (docs/authentication.md; ARCHITECTURE.md section 4
+// Open-session quotas of tenants and subjects (docs/authentication.md; keys
 // `P:q:{tenant}:…`).
 // One interface, two twins (memory, Redis), and one rule on top of both (QuotaGate):
 //

@@ -1,4 +1,4 @@
-// Request rate limits of tenants (docs/authentication.md; ARCHITECTURE.md principle 5, section 4).
+// Request rate limits of tenants (docs/authentication.md; keys `P:rl:{tenant}:…`).
 // One interface, two twins: memory (one process) and Redis (one shared budget for every replica).
 // Both run GCRA, the "generic cell rate algorithm": a bucket is one number, its theoretical
 // arrival time (TAT); a request is admitted when TAT + interval - burst × interval <= now. Every

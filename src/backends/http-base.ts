@@ -33,7 +33,7 @@ import { backoff, dispatcherFor } from './http-io.js'
 /** A connection to an HTTP backend: a BackendConnection plus control of its GET stream. */
 export interface HttpBackendConnection extends BackendConnection {
   /**
-   * Streamable HTTP: opens the backend's standalone GET stream (SPEC.md H-GET-1) once the
+   * Streamable HTTP: opens the backend's standalone GET stream (H-GET-1) once the
    * backend session is initialised, and keeps it open (reconnecting with Last-Event-ID).
    * On by default. With several replicas only the replica holding the session's GET lease
    * should listen: open with `listen: false` (openHttpBackend) or call stopListening(), and

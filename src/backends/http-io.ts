@@ -110,7 +110,7 @@ export function describe (err: unknown): string {
   return String(err)
 }
 
-/** Backoff for reconnect attempt n (0-based): exponential, capped, half jitter (STYLE.md 8). */
+/** Backoff for reconnect attempt n (0-based): exponential, capped, half jitter. */
 export function backoff (attempt: number, baseMs: number, maxMs: number): number {
   const exp = Math.min(maxMs, baseMs * 2 ** attempt)
   return exp / 2 + Math.random() * exp / 2

@@ -1,4 +1,4 @@
-// Legacy HTTP+SSE backends (SPEC.md 6; the gateway is the client here).
+// Legacy HTTP+SSE backends (docs/spec-rules.md §6; the gateway is the client here).
 import { randomUUID } from 'node:crypto'
 import type { Dispatcher } from 'undici'
 import type { HttpServerConfig } from '../config/schema.js'
@@ -7,7 +7,7 @@ import { isNotification, isRequest, type JsonRpcMessage, type JsonRpcRequest, ty
 import { HttpBackend, type HttpBackendOpenOptions } from './http-base.js'
 import { describe, drain, mediaType, pumpSse } from './http-io.js'
 
-// Legacy HTTP+SSE (SPEC.md 6): GET the SSE url, wait for `endpoint`, POST every message there;
+// Legacy HTTP+SSE (docs/spec-rules.md §6): GET the SSE url, wait for `endpoint`, POST every message there;
 // messages come back as `message` events. A new SSE connection is a new legacy session.
 
 interface Queued {

@@ -1,4 +1,4 @@
-// `Mcp-Param-*` headers (SPEC.md M-17, H-26-3): when the gateway itself calls a modern backend (a
+// `Mcp-Param-*` headers (M-17, H-26-3): when the gateway itself calls a modern backend (a
 // 2025 session bridged by modern-session.ts), it must mirror every tool argument the tool's
 // inputSchema marks with `x-mcp-header` as a header, and drop from `tools/list` any tool whose
 // marks are invalid. Pure functions; written here rather than taken from the v2 SDK, whose

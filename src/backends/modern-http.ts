@@ -1,4 +1,4 @@
-// A modern (2026-07-28) Streamable HTTP backend (SPEC.md sections 5.7 and 5.8): which era a server
+// A modern (2026-07-28) Streamable HTTP backend (docs/spec-rules.md §5.7 and 5.8): which era a server
 // speaks (probeEra), and one stateless request relayed to it as it is (relayModern). No session
 // and no state: the client's envelope, its MCP-Protocol-Version / Mcp-Method / Mcp-Name and every
 // Mcp-Param-* header go upstream with the request; `input_required` results, their requestState and
@@ -21,7 +21,7 @@ const PROBE_BODY_MAX = 1024 * 1024
 const PROBE_TIMEOUT_MS = 5000
 
 /**
- * Which era a server speaks (SPEC.md H-BC-2): a modern `server/discover`; a result naming
+ * Which era a server speaks (H-BC-2): a modern `server/discover`; a result naming
  * 2026-07-28, or a modern JSON-RPC error (-32022, -32020, -32602 on a 400), is a modern server;
  * another 4xx or an unrecognised body is a legacy one. A timeout, a network error, 401/403 or a 5xx
  * is no evidence either way: it throws, and the next request probes again.
@@ -108,7 +108,7 @@ export async function eraOf (server: string, config: HttpServerConfig, headers: 
 /**
  * The answer in a modern backend's response body read whole: a JSON body, or the last JSON-RPC
  * response among the SSE events. A modern SSE response carries notifications about its request,
- * then the final response (SPEC.md H-26-5): a notification is never the answer, even one standing
+ * then the final response (H-26-5): a notification is never the answer, even one standing
  * last (after the response, or in a body cut short). Null when the body holds no response.
  */
 export function finalResponse (text: string): JsonRpcResponse | null {

@@ -1,5 +1,5 @@
 // A 2025-era client session in front of a modern (2026-07-28) HTTP backend (docs/behaviour.md,
-// "2025 clients in front of a modern-only server"; ARCHITECTURE.md flow 8). The client's session is
+// "2025 clients in front of a modern-only server"; docs/architecture.md). The client's session is
 // the gateway's: the backend keeps none. This connection speaks sessions toward the relay and
 // stateless requests upstream:
 //
@@ -71,7 +71,7 @@ export class ModernSessionBackend implements HttpBackendConnection {
   /** Server-to-client requests of the rounds in progress, by their id. */
   readonly #waiting = new Map<string, (answer: JsonRpcResponse) => void>()
   #seq = 0
-  /** The `x-mcp-header` marks of each listed tool (SPEC.md M-17). */
+  /** The `x-mcp-header` marks of each listed tool (M-17). */
   readonly #toolHeaders = new Map<string, HeaderDeclaration[]>()
   #toolsKnown = false
 
@@ -243,7 +243,7 @@ export class ModernSessionBackend implements HttpBackendConnection {
 
   /**
    * A tools/list answer: each tool's `x-mcp-header` marks are kept for its calls, and a tool whose
-   * marks are invalid is dropped (SPEC.md M-17; its calls could never carry valid headers).
+   * marks are invalid is dropped (M-17; its calls could never carry valid headers).
    */
   #keepToolHeaders (answer: JsonRpcResponse): JsonRpcResponse {
     if (!('result' in answer) || !isRecord(answer.result) || !Array.isArray(answer.result.tools)) return answer
@@ -326,7 +326,7 @@ export class ModernSessionBackend implements HttpBackendConnection {
       else if (c.kind === 'notification') onNotification(c.message)
     }
     if (mediaType(res.headers) === 'text/event-stream') {
-      // The final response ends the exchange (SPEC.md H-26-5): a backend that keeps its stream
+      // The final response ends the exchange (H-26-5): a backend that keeps its stream
       // open after it is not waited for, its body is released.
       try {
         await pumpSse(res.body, event => {

@@ -1,4 +1,4 @@
-// stdio backends (SPEC.md §7): one child process per client session, newline-delimited JSON-RPC
+// stdio backends (docs/spec-rules.md §7): one child process per client session, newline-delimited JSON-RPC
 // on stdin/stdout, stderr into the logs.
 //
 // - Environment: an allow-list, never the gateway's whole env (IO-9, A-UP-1): the SDK's safe
@@ -8,8 +8,8 @@
 //   connection when it overflows; we drop the one line and carry on). Non-JSON and non-JSON-RPC
 //   lines are logged and dropped; a JSON array line (2025-03-26 batch) is demultiplexed.
 // - stderr (IO-3) is logged line by line, never treated as an error signal.
-// - Stop ladder (IO-5, STYLE.md habit 8): end stdin, wait, SIGTERM, wait, SIGKILL.
-// - No orphans (ARCHITECTURE.md §6): every live child sits in a module registry that
+// - Stop ladder (IO-5): end stdin, wait, SIGTERM, wait, SIGKILL.
+// - No orphans (docs/architecture.md): every live child sits in a module registry that
 //   `stopAllChildren()` drains and a last-resort 'exit' hook SIGKILLs synchronously.
 import { spawn, type ChildProcess } from 'node:child_process'
 import { once } from 'node:events'
@@ -401,7 +401,7 @@ class StdioBackend implements BackendConnection {
 export interface StdioFactoryOptions {
   /**
    * The gateway's environment, from which the allow-listed names are copied. Defaults to
-   * process.env: this is the one place outside config.ts that reads it (STYLE.md habit 2),
+   * process.env: this is the one place outside config.ts that reads it,
    * and it only ever copies names the allow-list names.
    */
   baseEnv?: NodeJS.ProcessEnv

@@ -1,4 +1,4 @@
-// Streamable HTTP backends (SPEC.md 5; the gateway is the client here): POST per message, JSON or
+// Streamable HTTP backends (docs/spec-rules.md §5; the gateway is the client here): POST per message, JSON or
 // SSE replies resumed with Last-Event-ID, the backend's standalone GET stream (only the replica
 // holding the session's lease listens), and re-initialisation when the backend answers 404.
 import { randomUUID } from 'node:crypto'

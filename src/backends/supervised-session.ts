@@ -1,7 +1,7 @@
 // One client session's supervised backend connection: restarts a crashed child and re-initialises
 // it transparently (the supervisor, supervisor.ts, owns the set of them and the capacity limits).
 //
-// Restart policy (SPEC.md IO-6, ARCHITECTURE.md §6, STYLE.md habit 8):
+// Restart policy (IO-6, docs/architecture.md):
 // - A stdio child that dies without stop() being called is a crash. onRestarting is called at
 //   once, so the router can answer every in-flight request of the session with a JSON-RPC error
 //   (in-flight requests are lost with the child; the client may retry them).

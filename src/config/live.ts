@@ -1,5 +1,5 @@
 // The configuration a running gateway serves from, replaceable at run time (live reload:
-// docs/configuration.md; ARCHITECTURE.md section 3).
+// docs/configuration.md; docs/architecture.md).
 //
 // - Routing settings (`servers`, `auth`, `tenants`) are reloadable: a new config replaces them at
 //   once, and every listener registered with onChange() hears what changed.

@@ -1,6 +1,6 @@
 // Reads the gateway's configuration once at boot: YAML or JSON, `${NAME}` placeholders expanded
 // from the environment and `${file:PATH}` ones from files (mounted secrets), validated against schema.ts with every failing path listed in one
-// error, then deep-frozen (STYLE.md habit 2, ARCHITECTURE.md section 3).
+// error, then deep-frozen (docs/architecture.md).
 //
 // This is the only module that reads process.env, and only as a default parameter, so tests and
 // main.ts can pass their own environment.

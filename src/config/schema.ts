@@ -42,7 +42,7 @@ const stdioServerSchema = {
     inheritEnv: { type: 'array', items: { type: 'string', pattern: '^[A-Za-z_][A-Za-z0-9_]*$' }, default: [] },
     /**
      * dedicated: each 2025-era session gets a child of its own. pooled: sessions hold no child; each
-     * request borrows one of the (server, tenant) pool's children (ARCHITECTURE.md flow 9).
+     * request borrows one of the (server, tenant) pool's children (docs/architecture.md).
      */
     sessions: { enum: ['dedicated', 'pooled'], default: 'dedicated' },
     /** Sessions at once on one replica: dedicated, children (default 100); pooled, sessions (default 10000). */

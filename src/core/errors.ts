@@ -1,6 +1,6 @@
 // Every failure a caller can see: one GW_ERR_* constructor each, with its HTTP status, and its
-// JSON-RPC code in JSONRPC_CODE (STYLE.md habit 1). Gateway-made errors carry
-// `data.source = 'gateway'` so a client can tell them from a backend's own errors (SPEC.md J-8).
+// JSON-RPC code in JSONRPC_CODE. Gateway-made errors carry
+// `data.source = 'gateway'` so a client can tell them from a backend's own errors (J-8).
 // JSON-RPC codes used by the gateway stay in -32000..-32019 (implementation-defined in the
 // legacy eras; -32020..-32099 are reserved from 2026-07-28 on):
 //   -32000 transport-level rejection (header, media type, size, origin …), as the SDK does
@@ -64,7 +64,7 @@ export const GW_ERR_STORE_UNAVAILABLE = createError('GW_ERR_STORE_UNAVAILABLE', 
 export const GW_ERR_SHUTTING_DOWN = createError('GW_ERR_SHUTTING_DOWN', 'The gateway is shutting down', 503)
 export const GW_ERR_INTERNAL = createError('GW_ERR_INTERNAL', 'Internal error: %s', 500)
 export const GW_ERR_CONFIG_INVALID = createError('GW_ERR_CONFIG_INVALID', 'Invalid configuration: %s', 500)
-// The 2026-07-28 face (SPEC.md section 4 and 5.7); each carries the data the spec names in `data`.
+// The 2026-07-28 face (docs/spec-rules.md §4 and 5.7); each carries the data the spec names in `data`.
 export const GW_ERR_INVALID_PARAMS = createError('GW_ERR_INVALID_PARAMS', 'Invalid params: %s', 400)
 export const GW_ERR_METHOD_NOT_FOUND = createError('GW_ERR_METHOD_NOT_FOUND', 'Method not found: %s', 404)
 export const GW_ERR_HEADER_MISMATCH = createError('GW_ERR_HEADER_MISMATCH', 'Header mismatch: %s', 400)
@@ -180,7 +180,7 @@ export const CANCELLED_MEMBER = 'gateway:cancelled'
 
 /**
  * What a client stream's log gets for a request the client cancelled (notifications/cancelled,
- * SPEC.md U-CAN-1): an answer in shape, so it settles the request as an answer does (its pending
+ * U-CAN-1): an answer in shape, so it settles the request as an answer does (its pending
  * marker is taken: no late answer and no deadline error follows, whoever races), and the stream's
  * writer counts it. Writers never send it: the client gets no response to a request it cancelled.
  */

@@ -1,4 +1,4 @@
-// JSON-RPC 2.0 message types and strict classification (SPEC.md J-1 … J-6).
+// JSON-RPC 2.0 message types and strict classification (J-1 … J-6).
 // MCP narrows JSON-RPC: request ids are strings or integers, never null (J-2).
 
 export type RequestId = string | number

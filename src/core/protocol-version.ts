@@ -1,5 +1,5 @@
-// The only place (with the HTTP plugins) that knows protocol eras (ARCHITECTURE.md principle 1).
-// Client-facing negotiation is the gateway's own, independent of the backend's (SPEC.md G-1, L-2).
+// The only place (with the HTTP plugins) that knows protocol eras (docs/architecture.md).
+// Client-facing negotiation is the gateway's own, independent of the backend's (G-1, L-2).
 import { GW_ERR_UNSUPPORTED_PROTOCOL_VERSION } from './errors.js'
 
 /** The session revisions, newest first (2026-07-28, stateless, is MODERN_VERSIONS below). */
@@ -9,7 +9,7 @@ export const LATEST_VERSION: ProtocolVersion = '2025-11-25'
 /** The 2026-07-28 (stateless) revisions served; a version dated from the first one on is modern. */
 export const MODERN_VERSIONS = ['2026-07-28'] as const
 export const MODERN_VERSION = MODERN_VERSIONS[0]
-/** The per-request `_meta` keys of the modern revision (SPEC.md M-2, M-7, M-9). */
+/** The per-request `_meta` keys of the modern revision (M-2, M-7, M-9). */
 export const META_PROTOCOL_VERSION = 'io.modelcontextprotocol/protocolVersion'
 export const META_CLIENT_CAPABILITIES = 'io.modelcontextprotocol/clientCapabilities'
 export const META_CLIENT_INFO = 'io.modelcontextprotocol/clientInfo'

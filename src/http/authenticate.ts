@@ -1,6 +1,6 @@
 // The auth hook on every MCP route (`/mcp/<server>`, `/sse/<server>` and its messages URL, every
 // method): with tenants configured, each request is resolved into a principal before any handler
-// reads a session (ARCHITECTURE.md flow 1), and a tenant's request for a server not in its list
+// reads a session (docs/architecture.md), and a tenant's request for a server not in its list
 // is 403. /healthz, /readyz, CORS preflights and unknown paths are not MCP routes and stay open.
 import type { FastifyInstance, FastifyRequest } from 'fastify'
 import fp from 'fastify-plugin'

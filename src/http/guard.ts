@@ -1,4 +1,4 @@
-// DNS-rebinding protection and CORS for every MCP endpoint (SPEC.md H-EP-2..4, S-4): a present
+// DNS-rebinding protection and CORS for every MCP endpoint (H-EP-2..4, S-4): a present
 // Origin must be allowed (403 otherwise); the Host header must be allowed too when the gateway
 // listens on loopback (the SDK's localhost host validation). CORS and the Origin check use the
 // same allow-list so they can never disagree.

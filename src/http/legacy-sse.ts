@@ -1,4 +1,4 @@
-// Legacy HTTP+SSE (protocol 2024-11-05, SPEC.md section 6; ARCHITECTURE.md flow 6):
+// Legacy HTTP+SSE (protocol 2024-11-05, docs/spec-rules.md §6; docs/architecture.md):
 // GET /sse/<server> opens the session's only stream and names the messages URL in an
 // `endpoint` event; POSTs there answer 202 and their answers flow into that stream.
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'

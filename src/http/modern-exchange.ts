@@ -1,6 +1,6 @@
-// One 2026-07-28 request in front of a legacy backend (ARCHITECTURE.md flow 8): what its pooled
+// One 2026-07-28 request in front of a legacy backend (docs/architecture.md): what its pooled
 // call (routing/upstream/pool.ts) sends goes to the client's response, and the backend's mid-call
-// sampling, elicitation or roots requests become `input_required` rounds (SPEC.md M-8): for a
+// sampling, elicitation or roots requests become `input_required` rounds (M-8): for a
 // capability the request did not declare the call is withdrawn with -32021; otherwise the asks
 // that arrive together go out as one round, the call is parked (routing/upstream/mrtr.ts) under a signed
 // requestState, and the retry's `inputResponses` answer the backend, round after round.

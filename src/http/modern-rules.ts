@@ -1,5 +1,5 @@
 // The rules of the 2026-07-28 (modern, stateless) revision on the client face, as pure functions
-// (SPEC.md sections 4 and 5.7; ARCHITECTURE.md principle 1: eras stay at the edge):
+// (docs/spec-rules.md §4 and 5.7; docs/architecture.md):
 //
 // - classifyPost: is a POST body modern (served statelessly, http/modern.ts) or legacy (sessions)?
 //   Body first, as the SDKs classify (M-14): the `_meta` envelope claim makes a request modern, a

@@ -1,4 +1,4 @@
-// The 2026-07-28 (modern, stateless) face on /mcp/<server> (SPEC.md sections 4 and 5.7): a POST
+// The 2026-07-28 (modern, stateless) face on /mcp/<server> (docs/spec-rules.md §4 and 5.7): a POST
 // that http/streamable.ts classifies as modern (modern-rules.ts) is served here, with no session.
 //
 // What a server is to such a request (pooled, relayed to a modern backend, an aggregate) is

@@ -1,4 +1,4 @@
-// RFC 9728 protected resource metadata, one document per MCP endpoint (SPEC.md A-RS-1, A-RS-2):
+// RFC 9728 protected resource metadata, one document per MCP endpoint (A-RS-1, A-RS-2):
 // GET /.well-known/oauth-protected-resource/mcp/<server> (and /sse/<server>), the path-inserted
 // form the 401 challenge names. `resource` is exactly that endpoint's URL, which a client must
 // check (RFC 9728 section 3.3). Served only with tenants, for servers some tenant may use.

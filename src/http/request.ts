@@ -38,7 +38,7 @@ export function header (req: FastifyRequest, name: string): string | undefined {
   return Array.isArray(value) ? value[0] : value
 }
 
-/** What a POST must accept (SPEC.md H-POST-1) and what a GET must (H-GET-1). */
+/** What a POST must accept (H-POST-1) and what a GET must (H-GET-1). */
 export const POST_ACCEPTS: readonly string[] = Object.freeze(['application/json', 'text/event-stream'])
 export const GET_ACCEPTS: readonly string[] = Object.freeze(['text/event-stream'])
 
@@ -48,7 +48,7 @@ export const GET_ACCEPTS: readonly string[] = Object.freeze(['text/event-stream'
  */
 const acceptedLast = new WeakMap<readonly string[], string>()
 
-/** Accept must list every given type; `*\/*` and `type/*` count (SPEC.md H-POST-1, H-GET-1). */
+/** Accept must list every given type; `*\/*` and `type/*` count (H-POST-1, H-GET-1). */
 export function checkAccept (req: FastifyRequest, types: readonly string[]): void {
   const raw = header(req, 'accept') ?? ''
   if (acceptedLast.get(types) === raw) return

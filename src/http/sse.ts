@@ -1,5 +1,5 @@
-// Client stream writers. Writers pull from the stream's event log after their cursor (STYLE.md
-// habit 6), so a lost or duplicate wake, a slow client and a resume with Last-Event-ID are one
+// Client stream writers. Writers pull from the stream's event log after their cursor,
+// so a lost or duplicate wake, a slow client and a resume with Last-Event-ID are one
 // case. One exception: a stream's last answer, handed over on the replica that got it when nothing
 // else is on its way (answerDirectly; docs/design-notes.md, the request path). Frames follow the
 // SSE format; event ids are `<streamId>.<entryId>` (event-log.ts).

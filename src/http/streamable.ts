@@ -1,5 +1,5 @@
 // Streamable HTTP (2025-03-26 … 2025-11-25) on /mcp/<server>: POST, GET, DELETE
-// (SPEC.md section 5; ARCHITECTURE.md flows 1, 4, 5).
+// (docs/spec-rules.md §5; docs/architecture.md).
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
 import type { Config } from '../config/schema.js'
 import type { ServerSource } from '../config/live.js'
@@ -137,7 +137,7 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
   async function post (req: FastifyRequest<{ Params: ServerParams }>, reply: FastifyReply): Promise<void> {
     const server = serverOf(live, req)
     checkAccept(req, POST_ACCEPTS)
-    // Body first, as the SDKs classify (SPEC.md M-14): a modern request carries no session.
+    // Body first, as the SDKs classify (M-14): a modern request carries no session.
     const headers = modernHeaders(req)
     if (classifyPost(req.body, headers).era === 'modern') {
       const [message] = decodeBody(req, false).messages

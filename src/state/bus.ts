@@ -1,5 +1,5 @@
 // The bus between replicas: each replica reads one inbox. It only rings doorbells and carries
-// client messages to the owner; the event log stays the truth (ARCHITECTURE.md principle 3).
+// client messages to the owner; the event log stays the truth (docs/architecture.md).
 import type { JsonRpcMessage, JsonRpcRequest } from '../core/jsonrpc.js'
 import type { TraceCarrier } from '../core/trace-context.js'
 

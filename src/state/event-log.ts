@@ -1,10 +1,10 @@
 // Per-client-stream event logs: every message for a client is appended here first and the
-// stream's holder pulls after its cursor (ARCHITECTURE.md principle 3). Event ids shown to
-// clients are `<streamId>.<entryId>`; they name their stream and are parsed strictly (SPEC.md H-RES-1/2).
+// stream's holder pulls after its cursor (docs/architecture.md). Event ids shown to
+// clients are `<streamId>.<entryId>`; they name their stream and are parsed strictly (H-RES-1/2).
 import type { JsonRpcMessage, RequestId } from '../core/jsonrpc.js'
 import type { PreparedWake } from './bus.js'
 
-/** One entry; a null message is a priming event (an id and empty data, SPEC.md H-POST-7). */
+/** One entry; a null message is a priming event (an id and empty data, H-POST-7). */
 export interface LogEntry {
   entryId: string
   message: JsonRpcMessage | null

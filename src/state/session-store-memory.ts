@@ -1,4 +1,4 @@
-// Memory twin of the session store (ARCHITECTURE.md principle 5): single-process mode, the
+// Memory twin of the session store (docs/architecture.md): single-process mode, the
 // default when no Redis is configured. It keeps the Redis twin's semantics, TTLs included, so the
 // shared contract suite (test/state/contract-session-store.ts) holds for both.
 import { GW_ERR_CONFLICT } from '../core/errors.js'
@@ -60,7 +60,7 @@ export class MemorySessionStore implements SessionStore {
   #sweeper: NodeJS.Timeout | null
 
   constructor (opts: MemorySessionStoreOptions = {}) {
-    // unref'd: the sweeper alone must never keep the process alive (STYLE.md habit 8).
+    // unref'd: the sweeper alone must never keep the process alive.
     this.#sweeper = setInterval(() => this.sweep(), opts.sweepIntervalMs ?? 30_000)
     this.#sweeper.unref()
   }

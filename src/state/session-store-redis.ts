@@ -1,4 +1,4 @@
-// Redis twin of the session store (ARCHITECTURE.md section 4). Every change that checks then
+// Redis twin of the session store (docs/architecture.md). Every change that checks then
 // writes runs as one Lua script (redis/scripts.ts); every key gets a TTL passed in by the caller.
 import { GW_ERR_CONFLICT } from '../core/errors.js'
 import { listenKey, replicaKey, sessionIndexKey, sessionKeys, summaryIndexKey, summaryKey } from './redis/keys.js'

@@ -1,5 +1,5 @@
 // The session store: session records and the leases that say which replica owns a session's
-// backend connection and which holds each client stream (ARCHITECTURE.md sections 1 and 4).
+// backend connection and which holds each client stream (docs/architecture.md).
 // Two twins implement it: session-store-memory.ts (single process) and session-store-redis.ts.
 
 /** Everything any replica needs to serve a session; never holds a live object. */
@@ -18,7 +18,7 @@ export interface SessionRecord {
   subjectDigest?: string
   /** 'streamable' (2025-03-26+, Mcp-Session-Id) or 'legacy' (2024-11-05 HTTP+SSE). */
   transport: 'streamable' | 'legacy'
-  /** Version negotiated with the client (its hop only, SPEC.md G-1). */
+  /** Version negotiated with the client (its hop only, G-1). */
   protocolVersion: string
   /** The client's initialize params, re-sent when a backend must be re-initialised. */
   initializeParams: Record<string, unknown> | null
@@ -142,7 +142,7 @@ export interface SessionStore {
   /**
    * 2026-07-28 listen streams: `replicaId` holds some for `topic` (a server and tenant) until
    * `ttlMs` from now (renewed while it does), so a backend notification seen on another replica
-   * reaches them (ARCHITECTURE.md flow 8).
+   * reaches them (docs/architecture.md).
    */
   addListener (topic: string, replicaId: string, ttlMs: number): Promise<void>
   /** The replicas holding listen streams of a topic now. */

@@ -1,4 +1,4 @@
-// The pino root: JSON logs with this replica's id, secrets redacted at the root (STYLE.md habit 9).
+// The pino root: JSON logs with this replica's id, secrets redacted at the root.
 import { createHash } from 'node:crypto'
 import type { FastifyBaseLogger, FastifyServerOptions } from 'fastify'
 import { pino, type Logger, type DestinationStream } from 'pino'

@@ -1,5 +1,5 @@
-// Prometheus metrics of one gateway instance (docs/operating.md, Metrics; ARCHITECTURE.md
-// section 7). Every metric is defined here, on a registry of the instance's own, so several
+// Prometheus metrics of one gateway instance (docs/operating.md, Metrics; docs/architecture.md).
+// Every metric is defined here, on a registry of the instance's own, so several
 // gateways in one process (tests) never share or collide. Names follow the OpenTelemetry MCP
 // semantic conventions where they exist (`mcp.server.operation.duration` ->
 // `mcp_server_operation_duration_seconds`, attribute `mcp.method.name` -> label `mcp_method_name`);

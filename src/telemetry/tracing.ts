@@ -1,4 +1,4 @@
-// OpenTelemetry tracing, optional (docs/operating.md, Tracing; ARCHITECTURE.md section 7).
+// OpenTelemetry tracing, optional (docs/operating.md, Tracing; docs/architecture.md).
 // `tracing` is null unless `tracing.otlpEndpoint` is configured, so the hot path pays one null
 // check per message and the SDK is never loaded: every OpenTelemetry package is a dynamic import()
 // below, and the types are `import type` only (erased). When enabled, startTracing() replaces the
@@ -213,7 +213,7 @@ class OtelTracing implements Tracing {
       attributes: {
         ...attributes,
         'jsonrpc.request.id': String(request.id),
-        // Session ids are bearer-like: the short hash the logs carry, never the id (STYLE.md habit 9).
+        // Session ids are bearer-like: the short hash the logs carry, never the id.
         'mcp.session.id': shortHash(sid),
         'mcp_gateway.server': server,
         ...extra

@@ -1,6 +1,6 @@
 // The one place ioredis clients are made, so every connection behaves alike after a Redis restart:
-// reconnect forever with capped backoff, and meanwhile fail fast instead of queueing (ARCHITECTURE.md
-// section 6: "Redis unreachable: /readyz fails, new sessions get 503 … reconnect is automatic").
+// reconnect forever with capped backoff, and meanwhile fail fast instead of queueing (docs/replicas.md):
+// while Redis is unreachable /readyz fails and new sessions get 503; reconnecting is automatic.
 import { Cluster, Redis as Standalone, type RedisOptions } from 'ioredis'
 import { GW_ERR_STORE_UNAVAILABLE, isGatewayError } from '../../core/errors.js'
 import type { Logger } from 'pino'

@@ -1,5 +1,5 @@
-// Every Redis key name the gateway uses, built from one configured prefix (ARCHITECTURE.md
-// section 4, BullMQ's queue-keys.ts). All keys of one session share the cluster hash tag `{sid}`,
+// Every Redis key name the gateway uses, built from one configured prefix (docs/replicas.md;
+// BullMQ's queue-keys.ts did the same). All keys of one session share the cluster hash tag `{sid}`,
 // so one Lua script may touch all of them; every script gets its keys in KEYS, built here.
 
 /** Suffixes after `<prefix>:{<sid>}:`. */

@@ -1,4 +1,4 @@
-// Lua scripts of the tenant limits (rate buckets and session quotas; ARCHITECTURE.md section 4:
+// Lua scripts of the tenant limits (rate buckets and session quotas; keys
 // `P:rl:{tenant}:…`, `P:q:{tenant}:…`). Kept apart from scripts.ts (session state) because they
 // serve a different module; same habits: every key in KEYS, one tenant's keys share `{tenant}`,
 // Redis `TIME` is the one clock, every key gets a TTL.

@@ -1,5 +1,5 @@
-// Lua scripts for every Redis change that checks then writes or touches more than one key
-// (STYLE.md habit 5): one round trip each, atomic, so nothing can resurrect an expired key or
+// Lua scripts for every Redis change that checks then writes or touches more than one key:
+// one round trip each, atomic, so nothing can resurrect an expired key or
 // leave a key without a TTL. Headers follow BullMQ: KEYS, ARGV, returns.
 //
 // Every script names every key it touches in KEYS (Redis Cluster routes a script by its keys, and
@@ -290,7 +290,7 @@ return 1`
 
   /*
    * appendEvent: adds one message to a stream's bounded log, refreshes its TTL, and reports who
-   * holds the stream, in one round trip (ARCHITECTURE.md flow 1: append, then wake the holder).
+   * holds the stream, in one round trip (docs/architecture.md).
    * An answer to a request names its pending marker, so every request gets exactly one answer:
    * a marker present is taken and the answer written; a tombstone ('done': answered elsewhere)
    * means no write; no marker at all means answered already (its answer is in this log) or lost
