@@ -66,7 +66,14 @@ export class Sessions {
     if (this.#services.stopping()) throw new GW_ERR_SHUTTING_DOWN()
     // The initialize params are frozen, not copied: the relay, the backend's replay and the memory
     // store then share one object nobody can change (heap per idle session).
-    const record: SessionRecord = { ...input, initializeParams: deepFreeze(input.initializeParams), id: randomBytes(24).toString('base64url'), backendSessionId: null, createdAt: Date.now() }
+    const record: SessionRecord = {
+      ...input,
+      initializeParams: deepFreeze(input.initializeParams),
+      id: randomBytes(24).toString('base64url'),
+      kind: this.#services.kinds.of(input.server).name,
+      backendSessionId: null,
+      createdAt: Date.now()
+    }
     await this.#services.store.create(record, this.#idleMs)
     // The quota slot is taken once the record exists (quotas.ts prunes slots whose record is gone).
     if (this.#services.admit !== undefined) {
@@ -97,16 +104,31 @@ export class Sessions {
     const owned = checkedLater ? this.#owned.get(sid) : undefined
     if (owned !== undefined && this.#services.ownership.local(sid)?.isOwner === true) {
       if (owned.principal !== principal) return null
+      if (await this.#kindChanged(owned)) return null
       this.touch(sid)
       return owned
     }
     const record = await this.#services.store.get(sid)
     if (record === null || record.principal !== principal) return null
+    if (await this.#kindChanged(record)) return null
     this.touch(sid)
     if (this.#services.config.redis !== undefined && this.#services.ownership.local(sid)?.isOwner === true && this.#services.kinds.of(record.server).cachesRecord(record)) {
       this.#owned.set(sid, deepFreeze(record))
     }
     return record
+  }
+
+  /**
+   * A reload gave the session's server another kind (pooled to dedicated, stdio to HTTP …): what
+   * the session holds was made for the old one (a child of its own, or none; a backend session id,
+   * or none), so it ends here and its client, told 404, starts a new one of the new kind.
+   */
+  async #kindChanged (record: SessionRecord): Promise<boolean> {
+    const now = this.#services.kinds.of(record.server).name
+    if (record.kind === undefined || record.kind === now) return false
+    await this.end(record.id, `a reload changed the server's sessions from ${record.kind} to ${now}`)
+      .catch(err => { this.#services.log.warn({ err }, 'session end failed') })
+    return true
   }
 
   /**

@@ -1,6 +1,7 @@
 // The session store: session records and the leases that say which replica owns a session's
 // backend connection and which holds each client stream (docs/architecture.md).
 // Two twins implement it: session-store-memory.ts (single process) and session-store-redis.ts.
+import type { KindName } from '../config/server-kind.js'
 
 /** Everything any replica needs to serve a session; never holds a live object. */
 export interface SessionRecord {
@@ -18,6 +19,12 @@ export interface SessionRecord {
   subjectDigest?: string
   /** 'streamable' (2025-03-26+, Mcp-Session-Id) or 'legacy' (2024-11-05 HTTP+SSE). */
   transport: 'streamable' | 'legacy'
+  /**
+   * The kind its server gave sessions when it was created. Never what a message is routed by (the
+   * live config decides that); only compared with it: a reload that changed the kind ends the
+   * session, whose state was made for the other one. Absent in records of older versions.
+   */
+  kind?: KindName
   /** Version negotiated with the client (its hop only, G-1). */
   protocolVersion: string
   /** The client's initialize params, re-sent when a backend must be re-initialised. */

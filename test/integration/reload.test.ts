@@ -140,6 +140,41 @@ t.test('SIGHUP: servers added, removed, changed and unchanged, with sessions ope
   t.equal(await call(keep, 'echo', { text: 'alive' }), 'alive')
 })
 
+t.test('SIGHUP: a server whose sessions change kind (dedicated to pooled and back) ends its open sessions (404), new ones are of the new kind', async t => {
+  const pooled = (): Record<string, unknown> => stdioFixture('full-server', [], { sessions: 'pooled', poolSize: 1 })
+  const replica = await startReplica(t, 'kinds', { servers: { toPooled: stdioFixture('full-server'), toDedicated: pooled() } })
+  const a = await connect(t, replica.url, 'toPooled')
+  const b = await connect(t, replica.url, 'toDedicated')
+  const dedicatedPid = Number(await call(a, 'pid'))
+  t.equal(await call(b, 'echo', { text: 'pooled' }), 'pooled')
+  const aSid = a.transport.sessionId ?? ''
+  const bSid = b.transport.sessionId ?? ''
+
+  await rewrite(replica, { servers: { toPooled: pooled(), toDedicated: stdioFixture('full-server') } })
+  const from = replica.logs.length
+  const outcome = await sighup(replica)
+  t.equal(outcome.msg, 'config reloaded')
+  t.same([...(outcome.servers as { changed: string[] }).changed].sort(), ['toDedicated', 'toPooled'], 'both servers changed')
+
+  const aRes = await rawCall(replica.url, 'toPooled', aSid)
+  t.equal(aRes.status, 404, 'the dedicated session of a server made pooled gets 404')
+  await aRes.body?.cancel()
+  const bRes = await rawCall(replica.url, 'toDedicated', bSid)
+  t.equal(bRes.status, 404, 'the pooled session of a server made dedicated gets 404, not a takeover on a child it never had')
+  await bRes.body?.cancel()
+  const ended = replica.logs.slice(from).filter(e => typeof e.reason === 'string' && e.reason.startsWith("a reload changed the server's sessions"))
+  t.ok(ended.length >= 2, `each ended with the reason logged (${ended.map(e => String(e.reason)).join('; ')})`)
+  await eventually('the dedicated child of the ended session exits', () => {
+    try { process.kill(dedicatedPid, 0); return undefined } catch { return true }
+  })
+
+  const a2 = await connect(t, replica.url, 'toPooled')
+  const b2 = await connect(t, replica.url, 'toDedicated')
+  t.equal(await call(a2, 'echo', { text: 'now pooled' }), 'now pooled', 'a new session of the new kind works')
+  t.equal(await call(b2, 'echo', { text: 'now dedicated' }), 'now dedicated')
+  t.not(Number(await call(a2, 'pid')), dedicatedPid)
+})
+
 t.test('SIGHUP: a process setting is not applied and is reported as needing a restart', async t => {
   const replica = await startReplica(t, 'process', { servers: { a: stdioFixture('full-server') } })
   await writeFile(replica.file, JSON.stringify({ ...BASE, log: { level: 'debug' }, http: { retryMs: 5 }, servers: { a: stdioFixture('full-server'), b: stdioFixture('full-server') } }))
