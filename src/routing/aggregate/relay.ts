@@ -32,6 +32,7 @@ import { mergedTasks, TASK_ID_METHODS, tagTaskParams, withoutTaskSupport, tagTas
 import type { BackendSupervisor, UpstreamLookup } from '../upstream/ports.js'
 import type { ConnectionPool } from '../upstream/pool.js'
 import { isJsonStream, Relay, type RelayHost, type RelayOptions } from '../upstream/relay.js'
+import { progressForClient, underGatewayKey } from '../upstream/progress-tokens.js'
 import { capabilityNeededBy } from '../../core/mcp.js'
 
 /** list_changed of several members within this are one for the client. */
@@ -346,12 +347,7 @@ export class AggregateRelay extends Relay {
     }
     running.timer.unref()
     this.#running.set(id, running)
-    const build = (key: string): JsonRpcRequest => {
-      const params = isRecord(request.params) ? request.params : undefined
-      if (params === undefined || running.progressToken === undefined) return { ...request, id: key }
-      return { ...request, id: key, params: { ...params, _meta: { ...(params._meta as Record<string, unknown>), progressToken: key } } }
-    }
-    member.link.run(build, { onMessage: message => { this.#fromMember(running, message) } }, this.#logLevel).then(call => {
+    member.link.run(key => underGatewayKey(request, key), { onMessage: message => { this.#fromMember(running, message) } }, this.#logLevel).then(call => {
       if (this.#running.get(id) !== running) { call.cancel('cancelled'); return }
       running.call = call
     }, (err: unknown) => {
@@ -399,10 +395,9 @@ export class AggregateRelay extends Relay {
       this.#askClient(running.member, message, side, response => { running.call?.answer(response) })
       return
     }
-    const params = isRecord(message.params) ? message.params : {}
     if (message.method === 'notifications/progress') {
-      if (running.progressToken === undefined) return
-      this.#reply(side, { ...message, params: { ...params, progressToken: running.progressToken } })
+      const progress = progressForClient(message, running.progressToken)
+      if (progress !== undefined) this.#reply(side, progress)
       return
     }
     this.#fromMemberNotification(running.member, message, side)
