@@ -30,7 +30,7 @@ export type ReloadOutcome =
   | { ok: false, errors: string[] }
 
 export class ConfigReloader {
-  readonly #o: ReloaderOptions
+  readonly #options: ReloaderOptions
   readonly #path: string
   /** Reloads run one after another, never interleaved. */
   #queue: Promise<unknown> = Promise.resolve()
@@ -41,7 +41,7 @@ export class ConfigReloader {
   #closed = false
 
   constructor (options: ReloaderOptions) {
-    this.#o = options
+    this.#options = options
     this.#path = resolve(options.path)
   }
 
@@ -59,7 +59,7 @@ export class ConfigReloader {
   async watch (debounceMs: number): Promise<void> {
     if (this.#watcher !== undefined || this.#closed) return
     this.#lastDigest = await this.#digest()
-    const log = this.#o.log
+    const log = this.#options.log
     const folder = dirname(this.#path)
     this.#watcher = watch(folder, { persistent: false }, () => {
       clearTimeout(this.#debounce)
@@ -102,7 +102,7 @@ export class ConfigReloader {
   }
 
   async #reload (trigger: string): Promise<ReloadOutcome> {
-    const log = this.#o.log
+    const log = this.#options.log
     const path = this.#path
     if (this.#closed) {
       log.warn({ trigger }, 'config reload ignored: shutting down')
@@ -111,13 +111,13 @@ export class ConfigReloader {
     this.#lastDigest = await this.#digest()
     let next: Readonly<Config>
     try {
-      next = await (this.#o.load ?? loadConfig)(path)
+      next = await (this.#options.load ?? loadConfig)(path)
     } catch (err) {
       const errors = problemsOf(err)
       log.error({ trigger, path, errors }, 'config reload refused; the running config stays')
       return { ok: false, errors }
     }
-    const { change, failures } = await this.#o.live.apply(next)
+    const { change, failures } = await this.#options.live.apply(next)
     for (const err of failures) log.error({ err, trigger }, 'config reload: a listener failed')
     if (change.restartNeeded.length > 0) {
       log.warn({ trigger, keys: change.restartNeeded }, 'config reload: these settings need a restart and were not applied')

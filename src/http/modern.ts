@@ -111,7 +111,7 @@ interface Listener {
 }
 
 export class ModernFace {
-  readonly #o: ModernFaceOptions
+  readonly #options: ModernFaceOptions
   /** Listen streams by (server, tenant). */
   readonly #listeners = new Map<string, Set<Listener>>()
   /** Retries forwarded from here, by ticket. */
@@ -123,7 +123,7 @@ export class ModernFace {
   readonly #tick: NodeJS.Timeout
 
   constructor (options: ModernFaceOptions) {
-    this.#o = options
+    this.#options = options
     this.#tick = setInterval(() => { this.#renewRegistrations() }, LISTEN_REGISTRATION_MS / 3)
     this.#tick.unref()
   }
@@ -136,13 +136,13 @@ export class ModernFace {
    */
   async #relay (req: FastifyRequest, reply: FastifyReply, server: string, config: HttpServerConfig, message: JsonRpcRequest): Promise<void> {
     const fromClient = clientHeaders(req)
-    const headers = { ...upstreamBaseHeaders(config, this.#o.upstream?.(req.principal.tenant, server), fromClient), ...modernRequestHeaders(fromClient) }
+    const headers = { ...upstreamBaseHeaders(config, this.#options.upstream?.(req.principal.tenant, server), fromClient), ...modernRequestHeaders(fromClient) }
     const abort = new AbortController()
     const res = reply.raw
     res.on('close', () => { if (!res.writableFinished) abort.abort() })
     const upstream = await relayModern(server, config, headers, JSON.stringify(message), abort.signal)
     const contentType = String(upstream.headers['content-type'] ?? 'application/json')
-    const policy = message.method === 'tools/list' ? this.#o.toolPolicy?.(req.principal.tenant, server) ?? null : null
+    const policy = message.method === 'tools/list' ? this.#options.toolPolicy?.(req.principal.tenant, server) ?? null : null
     if (policy !== null) {
       let answer = finalResponse(await readText(upstream.body, MAX_BODY_BYTES))
       if (answer === null) throw new GW_ERR_BACKEND_UNAVAILABLE(server, 'no readable answer to tools/list')
@@ -189,7 +189,7 @@ export class ModernFace {
   /** Here: the retry of a call parked on this replica, which landed on `from`. */
   #resumeForwarded (from: string, ticket: string, principal: string, request: JsonRpcRequest): void {
     // The ticket is forgotten once the exchange ends here (its last message went out).
-    const out = new RemoteResponse(this.#o.peers, from, ticket, () => { this.#remote.delete(ticket) })
+    const out = new RemoteResponse(this.#options.peers, from, ticket, () => { this.#remote.delete(ticket) })
     let parked: ParkedCall
     try {
       parked = this.#takeParked(request, isRecord(request.params) ? request.params : {}, principal)
@@ -198,21 +198,21 @@ export class ModernFace {
       return
     }
     this.#remote.set(ticket, out)
-    this.#o.log.info({ server: parked.server, from }, 'input_required retry resumed for a client of another replica')
-    const exchange = new Exchange(this.#o.parked, out, request, envelopeOf(request), parked.server, principal, parked.serverInfo, {})
+    this.#options.log.info({ server: parked.server, from }, 'input_required retry resumed for a client of another replica')
+    const exchange = new Exchange(this.#options.parked, out, request, envelopeOf(request), parked.server, principal, parked.serverInfo, {})
     const params = isRecord(request.params) ? request.params : {}
     exchange.resume(parked, params.inputResponses)
   }
 
   /** There: a retry whose call is parked on `replica` is sent to it; its messages come back here. */
   async #forward (reply: FastifyReply, replica: string, request: JsonRpcRequest, principal: string): Promise<void> {
-    const peers = this.#o.peers
+    const peers = this.#options.peers
     // A replica that is gone took the call with it: the client starts over.
     if (!await peers.isAlive(replica)) throw new GW_ERR_BACKEND_LOST('the backend call', `replica ${replica} holding it is gone`)
     reply.hijack()
-    const out = new ModernResponse(reply.raw, replyHeaders(reply), this.#o.keepAliveMs)
+    const out = new ModernResponse(reply.raw, replyHeaders(reply), this.#options.keepAliveMs)
     const ticket = `${peers.replicaId}.${++this.#seq}`
-    const timeoutMs = this.#o.forwardTimeoutMs
+    const timeoutMs = this.#options.forwardTimeoutMs
     const started = Date.now()
     // The holder may die while the call runs there: its heartbeat is watched, so the client hears
     // -32007 within seconds rather than after the whole deadline.
@@ -257,18 +257,18 @@ export class ModernFace {
     // A pool hands over every notification no request waits for (idle logs, late progress).
     if (!isNotification(message) || !LISTENABLE.has(message.method)) return
     this.#deliverEvent(server, tenant, message)
-    const peers = this.#o.peers
-    this.#o.listenRegistry.listeners(listenTopic(server, tenant)).then(async replicas => {
+    const peers = this.#options.peers
+    this.#options.listenRegistry.listeners(listenTopic(server, tenant)).then(async replicas => {
       await Promise.all(replicas.filter(r => r !== peers.replicaId).map(async r => { await peers.send(r, { kind: 'listen-event', server, tenant, message }) }))
-    }).catch(err => { this.#o.log.warn({ err, server }, 'listen event not sent to other replicas') })
+    }).catch(err => { this.#options.log.warn({ err, server }, 'listen event not sent to other replicas') })
   }
 
   /** Registers this replica for the topics it holds listen streams of (renewed by the face's tick). */
   #register (key: string): void {
     const [server = '', tenant = ''] = key.split('\0')
-    for (const topic of this.#o.kinds.of(server).listenTopics()) {
-      this.#o.listenRegistry.addListener(listenTopic(topic, tenant === '' ? null : tenant), this.#o.peers.replicaId, LISTEN_REGISTRATION_MS)
-        .catch(err => { this.#o.log.warn({ err, server }, 'listen registration failed') })
+    for (const topic of this.#options.kinds.of(server).listenTopics()) {
+      this.#options.listenRegistry.addListener(listenTopic(topic, tenant === '' ? null : tenant), this.#options.peers.replicaId, LISTEN_REGISTRATION_MS)
+        .catch(err => { this.#options.log.warn({ err, server }, 'listen registration failed') })
     }
   }
 
@@ -279,7 +279,7 @@ export class ModernFace {
 
   #deliverEvent (server: string, tenant: string | null, message: JsonRpcMessage): void {
     if (!isNotification(message)) return
-    for (const hearer of this.#o.kinds.hearersOf(server, message)) this.#deliverTo(hearer, tenant, message)
+    for (const hearer of this.#options.kinds.hearersOf(server, message)) this.#deliverTo(hearer, tenant, message)
   }
 
   #deliverTo (server: string, tenant: string | null, message: JsonRpcMessage): void {
@@ -346,7 +346,7 @@ export class ModernFace {
       this.#listeners.set(key, set = new Set())
       this.#register(key)
     }
-    const keepAlive = setInterval(() => { if (!res.writableEnded) res.write(': keepalive\n\n') }, this.#o.keepAliveMs)
+    const keepAlive = setInterval(() => { if (!res.writableEnded) res.write(': keepalive\n\n') }, this.#options.keepAliveMs)
     keepAlive.unref()
     const listener: Listener = {
       principal: req.principal.key,
@@ -391,13 +391,13 @@ export class ModernFace {
     if (!isRequest(message)) return
     const envelope = checkModernRequest(message, headers)
     const tenant = req.principal.tenant
-    const refusal = refusedCall(this.#o.toolPolicy, { tenant, subject: req.principal.subjectDigest, server }, message, req.log)
+    const refusal = refusedCall(this.#options.toolPolicy, { tenant, subject: req.principal.subjectDigest, server }, message, req.log)
     if (refusal !== null) {
       reply.type('application/json').send(refusal)
       return
     }
-    const target = this.#o.kinds.of(server)
-    const relayTo = await target.relayTo(config => upstreamBaseHeaders(config, this.#o.upstream?.(tenant, server), clientHeaders(req)))
+    const target = this.#options.kinds.of(server)
+    const relayTo = await target.relayTo(config => upstreamBaseHeaders(config, this.#options.upstream?.(tenant, server), clientHeaders(req)))
     if (relayTo !== null) {
       await this.#relay(req, reply, server, relayTo, message)
       return
@@ -427,27 +427,27 @@ export class ModernFace {
     const outgoingParams = plan.params
     const shownServerInfo = plan.serverInfo
     const params = isRecord(message.params) ? message.params : {}
-    const holder = params.requestState !== undefined ? this.#o.parked.replicaOf(params.requestState) : undefined
-    if (holder !== undefined && holder !== this.#o.peers.replicaId) {
+    const holder = params.requestState !== undefined ? this.#options.parked.replicaOf(params.requestState) : undefined
+    if (holder !== undefined && holder !== this.#options.peers.replicaId) {
       // The call is parked on another replica (flow 8): the retry goes there, the answer comes back.
       await this.#forward(reply, holder, message, req.principal.key)
       return
     }
     // A retry's state is checked before the response starts, so a refusal is an HTTP 400.
     const parked = params.requestState !== undefined ? this.#takeParked(message, params, req.principal.key) : null
-    const info = await this.#o.pool.info(server, tenant)
+    const info = await this.#options.pool.info(server, tenant)
     reply.hijack()
-    const out = new ModernResponse(reply.raw, replyHeaders(reply), this.#o.keepAliveMs)
+    const out = new ModernResponse(reply.raw, replyHeaders(reply), this.#options.keepAliveMs)
     // inputResponses on a first call (no requestState) answer the backend's asks by key as they come.
     const preAnswers = parked === null && isRecord(params.inputResponses) ? params.inputResponses : {}
-    const exchange = new Exchange(this.#o.parked, out, message, envelope, server, req.principal.key, shownServerInfo ?? info.serverInfo, preAnswers)
+    const exchange = new Exchange(this.#options.parked, out, message, envelope, server, req.principal.key, shownServerInfo ?? info.serverInfo, preAnswers)
     if (parked !== null) {
       exchange.resume(parked, params.inputResponses)
       return
     }
     const base = legacyParams(isRecord(outgoingParams) ? outgoingParams : undefined)
     try {
-      const call = await this.#o.pool.call(server, tenant, key => {
+      const call = await this.#options.pool.call(server, tenant, key => {
         const outgoing: Record<string, unknown> = { ...base }
         delete outgoing.inputResponses
         delete outgoing.requestState
@@ -462,7 +462,7 @@ export class ModernFace {
   }
 
   #takeParked (request: JsonRpcRequest, params: Record<string, unknown>, principal: string): ParkedCall {
-    const parked = this.#o.parked.take(params.requestState, principal)
+    const parked = this.#options.parked.take(params.requestState, principal)
     if (parked.method !== request.method) {
       parked.onExpire()
       throw new GW_ERR_INVALID_PARAMS(`requestState was issued for ${parked.method}, not ${request.method}`)

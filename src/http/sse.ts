@@ -24,7 +24,7 @@ export type StreamWriterOptions = WriterOptions
 export class StreamWriter implements ClientWriter {
   readonly sid: string
   readonly streamId: string
-  readonly #o: StreamWriterOptions
+  readonly #options: StreamWriterOptions
   #cursor: string | null
   #remaining: number
   #pumping = false
@@ -75,7 +75,7 @@ export class StreamWriter implements ClientWriter {
   #idSent = false
 
   constructor (options: StreamWriterOptions) {
-    this.#o = options
+    this.#options = options
     this.sid = options.sid
     this.streamId = options.streamId
     this.#cursor = options.cursor
@@ -120,10 +120,10 @@ export class StreamWriter implements ClientWriter {
   async start (): Promise<void> {
     if (this.#started) return
     this.#started = true
-    const { res } = this.#o
+    const { res } = this.#options
     res.on('close', () => { if (!res.writableFinished) this.#finish('client-closed') })
-    const lazyMs = this.#o.lazyMs ?? 0
-    if (this.#o.mode === 'sse' && Number.isFinite(this.#remaining) && (lazyMs > 0 || this.marking !== undefined || this.markLater !== undefined)) {
+    const lazyMs = this.#options.lazyMs ?? 0
+    if (this.#options.mode === 'sse' && Number.isFinite(this.#remaining) && (lazyMs > 0 || this.marking !== undefined || this.markLater !== undefined)) {
       this.#holding = true
       if (lazyMs > 0) {
         this.#lazyTimer = setTimeout(() => { this.#openOnceMarked() }, lazyMs)
@@ -131,7 +131,7 @@ export class StreamWriter implements ClientWriter {
       } else {
         this.#openOnceMarked()
       }
-    } else if (this.#o.mode !== 'json') {
+    } else if (this.#options.mode !== 'json') {
       this.#openSse()
     }
     if (this.#cursor === ANSWERED_DIRECTLY) {
@@ -139,28 +139,28 @@ export class StreamWriter implements ClientWriter {
       this.#finish('complete')
       return
     }
-    if (this.#cursor !== null && Number.isFinite(this.#remaining) && this.#o.fresh !== true) {
+    if (this.#cursor !== null && Number.isFinite(this.#remaining) && this.#options.fresh !== true) {
       // A resumed POST stream: responses at or before the cursor were already delivered.
       try {
         this.#remaining -= await this.#countResponsesThrough(this.#cursor)
       } catch (err) {
-        this.#o.log.error({ err, stream: this.streamId }, 'stream resume failed')
+        this.#options.log.error({ err, stream: this.streamId }, 'stream resume failed')
         this.#finish('error')
         return
       }
       if (this.#remaining <= 0) { this.#finish('complete'); return }
     }
-    if (this.#o.metrics !== undefined && this.#lastSeq === null && this.#cursor !== null) {
+    if (this.#options.metrics !== undefined && this.#lastSeq === null && this.#cursor !== null) {
       // Marked as pumping meanwhile, so a wake now is left to the wake() below (which a resumed,
       // non-fresh stream always runs) and never reads with the ordinal still unknown.
       this.#pumping = true
       try {
-        this.#lastSeq = await this.#o.eventLog.seqOf(this.sid, this.streamId, this.#cursor).catch(() => null)
+        this.#lastSeq = await this.#options.eventLog.seqOf(this.sid, this.streamId, this.#cursor).catch(() => null)
       } finally {
         this.#pumping = false
       }
     }
-    if (this.#o.fresh === true && !this.#again) return
+    if (this.#options.fresh === true && !this.#again) return
     await this.wake()
   }
 
@@ -181,7 +181,7 @@ export class StreamWriter implements ClientWriter {
    */
   #openSse (): void {
     if (this.#ended || this.#keepAlive !== undefined) return
-    const { res } = this.#o
+    const { res } = this.#options
     this.#holding = false
     clearTimeout(this.#lazyTimer)
     res.writeHead(200, {
@@ -189,7 +189,7 @@ export class StreamWriter implements ClientWriter {
       'cache-control': 'no-cache, no-transform',
       // No `connection` header: Node sets it, honouring a client's `Connection: close`.
       'x-accel-buffering': 'no',
-      ...this.#o.headers
+      ...this.#options.headers
     })
     const held = this.#held
     this.#held = undefined
@@ -201,16 +201,16 @@ export class StreamWriter implements ClientWriter {
     // docs/performance.md). Node keeps the header block it sent as a tree of ~30 concatenated
     // strings (about 1 KB); reading one character makes V8 flatten it into one string.
     this.#preamble = undefined
-    this.#o.headers = SENT_HEADERS
+    this.#options.headers = SENT_HEADERS
     const sent: unknown = (res as unknown as { _header?: unknown })._header
     if (typeof sent === 'string') sent.charCodeAt(0)
-    this.#keepAlive = startKeepAlive(this.#o.keepAliveMs, this)
+    this.#keepAlive = startKeepAlive(this.#options.keepAliveMs, this)
   }
 
   /** Called by the keep-alive timer (http/keep-alive.ts) about every keepAliveMs while open. */
   keepAlive (): void {
     if (this.#ended) return
-    this.#o.res.write(': keepalive\n\n')
+    this.#options.res.write(': keepalive\n\n')
     // A POST stream still waiting for answers also reads its log: a wake lost on the bus (a
     // Redis failover drops what was in flight) delays an answer by one interval, never forever.
     if (Number.isFinite(this.#remaining) && this.#remaining > 0) void this.wake()
@@ -225,13 +225,13 @@ export class StreamWriter implements ClientWriter {
       let page: LogEntry[]
       do {
         this.#again = false
-        page = await this.#o.eventLog.readAfter(this.sid, this.streamId, this.#cursor, PAGE)
+        page = await this.#options.eventLog.readAfter(this.sid, this.streamId, this.#cursor, PAGE)
         for (const entry of page) {
           if (this.#ended || await this.#deliver(entry)) return
         }
       } while (!this.#ended && (this.#again || page.length === PAGE))
     } catch (err) {
-      this.#o.log.error({ err, stream: this.streamId }, 'stream writer failed')
+      this.#options.log.error({ err, stream: this.streamId }, 'stream writer failed')
       this.#finish('error')
     } finally {
       this.#pumping = false
@@ -253,7 +253,7 @@ export class StreamWriter implements ClientWriter {
     try {
       if (await this.#deliver(entry)) return
     } catch (err) {
-      this.#o.log.error({ err, stream: this.streamId }, 'stream writer failed')
+      this.#options.log.error({ err, stream: this.streamId }, 'stream writer failed')
       this.#finish('error')
       return
     } finally {
@@ -295,7 +295,7 @@ export class StreamWriter implements ClientWriter {
    */
   #settleCancelled (answer: JsonRpcResponse): boolean {
     const id = answer.id
-    if (this.#o.requestIds !== undefined && id !== null && id !== undefined) (this.#answered ??= new Set()).add(id)
+    if (this.#options.requestIds !== undefined && id !== null && id !== undefined) (this.#answered ??= new Set()).add(id)
     if (--this.#remaining > 0) return false
     if (this.#keepAlive !== undefined && this.#idSent) return false
     this.#complete()
@@ -319,10 +319,10 @@ export class StreamWriter implements ClientWriter {
   answerDirectly (message: JsonRpcResponse, json: string): 'json' | 'sse' | undefined {
     const id = message.id
     if (!this.#started || this.#ended || this.#pumping || this.#again || this.appending > 0 || this.#remaining !== 1) return undefined
-    const { mode } = this.#o
+    const { mode } = this.#options
     const open = this.#keepAlive !== undefined && mode === 'sse'
     if (!this.#holding && !open && mode !== 'json') return undefined
-    if (id === null || id === undefined || this.#answered?.has(id) === true || this.#o.requestIds?.includes(id) !== true) return undefined
+    if (id === null || id === undefined || this.#answered?.has(id) === true || this.#options.requestIds?.includes(id) !== true) return undefined
     // A cancelled request on an open SSE stream: its copy in the log settles it (#deliver).
     const cancelled = isCancelledAnswer(message)
     if (cancelled && open) return undefined
@@ -359,16 +359,16 @@ export class StreamWriter implements ClientWriter {
   /** Ends the stream from the gateway's side; SSE clients get a `retry` hint to reconnect. */
   end (reason: WriterEndReason, retryMs?: number): void {
     if (this.#ended) return
-    const { res } = this.#o
+    const { res } = this.#options
     // A held lazy stream ends as the SSE stream it would have been: priming id, then the hint.
     if (this.#holding && reason !== 'client-closed') this.#openSse()
-    if (this.#o.mode !== 'json' && res.headersSent && !res.writableEnded && retryMs !== undefined) {
+    if (this.#options.mode !== 'json' && res.headersSent && !res.writableEnded && retryMs !== undefined) {
       res.write(`retry: ${retryMs}\n\n`)
     }
-    if (this.#o.mode === 'json' && !res.headersSent && reason !== 'released') {
+    if (this.#options.mode === 'json' && !res.headersSent && reason !== 'released') {
       // No answer will come on this JSON response: say why with the transport's status codes.
       const [status, code, message] = reason === 'session-ended' ? [404, -32001, 'Session not found'] : [503, -32000, 'The gateway is shutting down']
-      res.writeHead(status, { 'content-type': 'application/json', ...(status === 503 ? { 'retry-after': '1' } : {}), ...this.#o.headers })
+      res.writeHead(status, { 'content-type': 'application/json', ...(status === 503 ? { 'retry-after': '1' } : {}), ...this.#options.headers })
       res.end(JSON.stringify({ jsonrpc: '2.0', id: null, error: { code, message, data: { source: 'gateway' } } }))
     }
     this.#finish(reason)
@@ -382,22 +382,22 @@ export class StreamWriter implements ClientWriter {
    * caller answers otherwise).
    */
   refuse (err: GatewayError): boolean {
-    const { res } = this.#o
+    const { res } = this.#options
     if (this.#ended || res.headersSent) return false
     const status = err.statusCode ?? 500
-    this.#o.metrics?.httpRefusal(status, err.code)
+    this.#options.metrics?.httpRefusal(status, err.code)
     this.#holding = false
     clearTimeout(this.#lazyTimer)
-    const requestIds = this.#o.requestIds ?? []
-    const id = this.#o.batch === true || requestIds.length !== 1 ? null : requestIds[0] ?? null
-    res.writeHead(status, { 'content-type': 'application/json', ...errorHeaders(err), ...this.#o.headers })
+    const requestIds = this.#options.requestIds ?? []
+    const id = this.#options.batch === true || requestIds.length !== 1 ? null : requestIds[0] ?? null
+    res.writeHead(status, { 'content-type': 'application/json', ...errorHeaders(err), ...this.#options.headers })
     res.end(JSON.stringify(toJsonRpcError(err, id)))
     this.#finish(status === 404 ? 'session-ended' : 'error')
     return true
   }
 
   #countLost (seq: number): void {
-    const metrics = this.#o.metrics
+    const metrics = this.#options.metrics
     const last = this.#lastSeq
     this.#lastSeq = seq
     if (metrics === undefined) return
@@ -408,7 +408,7 @@ export class StreamWriter implements ClientWriter {
 
   /** Whether this is a POST stream with requests still unanswered. */
   get awaitsAnswers (): boolean {
-    return !this.#ended && (this.#o.requestIds ?? []).some(id => this.#answered?.has(id) !== true)
+    return !this.#ended && (this.#options.requestIds ?? []).some(id => this.#answered?.has(id) !== true)
   }
 
   /**
@@ -420,10 +420,10 @@ export class StreamWriter implements ClientWriter {
   failUnanswered (answer: (id: RequestId) => JsonRpcResponse): RequestId[] {
     if (this.#ended || !this.#started) return []
     if (this.#holding) this.#openSse()
-    const { res, mode } = this.#o
+    const { res, mode } = this.#options
     const failed: RequestId[] = []
     const answered = this.#answered ??= new Set()
-    for (const id of this.#o.requestIds ?? []) {
+    for (const id of this.#options.requestIds ?? []) {
       if (answered.has(id)) continue
       answered.add(id)
       failed.push(id)
@@ -436,9 +436,9 @@ export class StreamWriter implements ClientWriter {
   }
 
   async #emit (entry: LogEntry, last: boolean): Promise<void> {
-    const { mode, res } = this.#o
+    const { mode, res } = this.#options
     // Only a POST stream's answers are counted (awaitsAnswers, failUnanswered): a GET stream keeps no set.
-    if (this.#o.requestIds !== undefined && entry.message !== null && isResponse(entry.message) && entry.message.id !== null && entry.message.id !== undefined) (this.#answered ??= new Set()).add(entry.message.id)
+    if (this.#options.requestIds !== undefined && entry.message !== null && isResponse(entry.message) && entry.message.id !== null && entry.message.id !== undefined) (this.#answered ??= new Set()).add(entry.message.id)
     if (mode === 'json') {
       if (entry.message !== null && isResponse(entry.message)) (this.#collected ??= []).push(entry.message)
       return
@@ -467,32 +467,32 @@ export class StreamWriter implements ClientWriter {
     const id = `id: ${formatEventId(this.streamId, entry.entryId)}\n`
     if (entry.message === null) {
       // Priming event: an id and empty data, with the reconnect hint (H-POST-7).
-      const retry = this.#o.retryMs === undefined ? '' : `retry: ${this.#o.retryMs}\n`
+      const retry = this.#options.retryMs === undefined ? '' : `retry: ${this.#options.retryMs}\n`
       return `${id}${retry}data: \n\n`
     }
     const data = `data: ${entry.json}\n\n`
-    return this.#o.mode === 'legacy' ? `event: message\n${id}${data}` : `${id}${data}`
+    return this.#options.mode === 'legacy' ? `event: message\n${id}${data}` : `${id}${data}`
   }
 
   #complete (): void {
-    const { res, mode } = this.#o
+    const { res, mode } = this.#options
     if ((mode === 'json' && !res.headersSent && this.#collected === undefined) || (this.#holding && this.#held === undefined)) {
       // Every request was cancelled by its client before anything was sent (#settleCancelled).
       this.#holding = false
       clearTimeout(this.#lazyTimer)
-      res.writeHead(202, this.#o.headers)
+      res.writeHead(202, this.#options.headers)
       res.end()
     } else if (mode === 'json' && !res.headersSent) {
       const collected = this.#collected ?? []
-      const body = this.#o.batch === true ? collected : collected[0]
-      res.writeHead(200, { 'content-type': 'application/json', ...this.#o.headers })
+      const body = this.#options.batch === true ? collected : collected[0]
+      res.writeHead(200, { 'content-type': 'application/json', ...this.#options.headers })
       res.end(JSON.stringify(body))
     } else if (this.#holding) {
       // Every answer came before anything else: one JSON body, as the transport allows (H-POST-2).
       const held = this.#held ?? []
-      const body = this.#o.batch === true ? `[${held.map(entry => entry.json).join(',')}]` : held[0]?.json ?? 'null'
+      const body = this.#options.batch === true ? `[${held.map(entry => entry.json).join(',')}]` : held[0]?.json ?? 'null'
       this.#holding = false
-      res.writeHead(200, { 'content-type': 'application/json', ...this.#o.headers })
+      res.writeHead(200, { 'content-type': 'application/json', ...this.#options.headers })
       res.end(body)
     }
     this.#finish('complete')
@@ -503,23 +503,23 @@ export class StreamWriter implements ClientWriter {
     // A held lazy stream that ends without its answers ends as the SSE stream it would have been.
     if (this.#holding && reason !== 'client-closed') this.#openSse()
     this.#ended = true
-    if (this.#keepAlive !== undefined) stopKeepAlive(this.#o.keepAliveMs, this, this.#keepAlive)
+    if (this.#keepAlive !== undefined) stopKeepAlive(this.#options.keepAliveMs, this, this.#keepAlive)
     clearTimeout(this.#lazyTimer)
     this.#closed?.abort()
-    const { res } = this.#o
+    const { res } = this.#options
     // The last answer's frame goes with the end of the chunked body: one write, not two.
     if (!res.writableEnded) {
       if (this.#tail !== undefined) res.end(this.#tail)
       else res.end()
     }
-    this.#o.onEnd(this, reason)
+    this.#options.onEnd(this, reason)
   }
 
   async #countResponsesThrough (cursor: string): Promise<number> {
     let count = 0
     let from: string | null = null
     for (;;) {
-      const page: LogEntry[] = await this.#o.eventLog.readAfter(this.sid, this.streamId, from, PAGE)
+      const page: LogEntry[] = await this.#options.eventLog.readAfter(this.sid, this.streamId, from, PAGE)
       for (const entry of page) {
         if (compareEntryIds(entry.entryId, cursor) > 0) return count
         if (entry.message !== null && isResponse(entry.message as JsonRpcMessage)) count++

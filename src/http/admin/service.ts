@@ -106,7 +106,7 @@ function addSlots (into: number[], from: number, values: readonly number[], valu
 }
 
 export class AdminService {
-  readonly #o: AdminServiceOptions
+  readonly #options: AdminServiceOptions
   readonly #startedAt = Date.now()
   readonly #loop: IntervalHistogram
   #loopDelayMs = 0
@@ -116,13 +116,13 @@ export class AdminService {
   #sessions: { at: number, list: Promise<Array<{ record: SessionRecord, expiresAt: number }>> } | undefined
 
   constructor (options: AdminServiceOptions) {
-    this.#o = options
+    this.#options = options
     this.#loop = monitorEventLoopDelay({ resolution: 20 })
   }
 
   start (): void {
     this.#loop.enable()
-    const publish = (): void => { this.#publish().catch(err => this.#o.log.warn({ err }, 'admin summary not published')) }
+    const publish = (): void => { this.#publish().catch(err => this.#options.log.warn({ err }, 'admin summary not published')) }
     publish()
     this.#timer = setInterval(publish, SUMMARY_EVERY_MS)
     this.#timer.unref()
@@ -140,20 +140,20 @@ export class AdminService {
 
   /** This replica's summary, as of now. */
   summary (): ReplicaSummary {
-    const sessions = new Map(this.#o.router.ownedSessions())
-    for (const [server, n] of this.#o.router.pooledSessions()) sessions.set(server, (sessions.get(server) ?? 0) + n)
+    const sessions = new Map(this.#options.router.ownedSessions())
+    for (const [server, n] of this.#options.router.pooledSessions()) sessions.set(server, (sessions.get(server) ?? 0) + n)
     return {
-      id: this.#o.replicaId,
+      id: this.#options.replicaId,
       version: GATEWAY_VERSION,
       startedAt: this.#startedAt,
       at: Date.now(),
-      draining: this.#o.draining() || this.#o.router.stopping,
+      draining: this.#options.draining() || this.#options.router.stopping,
       eventLoopDelayMs: this.#loopDelayMs,
       sessions: toRecord(sessions),
-      children: toRecord(this.#o.children()),
-      pools: this.#o.pools(),
-      servers: this.#o.stats.servers(),
-      tenants: this.#o.stats.tenants(),
+      children: toRecord(this.#options.children()),
+      pools: this.#options.pools(),
+      servers: this.#options.stats.servers(),
+      tenants: this.#options.stats.tenants(),
       lastReload: this.#lastReload
     }
   }
@@ -162,12 +162,12 @@ export class AdminService {
     // The 99th percentile of the loop's delay over the last period, then a fresh period.
     this.#loopDelayMs = Math.round(this.#loop.percentile(99) / 1e5) / 10
     this.#loop.reset()
-    await this.#o.store.publishSummary(this.#o.replicaId, JSON.stringify(this.summary()), SUMMARY_EVERY_MS * SUMMARY_TTL_FACTOR)
+    await this.#options.store.publishSummary(this.#options.replicaId, JSON.stringify(this.summary()), SUMMARY_EVERY_MS * SUMMARY_TTL_FACTOR)
   }
 
   /** Every live replica's summary; this replica's is taken fresh. */
   async replicas (): Promise<ReplicaSummary[]> {
-    const texts = await this.#o.store.summaries()
+    const texts = await this.#options.store.summaries()
     const out = new Map<string, ReplicaSummary>()
     for (const text of texts) {
       try {
@@ -175,7 +175,7 @@ export class AdminService {
         if (typeof summary.id === 'string') out.set(summary.id, summary)
       } catch { /* a summary from another version: left out */ }
     }
-    out.set(this.#o.replicaId, this.summary())
+    out.set(this.#options.replicaId, this.summary())
     return [...out.values()].sort((a, b) => a.id.localeCompare(b.id))
   }
 
@@ -184,7 +184,7 @@ export class AdminService {
     const [replicas, sessions] = await Promise.all([this.replicas(), this.#allSessions()])
     return {
       at: Date.now(),
-      replica: this.#o.replicaId,
+      replica: this.#options.replicaId,
       replicas: replicas.map(r => this.#replicaView(r)),
       servers: this.#serverViews(replicas),
       tenants: this.#tenantViews(replicas, sessions),
@@ -195,7 +195,7 @@ export class AdminService {
   #replicaView (r: ReplicaSummary): Record<string, unknown> {
     return {
       id: r.id,
-      self: r.id === this.#o.replicaId,
+      self: r.id === this.#options.replicaId,
       version: r.version,
       uptimeS: Math.round((r.at - r.startedAt) / 1000),
       draining: r.draining,
@@ -208,7 +208,7 @@ export class AdminService {
   }
 
   #serverViews (replicas: ReplicaSummary[]): Array<Record<string, unknown>> {
-    const servers = this.#o.live.servers
+    const servers = this.#options.live.servers
     const now = Math.floor(Date.now() / 10_000)
     const from = now - SLOTS + 1
     return Object.entries(servers).map(([name, server]) => {
@@ -264,7 +264,7 @@ export class AdminService {
   }
 
   #tenantViews (replicas: ReplicaSummary[], sessions: Array<{ record: SessionRecord }>): Array<Record<string, unknown>> {
-    const names = new Set(Object.keys(this.#o.live.current.tenants ?? {}))
+    const names = new Set(Object.keys(this.#options.live.current.tenants ?? {}))
     const bySessions = new Map<string, number>()
     for (const { record } of sessions) if (record.tenant != null) bySessions.set(record.tenant, (bySessions.get(record.tenant) ?? 0) + 1)
     return [...names].sort().map(name => {
@@ -287,11 +287,11 @@ export class AdminService {
     const cached = this.#sessions
     if (cached !== undefined && Date.now() - cached.at < SESSIONS_CACHE_MS) return await cached.list
     const list = (async () => {
-      const index = await this.#o.store.sessionIndex(SESSION_INDEX_READ_MAX)
+      const index = await this.#options.store.sessionIndex(SESSION_INDEX_READ_MAX)
       const out: Array<{ record: SessionRecord, expiresAt: number }> = []
       for (let i = 0; i < index.length; i += READ_BATCH) {
         const batch = index.slice(i, i + READ_BATCH)
-        const records = await Promise.all(batch.map(async e => await this.#o.store.get(e.id)))
+        const records = await Promise.all(batch.map(async e => await this.#options.store.get(e.id)))
         records.forEach((record, j) => { if (record !== null) out.push({ record, expiresAt: batch[j]?.expiresAt ?? 0 }) })
       }
       return out
@@ -310,7 +310,7 @@ export class AdminService {
     const lastActive = (record: SessionRecord): number => record.lastActiveAt ?? record.createdAt
     matching.sort((a, b) => lastActive(b.record) - lastActive(a.record))
     const page = matching.slice(filter.offset, filter.offset + filter.limit)
-    const { store, router } = this.#o
+    const { store, router } = this.#options
     const sessions = await Promise.all(page.map(async ({ record }) => {
       // A pooled session has no owner lease: its read finds none.
       const [owner, holder] = await Promise.all([
@@ -343,12 +343,12 @@ export class AdminService {
    */
   async endSession (digest: string): Promise<{ server: string, tenant: string | null } | null> {
     this.#sessions = undefined
-    const index = await this.#o.store.sessionIndex(SESSION_INDEX_READ_MAX)
+    const index = await this.#options.store.sessionIndex(SESSION_INDEX_READ_MAX)
     const entry = index.find(e => shortHash(e.id) === digest)
     if (entry === undefined) return null
-    const record = await this.#o.store.get(entry.id)
+    const record = await this.#options.store.get(entry.id)
     if (record === null) return null
-    await this.#o.router.endSession(entry.id, 'ended by an operator')
+    await this.#options.router.endSession(entry.id, 'ended by an operator')
     return { server: record.server, tenant: record.tenant ?? null }
   }
 
@@ -362,14 +362,14 @@ export class AdminService {
 
   /** Asks every other live replica to reload (bus envelopes), then reloads here. */
   async reloadAll (): Promise<{ local: ReloadResult, notified: string[] }> {
-    const others = (await this.replicas()).map(r => r.id).filter(id => id !== this.#o.replicaId)
+    const others = (await this.replicas()).map(r => r.id).filter(id => id !== this.#options.replicaId)
     const notified: string[] = []
     for (const id of others) {
       try {
-        await this.#o.router.sendEnvelope(id, { kind: 'admin-reload', from: this.#o.replicaId })
+        await this.#options.router.sendEnvelope(id, { kind: 'admin-reload', from: this.#options.replicaId })
         notified.push(id)
       } catch (err) {
-        this.#o.log.warn({ err, replica: id }, 'admin reload not sent to a replica')
+        this.#options.log.warn({ err, replica: id }, 'admin reload not sent to a replica')
       }
     }
     return { local: await this.reloadLocal('admin'), notified }
