@@ -38,6 +38,13 @@ async function research (session: Session, topic: string): Promise<CreateTaskRes
   }, CreateTaskResultSchema)
 }
 
+/** Initialised connections of the pool of server `everything` (mcpgw_pool_connections). */
+async function readyConnections (gw: RunningGateway): Promise<number> {
+  const text = await (await fetch(`${gw.url}/metrics`)).text()
+  const line = text.split('\n').find(l => l.startsWith('mcpgw_pool_connections{server="everything"}'))
+  return Number(line?.split(' ').pop() ?? NaN)
+}
+
 /** The server-everything children this process runs now (the gateway runs in it). */
 function everythingChildren (): number[] {
   const out = execFileSync('ps', ['-o', 'pid=,args=', '--ppid', String(process.pid)], { encoding: 'utf8' })
@@ -49,8 +56,13 @@ for (const poolSize of [1, 2]) {
     const gw = await gatewayWith(t, poolSize)
     const a = await connect(t, gw, 'a')
     const b = await connect(t, gw, 'b')
-    // At once: with two children, each task lands on its own child.
-    const [createdA, createdB] = await Promise.all([research(a, 'alpha'), research(b, 'beta')])
+    // With two children, each task lands on its own: a's on the first idle child, then a long
+    // call holds that child while b's task is created, so b's goes to the other.
+    await eventually(`${poolSize} warm children`, async () => await readyConnections(gw) === poolSize ? true : undefined, 60_000, 250)
+    const createdA = await research(a, 'alpha')
+    const holding = poolSize > 1 ? b.client.callTool({ name: 'trigger-long-running-operation', arguments: { duration: 1, steps: 1 } }) : undefined
+    const createdB = await research(b, 'beta')
+    await holding
     const idA = createdA.task.taskId
     const idB = createdB.task.taskId
     t.match(createdA.task, { status: 'working', ttl: Number, createdAt: String }, 'a CreateTaskResult')
