@@ -8,7 +8,9 @@ import { execFileSync } from 'node:child_process'
 import { fileURLToPath } from 'node:url'
 import { Client } from '@modelcontextprotocol/sdk/client/index.js'
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
-import { CallToolResultSchema, CreateTaskResultSchema, TaskStatusNotificationSchema, type CreateTaskResult } from '@modelcontextprotocol/sdk/types.js'
+import {
+  CallToolResultSchema, CreateTaskResultSchema, ElicitRequestSchema, RELATED_TASK_META_KEY, TaskStatusNotificationSchema, type CreateTaskResult
+} from '@modelcontextprotocol/sdk/types.js'
 import t, { type Test } from 'tap'
 import { startGateway, type RunningGateway } from '../helpers/gateway.js'
 import { eventually, textOf } from '../helpers/wait.js'
@@ -22,8 +24,8 @@ async function gatewayWith (t: Test, poolSize: number): Promise<RunningGateway> 
   return await startGateway(t, { servers: { everything: { ...everything, sessions: 'pooled', poolSize, poolMax: poolSize, poolWaitMs: 30_000 } } })
 }
 
-async function connect (t: Test, gw: RunningGateway, name: string): Promise<Session> {
-  const client = new Client({ name, version: '1.0.0' })
+async function connect (t: Test, gw: RunningGateway, name: string, elicitation = false): Promise<Session> {
+  const client = new Client({ name, version: '1.0.0' }, { capabilities: elicitation ? { elicitation: {} } : {} })
   const session: Session = { client, statusIds: new Set() }
   client.setNotificationHandler(TaskStatusNotificationSchema, n => { session.statusIds.add(n.params.taskId) })
   await client.connect(new StreamableHTTPClientTransport(new URL(`${gw.url}/mcp/everything`)))
@@ -31,10 +33,10 @@ async function connect (t: Test, gw: RunningGateway, name: string): Promise<Sess
   return session
 }
 
-async function research (session: Session, topic: string): Promise<CreateTaskResult> {
+async function research (session: Session, topic: string, ambiguous = false): Promise<CreateTaskResult> {
   return await session.client.request({
     method: 'tools/call',
-    params: { name: 'simulate-research-query', arguments: { topic }, task: { ttl: 60_000 } }
+    params: { name: 'simulate-research-query', arguments: { topic, ambiguous }, task: { ttl: 60_000 } }
   }, CreateTaskResultSchema)
 }
 
@@ -122,4 +124,40 @@ t.test('a child lost mid-task: its task is failed, saying why, and tasks/result 
   // The pool serves again (the supervisor restarted the child, or the pool opens another).
   const again = (await research(a, 'after')).task.taskId
   t.match(textOf(await a.client.experimental.tasks.getTaskResult(again, CallToolResultSchema)), /Research Report: after/, 'a new task runs to its end')
+})
+
+t.test('a task waiting for input keeps its child from the idle stop, and its elicitation reaches its session through tasks/result', async t => {
+  const gw = await startGateway(t, {
+    sessions: { idleTimeoutMs: 3000 },
+    servers: { everything: { ...everything, sessions: 'pooled', poolSize: 1, poolMax: 2, poolWaitMs: 30_000 } }
+  })
+  await eventually('the warm child', async () => await readyConnections(gw) === 1 ? true : undefined, 60_000, 250)
+  const a = await connect(t, gw, 'a', true)
+  const b = await connect(t, gw, 'b')
+  const related: unknown[] = []
+  a.client.setRequestHandler(ElicitRequestSchema, async req => {
+    related.push(req.params._meta?.[RELATED_TASK_META_KEY])
+    return { action: 'accept', content: { interpretation: 'technical' } }
+  })
+  // b holds the warm child, so a's task opens a second one (beyond poolSize: stopped when idle).
+  const holding = b.client.callTool({ name: 'trigger-long-running-operation', arguments: { duration: 1, steps: 1 } })
+  await new Promise(resolve => setTimeout(resolve, 200))
+  const id = (await research(a, 'python', true)).task.taskId
+  await holding
+  t.equal(await readyConnections(gw), 2, 'a second child holds the task')
+  // The warm child is the one used last: the second is the one the idle stop would take.
+  await b.client.callTool({ name: 'echo', arguments: { message: 'x' } })
+  // Past the idle timeout, the sessions kept alive by pings (answered by the gateway, no child).
+  for (let i = 0; i < 6; i++) {
+    await new Promise(resolve => setTimeout(resolve, 1000))
+    await Promise.all([a.client.ping(), b.client.ping()])
+  }
+  t.equal(await readyConnections(gw), 2, 'the child holding a live task was not stopped as idle')
+  t.match(await a.client.experimental.tasks.getTask(id), { taskId: id, status: 'input_required' }, 'the task waits for input')
+  const result = await a.client.experimental.tasks.getTaskResult(id, CallToolResultSchema)
+  t.match(textOf(result), /Clarification\*\*: technical/, 'the answer to the elicitation reached the task')
+  t.same(related, [{ taskId: id }], 'the elicitation named the task by the session\'s id')
+  // Terminal: the child is let go, and the idle stop takes it.
+  await eventually('the second child stopped', async () => await readyConnections(gw) === 1 ? true : undefined, 15_000, 500)
+  t.pass('the extra child went once its task ended')
 })

@@ -26,7 +26,7 @@
 import { performance } from 'node:perf_hooks'
 import type { Logger } from 'pino'
 import type { ServerSource } from '../../config/live.js'
-import { GW_ERR_BACKEND_UNAVAILABLE, GW_ERR_INTERNAL, cancelledAnswer, toJsonRpcError, type GatewayError } from '../../core/errors.js'
+import { GW_ERR_BACKEND_UNAVAILABLE, GW_ERR_INTERNAL, cancelledAnswer, isGatewayError, toJsonRpcError, type GatewayError } from '../../core/errors.js'
 import {
   errorResponse, idKey, isNotification, isRecord, isRequest, isResponse, progressTokenOf, JSONRPC_INVALID_PARAMS, JSONRPC_METHOD_NOT_FOUND,
   type JsonRpcMessage, type JsonRpcRequest, type JsonRpcResponse, type RequestId
@@ -226,6 +226,8 @@ export class PooledSessions {
     }
     for (const [id, ask] of this.#asks) if (ask.sid === sid) this.#asks.delete(id)
     this.#state.forget(sid)
+    // Nobody can name its tasks any more: the backend stops working on them.
+    for (const task of this.#tasks.ofSession(sid)) if (live(task)) this.#askTask(task, 'tasks/cancel').catch(() => {})
     this.#tasks.forgetSession(sid)
   }
 
@@ -329,7 +331,14 @@ export class PooledSessions {
     switch (request.method) {
       case 'tasks/get': {
         if (!live(task)) { reply(this.#tasks.view(task)); return }
-        const answer = await this.#askTask(task, 'tasks/get').catch((err: unknown) => toJsonRpcError(asGatewayError(err, task.server), request.id))
+        let busy = false
+        const answer = await this.#askTask(task, 'tasks/get').catch((err: unknown) => {
+          busy = isGatewayError(err) && err.code === 'GW_ERR_POOL_BUSY'
+          return toJsonRpcError(asGatewayError(err, task.server), request.id)
+        })
+        // Its connection stayed busy past poolWaitMs (a long request of another session): the
+        // status last known (its notifications keep it) rather than a 503 for a status read.
+        if (busy) { reply(this.#tasks.view(task)); return }
         if ('result' in answer && isRecord(answer.result)) this.#tasks.update(task, answer.result)
         if ('error' in answer && task.lost === undefined) { this.#append(sid, streamId, backendIdsHidden({ ...answer, id: request.id }, task)); return }
         reply(this.#tasks.view(task))
