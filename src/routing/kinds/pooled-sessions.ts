@@ -40,7 +40,7 @@ import type { ConnectionPool, PooledCall, Reservation } from '../upstream/pool.j
 import { progressForClient, underGatewayKey } from '../upstream/progress-tokens.js'
 import { asGatewayError, capabilitiesOf, isJsonStream } from '../upstream/relay.js'
 import { ANSWERED_HERE, logLevelOf, PooledSessionState } from './pooled-session-state.js'
-import { isTerminal, PooledTasks, relatedTaskOf, TASK_METHODS, taskIdsForClient, type PooledTask } from './pooled-tasks.js'
+import { isTerminal, PooledTasks, relatedTaskOf, TASK_METHODS, withTaskIds, type PooledTask } from './pooled-tasks.js'
 
 /** How often sessions that ended elsewhere (or expired) are forgotten here, and registrations renewed. */
 const SWEEP_MS = 5_000
@@ -189,7 +189,9 @@ export class PooledSessions {
     // Only the session it was sent to may answer it.
     if (ask === undefined || ask.sid !== sid) return false
     this.#asks.delete(id)
-    ask.call.answer(response)
+    // A task's request (its elicitation) answered: the task named by the backend's id again.
+    const answer = withTaskIds(response, taskId => this.#tasks.of(sid, taskId)?.backendId) as JsonRpcResponse
+    ask.call.answer(answer)
     return true
   }
 
@@ -429,7 +431,7 @@ export class PooledSessions {
       const { _meta: _unused, ...described } = message.params
       this.#tasks.update(task, described)
     }
-    const shown = taskIdsForClient(message, this.#taskIdsOf(task.sid, connectionId))
+    const shown = withTaskIds(message, this.#taskIdsOf(task.sid, connectionId))
     if (shown !== undefined) this.#append(task.sid, task.stream, shown)
     return true
   }
@@ -445,7 +447,7 @@ export class PooledSessions {
 
   /** @internal SessionSink: a backend message of a call, in the session's task ids. */
   taskIdsForClient (local: LocalCall, message: JsonRpcMessage): JsonRpcMessage | undefined {
-    return taskIdsForClient(message, this.#taskIdsOf(local.sid, local.connectionId))
+    return withTaskIds(message, this.#taskIdsOf(local.sid, local.connectionId))
   }
 
   /** @internal SessionSink: a CreateTaskResult of a call: the task recorded, shown under the session's id. */
@@ -465,7 +467,7 @@ export class PooledSessions {
       pin: () => this.#options.pool.pin(record.server, tenant, connectionId)
     })
     if (task === undefined) return response
-    const shown = taskIdsForClient(response, this.#taskIdsOf(local.sid, connectionId)) as JsonRpcResponse & { result: Record<string, unknown> }
+    const shown = withTaskIds(response, this.#taskIdsOf(local.sid, connectionId)) as JsonRpcResponse & { result: Record<string, unknown> }
     return { ...shown, result: { ...shown.result, task: this.#tasks.view(task) } }
   }
 

@@ -181,35 +181,35 @@ export class PooledTasks {
 }
 
 /**
- * A backend message of one session's call, with the backend's task ids replaced by the session's
- * (`toClient`): related-task `_meta` in params or result, a status notification's taskId. An id
- * that is not the session's is never shown: its `_meta` goes, and a status notification about it
- * is dropped (undefined).
+ * A message with the task ids it carries mapped by `map` (backend to session for what reaches a
+ * client, session to backend for a client's answer): related-task `_meta` in params or result, a
+ * status notification's taskId. An id `map` does not know is never passed on: its `_meta` goes,
+ * and a status notification about it is dropped (undefined).
  */
-export function taskIdsForClient (message: JsonRpcMessage, toClient: (backendId: unknown) => string | undefined): JsonRpcMessage | undefined {
+export function withTaskIds (message: JsonRpcMessage, map: (taskId: unknown) => string | undefined): JsonRpcMessage | undefined {
   if ('method' in message && message.method === 'notifications/tasks/status') {
     const params = isRecord(message.params) ? message.params : {}
-    const id = toClient(params.taskId)
+    const id = map(params.taskId)
     if (id === undefined) return undefined
-    return { ...message, params: { ...withRelated(params, toClient), taskId: id } }
+    return { ...message, params: { ...withRelated(params, map), taskId: id } }
   }
   if ('result' in message && isRecord(message.result)) {
-    const result = withRelated(message.result, toClient)
+    const result = withRelated(message.result, map)
     return result === message.result ? message : { ...message, result }
   }
   if ('method' in message && isRecord(message.params)) {
-    const params = withRelated(message.params, toClient)
+    const params = withRelated(message.params, map)
     return params === message.params ? message : { ...message, params } as JsonRpcMessage
   }
   return message
 }
 
-/** `holder` with its related-task `_meta` in the session's terms (or without it). */
-function withRelated (holder: Record<string, unknown>, toClient: (backendId: unknown) => string | undefined): Record<string, unknown> {
+/** `holder` with its related-task `_meta` mapped (or without it). */
+function withRelated (holder: Record<string, unknown>, map: (taskId: unknown) => string | undefined): Record<string, unknown> {
   const meta = holder._meta
   if (!isRecord(meta) || !(RELATED_TASK in meta)) return holder
   const related = meta[RELATED_TASK]
-  const id = isRecord(related) ? toClient(related.taskId) : undefined
+  const id = isRecord(related) ? map(related.taskId) : undefined
   const { [RELATED_TASK]: _dropped, ...rest } = meta
   return { ...holder, _meta: id === undefined ? rest : { ...rest, [RELATED_TASK]: { ...(isRecord(related) ? related : {}), taskId: id } } }
 }
