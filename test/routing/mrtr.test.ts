@@ -8,7 +8,7 @@ import { ParkedCalls, type ParkedCall } from '../../src/routing/upstream/mrtr.js
 import type { PooledCall } from '../../src/routing/upstream/pool.js'
 
 function parkedCall (onExpire: () => void = () => {}): ParkedCall {
-  const call: PooledCall = { key: 'm1', cancel: () => {}, answer: () => {}, rebind: () => {} }
+  const call: PooledCall = { key: 'm1', connectionId: 'pool.test.1', cancel: () => {}, answer: () => {}, rebind: () => {} }
   return { call, server: 's', serverInfo: { name: 'b', version: '1' }, method: 'tools/call', pending: new Map(), onExpire }
 }
 

@@ -35,6 +35,8 @@ export interface RunOptions {
 /** A request running on a pooled connection. */
 export interface PooledCall {
   readonly key: string
+  /** The connection it runs on (a task it creates lives there: its later requests go to it). */
+  readonly connectionId: string
   /** The client went away: the backend is told (notifications/cancelled) and nothing more is delivered. */
   cancel (reason: string): void
   /** Answers one of the backend's server-to-client requests of this call (its opaque id). */
@@ -64,6 +66,14 @@ export interface ConnectionContext extends ConnectionSettings {
   forget (conn: PoolConnection): void
   /** A message of the backend's that belongs to no request (list_changed, resources/updated). */
   serverEvent (conn: PoolConnection, message: JsonRpcMessage): void
+  /**
+   * A notification that may concern a task the connection holds (notifications/tasks/status, or
+   * one carrying related-task `_meta`): true when its owner took it, so it never reaches whichever
+   * request happens to be in flight.
+   */
+  taskMessage (conn: PoolConnection, message: JsonRpcMessage): boolean
+  /** The connection's backend lost what it held (it stopped or restarted): its tasks are gone. */
+  lost (conn: PoolConnection, reason: string): void
 }
 
 /** Key prefix of the pool's own requests (initialize, log level, subscriptions). */
@@ -81,6 +91,8 @@ export class PoolConnection {
   lastUsed = performance.now()
   /** Requests that chose this connection and are not delivered yet. */
   claims: number
+  /** Live tasks held on this connection (not stopped as idle while > 0). */
+  pins = 0
   /** Resource subscriptions of listen streams held on this connection, by uri (a count each). */
   readonly subscriptions = new Map<string, number>()
   /** Lists being compared after a list_changed of this connection (true: announced again meanwhile; list-changes.ts). */
@@ -134,11 +146,13 @@ export class PoolConnection {
       onRestarting: info => {
         log.warn({ reason: info.reason, attempt: info.attempt }, 'pooled backend restarting')
         relay.failAll(new GW_ERR_BACKEND_UNAVAILABLE(server, `backend stopped (${info.reason}); restarting`))
+        this.#context.lost(this, `the backend stopped (${info.reason})`)
       },
       onGone: reason => {
         log.warn({ reason }, 'pooled backend gone')
         this.#context.forget(this)
         relay.failAll(new GW_ERR_BACKEND_UNAVAILABLE(server, reason))
+        this.#context.lost(this, `the backend is gone (${reason})`)
       }
     }, {
       protocolVersion: LATEST_VERSION,
@@ -163,6 +177,7 @@ export class PoolConnection {
   async close (err: GatewayError): Promise<void> {
     this.#context.forget(this)
     this.relay.failAll(err)
+    this.#context.lost(this, `the connection was closed (${err.message})`)
     await this.stopBackend()
   }
 
@@ -193,6 +208,7 @@ export class PoolConnection {
     const relay = this.relay
     return {
       key,
+      connectionId: this.id,
       cancel: reason => {
         if (!this.#sinks.delete(key)) return
         relay.deliver({ jsonrpc: '2.0', method: 'notifications/cancelled', params: { requestId: key, reason } }, null)
@@ -269,6 +285,7 @@ export class PoolConnection {
 
   /** A message the relay addressed to one request's stream (its key). */
   #toSink (streamId: string, message: JsonRpcMessage): void {
+    if (!isRequest(message) && !isResponse(message) && this.#context.taskMessage(this, message)) return
     const sink = this.#sinks.get(streamId)
     if (sink !== undefined) {
       const done = isResponse(message) && message.id === streamId

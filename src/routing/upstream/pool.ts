@@ -43,6 +43,8 @@ export type { PooledCall, PoolSink, RunOptions } from './pool-connection.js'
 
 /** A connection set aside for one request (reserve()): run it, or release it unused. */
 export interface Reservation {
+  /** The connection reserved (PooledCall.connectionId once run). */
+  readonly connectionId: string
   run (build: (key: string) => JsonRpcRequest, sink: PoolSink, options?: RunOptions): PooledCall
   release (): void
 }
@@ -60,6 +62,16 @@ export interface ConnectionPoolOptions extends ConnectionSettings {
   live: ServerSource
   /** Session-level messages of a backend (list_changed, resources/updated), for listen streams. */
   onServerEvent?: (server: string, tenant: string | null, message: JsonRpcMessage) => void
+}
+
+/**
+ * Who holds tasks on the pool's connections (kinds/pooled-tasks.ts): it takes the notifications
+ * about them, and hears when a connection loses them.
+ */
+export interface TaskWatcher {
+  /** True when the notification concerned one of its tasks on that connection (it was handled). */
+  message (connectionId: string, message: JsonRpcMessage): boolean
+  lost (connectionId: string, reason: string): void
 }
 
 /** How long a replica's registration for a pool's session-level events lives unless renewed (a third of it apart). */
@@ -113,6 +125,9 @@ export class ConnectionPool {
   /** What each connection needs of the pool: the options it shares, and the pool's bookkeeping. */
   readonly #context: ConnectionContext
   readonly #groups = new Map<string, Group>()
+  /** Requests waiting for one given connection (a task's), first come first served. */
+  readonly #pinnedWaiters = new Map<PoolConnection, Waiter[]>()
+  readonly #watchers = new Set<TaskWatcher>()
   readonly #sweep: NodeJS.Timeout
   #seq = 0
   #stopping = false
@@ -126,6 +141,13 @@ export class ConnectionPool {
       forget: conn => { this.#forget(conn) },
       serverEvent: (conn, message) => {
         forwardIfChanged(conn, message, this.#groupOf(conn)?.lists, event => { options.onServerEvent?.(conn.server, conn.tenant, event) })
+      },
+      taskMessage: (conn, message) => {
+        for (const watcher of this.#watchers) if (watcher.message(conn.id, message)) return true
+        return false
+      },
+      lost: (conn, reason) => {
+        for (const watcher of this.#watchers) watcher.lost(conn.id, reason)
       }
     }
     const idleMs = options.config.sessions.idleTimeoutMs
@@ -182,9 +204,71 @@ export class ConnectionPool {
    * GW_ERR_POOL_BUSY). Run the request on it, or release it.
    */
   async reserve (server: string, tenant: string | null): Promise<Reservation> {
-    const conn = await this.#acquire(server, tenant, true)
+    return this.#reservation(await this.#acquire(server, tenant, true))
+  }
+
+  /**
+   * The connection `connectionId` of the (server, tenant) pool for one request (the requests about
+   * a task go to the connection that holds it): now if idle, else when it comes free, waiting at
+   * most poolWaitMs (GW_ERR_POOL_BUSY). GW_ERR_BACKEND_UNAVAILABLE when the connection is gone.
+   */
+  async reserveOn (server: string, tenant: string | null, connectionId: string): Promise<Reservation> {
+    if (this.#stopping) throw new GW_ERR_SHUTTING_DOWN()
+    const config = this.#serverConfig(server)
+    const group = this.#group(server, tenant)
+    const conn = group.connections.find(c => c.id === connectionId)
+    if (conn === undefined) throw new GW_ERR_BACKEND_UNAVAILABLE(server, 'the connection holding the task is gone')
+    if (conn.busy === 0) {
+      conn.claims++
+      return this.#reservation(conn)
+    }
+    const waiters = this.#pinnedWaiters.get(conn) ?? []
+    if (waiters.length >= MAX_WAITERS) throw withRetryAfter(new GW_ERR_POOL_BUSY(server, 1, config.poolWaitMs ?? POOL_WAIT_MS), POOL_BUSY_RETRY_AFTER_S)
+    this.#pinnedWaiters.set(conn, waiters)
+    const waitMs = config.poolWaitMs ?? POOL_WAIT_MS
+    const taken = await new Promise<PoolConnection>((resolve, reject) => {
+      const waiter: Waiter = {
+        resolve,
+        reject,
+        timer: setTimeout(() => {
+          const at = waiters.indexOf(waiter)
+          if (at >= 0) waiters.splice(at, 1)
+          if (waiters.length === 0 && this.#pinnedWaiters.get(conn) === waiters) this.#pinnedWaiters.delete(conn)
+          reject(withRetryAfter(new GW_ERR_POOL_BUSY(server, 1, waitMs), POOL_BUSY_RETRY_AFTER_S))
+        }, waitMs)
+      }
+      waiter.timer.unref()
+      waiters.push(waiter)
+    })
+    return this.#reservation(taken)
+  }
+
+  /**
+   * Keeps a connection from being stopped as idle while a task lives on it; the returned function
+   * lets go (undefined: no such connection now).
+   */
+  pin (server: string, tenant: string | null, connectionId: string): (() => void) | undefined {
+    const conn = this.#groups.get(serverTenantKey(server, tenant))?.connections.find(c => c.id === connectionId)
+    if (conn === undefined) return undefined
+    conn.pins++
+    let pinned = true
+    return () => {
+      if (!pinned) return
+      pinned = false
+      conn.pins--
+    }
+  }
+
+  /** Hears about the tasks on the pool's connections (the returned function stops it). */
+  watchTasks (watcher: TaskWatcher): () => void {
+    this.#watchers.add(watcher)
+    return () => { this.#watchers.delete(watcher) }
+  }
+
+  #reservation (conn: PoolConnection): Reservation {
     let used = false
     return {
+      connectionId: conn.id,
       run: (build, sink, options) => {
         if (used) throw new Error('reservation used twice')
         used = true
@@ -262,7 +346,10 @@ export class ConnectionPool {
     if (conn.runDeferred()) return
     const group = this.#groupOf(conn)
     if (group === undefined || !group.connections.includes(conn)) return
-    const waiter = group.waiters.shift()
+    // Requests that can use only this connection (a task's) go before those that can use any.
+    const pinned = this.#pinnedWaiters.get(conn)
+    const waiter = pinned?.shift() ?? group.waiters.shift()
+    if (pinned?.length === 0) this.#pinnedWaiters.delete(conn)
     if (waiter === undefined) return
     clearTimeout(waiter.timer)
     conn.claims++
@@ -430,6 +517,12 @@ export class ConnectionPool {
   }
 
   #forget (conn: PoolConnection): void {
+    const pinned = this.#pinnedWaiters.get(conn)
+    this.#pinnedWaiters.delete(conn)
+    for (const waiter of pinned ?? []) {
+      clearTimeout(waiter.timer)
+      waiter.reject(new GW_ERR_BACKEND_UNAVAILABLE(conn.server, 'the connection holding the task is gone'))
+    }
     const group = this.#groupOf(conn)
     if (group === undefined) return
     const before = group.connections.length
@@ -452,7 +545,8 @@ export class ConnectionPool {
       const warm = config !== undefined && keptWarm(config)
       idle.forEach((c, i) => {
         const age = now - c.lastUsed
-        if ((i === 0 && group.holds > 0) || c.subscriptions.size > 0 || (warm && i < size)) return
+        // A connection holding live tasks keeps them: stopping it would lose them.
+        if ((i === 0 && group.holds > 0) || c.subscriptions.size > 0 || c.pins > 0 || (warm && i < size)) return
         if (age > idleMs || (i >= size && age > Math.min(idleMs, EXTRA_IDLE_MS))) {
           c.relay.log.info('idle pooled backend connection stopped')
           c.close(new GW_ERR_BACKEND_UNAVAILABLE(c.server, 'idle')).catch(() => {})
