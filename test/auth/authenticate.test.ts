@@ -1,4 +1,4 @@
-// The auth hook on the wire (SPEC.md A-RS-2, A-RS-3): every MCP route and method needs a
+// The auth hook on the wire (A-RS-2, A-RS-3): every MCP route and method needs a
 // credential once tenants are configured; refusals carry the RFC 6750 challenge and a JSON-RPC
 // body; a tenant sees only its servers. Real gateway, real stdio backend, raw fetch.
 import t, { type Test } from 'tap'

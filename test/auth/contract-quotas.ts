@@ -1,4 +1,4 @@
-// The session quota contract (STYLE.md habit 3): the quota sets and the QuotaGate rule over them,
+// The session quota contract: the quota sets and the QuotaGate rule over them,
 // against the memory twin and the Redis twin. Liveness comes from a Set standing in for the
 // session store (the gate's only question to it: does this session still exist?).
 import { randomUUID } from 'node:crypto'

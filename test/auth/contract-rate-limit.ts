@@ -1,4 +1,4 @@
-// The rate limiter contract (STYLE.md habit 3): every test runs against the memory twin and the
+// The rate limiter contract: every test runs against the memory twin and the
 // Redis twin. Budgets are chosen so that refill during a test cannot change the count (rates of
 // 0.001/s), except where a test waits for a refill on purpose; nothing asserts a duration.
 import { randomUUID } from 'node:crypto'

@@ -1,4 +1,4 @@
-// Isolation (SPEC.md SEC-SH-1, SEC-SH-2): a session belongs to the tenant and subject
+// Isolation (SEC-SH-1, SEC-SH-2): a session belongs to the tenant and subject
 // that created it. Another tenant, or another subject of the same tenant, presenting its id - on
 // POST, GET, GET with Last-Event-ID, DELETE, or the legacy messages URL - gets exactly the 404 an
 // unknown session gets, and the owner's session and streams go on untouched. In one process

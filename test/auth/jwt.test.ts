@@ -1,4 +1,4 @@
-// JWT access tokens and protected resource metadata (SPEC.md 9.1): a real JWKS server
+// JWT access tokens and protected resource metadata (docs/spec-rules.md §9.1): a real JWKS server
 // started here, keys generated with jose, a token minted per case, a real gateway and backend.
 import t, { type Test } from 'tap'
 import { startGateway, stdioFixture, type RunningGateway } from '../helpers/gateway.js'

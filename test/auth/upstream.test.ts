@@ -1,5 +1,5 @@
 // No credential passthrough, and each tenant's upstream values for its own sessions only
-// (SPEC.md A-UP-1): a stdio child that reports its environment and an HTTP backend that records
+// (A-UP-1): a stdio child that reports its environment and an HTTP backend that records
 // every request's headers. The client sends its API key as Authorization and X-API-Key, and a
 // Cookie; none of them reaches a backend. One process, and two replicas on one Redis (every
 // replica opens its own connection to a Streamable HTTP backend session: each must add the same

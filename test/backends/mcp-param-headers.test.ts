@@ -1,4 +1,4 @@
-// Mcp-Param-* headers as pure functions (SPEC.md M-17): which `x-mcp-header` marks are valid, and
+// Mcp-Param-* headers as pure functions (M-17): which `x-mcp-header` marks are valid, and
 // what one tools/call sends. The wire: test/integration/modern-backend.test.ts.
 import t from 'tap'
 import { encodeHeaderValue, paramHeaders, scanHeaderDeclarations } from '../../src/backends/mcp-param-headers.js'

@@ -1,4 +1,4 @@
-// stdio backends against real child processes (SPEC.md §7): env allow-list, framing, hostile
+// stdio backends against real child processes (docs/spec-rules.md §7): env allow-list, framing, hostile
 // stdout, stderr capture, backpressure and the stop ladder.
 import { spawn } from 'node:child_process'
 import { once } from 'node:events'

@@ -1,5 +1,5 @@
 // The supervisor against real child processes: capacity, restart with transparent
-// re-initialisation (SPEC.md IO-6), the restart cap, stop during a restart, and stopAll.
+// re-initialisation (IO-6), the restart cap, stop during a restart, and stopAll.
 import { mkdtemp, rm } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'

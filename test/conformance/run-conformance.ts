@@ -1,4 +1,4 @@
-// Runs the official MCP conformance suite (SPEC.md section 11) against the gateway, with our
+// Runs the official MCP conformance suite (docs/spec-rules.md §11.2) against the gateway, with our
 // conformance fixture as the only backend, reached over stdio or over Streamable HTTP:
 // `npm run test:conformance` runs each backend (stdio, http, modern) at the 2025-11-25
 // requirements (sessions) and at the 2026-07-28 ones (stateless requests), one after the other,

@@ -1,4 +1,4 @@
-// A request the client cancels (notifications/cancelled, SPEC.md U-CAN-1) gets no response, and
+// A request the client cancels (notifications/cancelled, U-CAN-1) gets no response, and
 // its POST stream does not wait for one: nothing sent yet (JSON mode, a held lazy stream) is
 // answered 202 with no body (a batch: the answers that came); an SSE stream whose client holds no
 // event id of it ends; one whose client holds an id stays open for the client to close (a v1 SDK

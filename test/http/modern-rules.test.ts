@@ -1,4 +1,4 @@
-// The 2026-07-28 rules of the client face as pure functions (SPEC.md sections 4 and 5.7):
+// The 2026-07-28 rules of the client face as pure functions (docs/spec-rules.md §4 and §5.7):
 // classification (M-14), the validation ladder and its order, header decoding, log filtering and
 // the shape of a bridged result. The wire is tested in test/integration/modern.test.ts.
 import t from 'tap'

@@ -1,4 +1,4 @@
-// Streamable HTTP transport rules on the wire (SPEC.md sections 2, 3, 5): status codes,
+// Streamable HTTP transport rules on the wire (docs/spec-rules.md §2, §3, §5): status codes,
 // JSON-RPC errors, headers, sessions, batches, resumption. Real gateway, real stdio backend
 // (@modelcontextprotocol/server-everything), raw fetch so every byte is visible.
 import { request } from 'node:http'

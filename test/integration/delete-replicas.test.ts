@@ -1,4 +1,4 @@
-// Once a DELETE is answered, the session is gone on every replica (issue 32): two gateway
+// Once a DELETE is answered, the session is gone on every replica: two gateway
 // processes on one Redis, alternating as a balancer without stickiness would. A DELETE on one
 // replica, then DELETE, POST and GET on the other are 404, and the reverse; the session's GET
 // stream held on the other replica ends. Calls in flight while the DELETE runs add streams to the
@@ -57,7 +57,7 @@ t.test('a session deleted on one replica is 404 on the other at once, both ways'
       t.ok(await eventually(`${label}: the GET stream on ${second.name} ended`, async () => await Promise.race([getEnded, new Promise<undefined>(resolve => setTimeout(() => resolve(undefined), 100))])), `${label}: the GET stream held on ${second.name} ended`)
     }
   }
-  // Every stream the gateway ended is logged with why (issue 32).
+  // Every stream the gateway ended is logged with why.
   const ended = [...a.logs, ...b.logs].filter(line => line.msg === 'client stream ended' && line.stream === 'get')
   t.ok(ended.length >= ROUNDS * 2, `the GET streams' ends are logged (${ended.length})`)
   t.ok(ended.every(line => line.reason === 'session-ended' && typeof line.why === 'string' && typeof line.sid === 'string' && (line.sid as string).length < 20), 'with reason, why, and a short hash of the session id')

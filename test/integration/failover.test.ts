@@ -1,4 +1,4 @@
-// Issue 12: failover without loss. Three gateway processes on one Redis behind a non-sticky
+// Failover without loss. Three gateway processes on one Redis behind a non-sticky
 // round-robin balancer, the official SDK client and raw HTTP. The replica running a session's
 // stdio child is SIGKILLed: the session carries on elsewhere (its child restarted and
 // re-initialised with the client's setup), requests in flight get -32007, nothing ends in silence.

@@ -1,4 +1,4 @@
-// Gateway core against hostile stdio backends (SPEC.md section 7, ARCHITECTURE.md section 6):
+// Gateway core against hostile stdio backends (docs/spec-rules.md §7):
 // crashes and restarts, the restart cap, backends that never answer, garbage and chatter on the
 // pipes, over-long lines, idle reaping, graceful shutdown (in this process and as a real
 // process on SIGTERM), config errors at boot, and the per-server session limit. One gateway

@@ -1,4 +1,4 @@
-// Issue 3: three gateway processes, one Redis, and a round-robin load balancer with no
+// Three gateway processes, one Redis, and a round-robin load balancer with no
 // stickiness. The official SDK client must not notice that its requests land on different
 // replicas: requests, responses, GET-stream notifications, progress, logs, server-to-client
 // requests, cancellation, resumption, DELETE, legacy SSE, a replica killed, Redis restarted.

@@ -1,4 +1,4 @@
-// Issue 28: owner loss costs no request that never reached a backend. Three gateway processes on
+// Owner loss costs no request that never reached a backend. Three gateway processes on
 // one Redis behind a non-sticky round-robin balancer, six SDK sessions over a stdio backend; the
 // replica owning some of them is SIGKILLed. A call sent right after the kill is routed to the
 // dead owner's inbox (its heartbeat still lives): it never reached a backend, so the new owner

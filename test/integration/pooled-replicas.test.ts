@@ -1,4 +1,4 @@
-// Pooled sessions across replicas (issue 26): two gateway processes on one Redis behind a
+// Pooled sessions across replicas: two gateway processes on one Redis behind a
 // round-robin balancer with no stickiness, a `sessions: pooled` stdio server. Any replica serves
 // a pooled session with its own pool; a server-to-client request's answer finds the replica that
 // asked, wherever it lands; list_changed reaches a GET stream held by the other replica; and

@@ -1,7 +1,7 @@
-// Pooled sessions (issue 26): sessions of a `sessions: pooled` stdio server share the (server,
+// Pooled sessions: sessions of a `sessions: pooled` stdio server share the (server,
 // tenant) pool's children. Driven by the official SDK client (v1) over real sockets against a
 // gateway in memory mode, with the full-server fixture as the real stdio backend. What is checked
-// is what the issue asks: children follow concurrency, nothing of one session reaches another,
+// is what pooled sessions must do: children follow concurrency, nothing of one session reaches another,
 // session-level notifications fan out, a busy pool answers 503 with Retry-After, tenants are bounded.
 import { Client as ClientV2, StreamableHTTPClientTransport as TransportV2 } from '@modelcontextprotocol/client'
 import { Client } from '@modelcontextprotocol/sdk/client/index.js'

@@ -1,4 +1,4 @@
-// Every key the gateway writes has a TTL (STYLE.md habit 5): after a realistic sequence of
+// Every key the gateway writes has a TTL: after a realistic sequence of
 // operations, no key under the prefix is without one. SCAN is fine here; it is never on a hot path.
 import { randomUUID } from 'node:crypto'
 import t from 'tap'

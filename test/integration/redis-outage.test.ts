@@ -1,4 +1,4 @@
-// Issue 28: Redis failing is a delay, never a loss. Two gateway processes on one Redis, a stdio
+// Redis failing is a delay, never a loss. Two gateway processes on one Redis, a stdio
 // backend owned by A, calls sent through B (so every answer crosses Redis):
 // - A's command connection blinks (CLIENT KILL, as a restart, a failover or a network hiccup
 //   does) while its inbox reader stays up: every answer A's backend gives still reaches its client;

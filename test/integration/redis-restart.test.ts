@@ -1,4 +1,4 @@
-// Redis goes away and comes back (ARCHITECTURE.md section 6): calls fail fast instead of hanging,
+// Redis goes away and comes back: calls fail fast instead of hanging,
 // isReady() says so, and afterwards the clients reconnect and the bus reader delivers again,
 // all without anyone restarting them.
 import { randomUUID } from 'node:crypto'

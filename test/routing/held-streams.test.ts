@@ -1,4 +1,4 @@
-// Idle GET streams survive an event loop held past their lease (issue 32). The holder-lease pass
+// Idle GET streams survive an event loop held past their lease. The holder-lease pass
 // used to find a lease that had lapsed while the loop was busy (a burst of child starts, many
 // streams, a loaded machine) and end the stream with a `retry:` line, even alone in memory mode
 // where nobody else could hold it. Here the loop is held on purpose for longer than the lease (the

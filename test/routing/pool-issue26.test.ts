@@ -1,4 +1,4 @@
-// Issue 26 regressions of the pool under pooled sessions (`sessions: pooled`), with the full-server
+// Regressions of the pool under pooled sessions (`sessions: pooled`), with the full-server
 // fixture as a real child: what bench/pooled-idle.ts and the pooled conformance run found.
 import { Client } from '@modelcontextprotocol/sdk/client/index.js'
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js'

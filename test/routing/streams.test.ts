@@ -1,4 +1,4 @@
-// ClientStreams upkeep (issue 10): the tick that renews holder leases walks every stream held
+// ClientStreams upkeep: the tick that renews holder leases walks every stream held
 // here; with the memory twins each await resolves at once, so it must yield to the event loop
 // between slices or 10,000 idle streams stall every request for the whole walk. Pure logic over
 // the memory twins; the writers' responses are never started, so a bare object stands in. Ending

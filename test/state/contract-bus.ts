@@ -1,4 +1,4 @@
-// The bus contract (STYLE.md habit 3), run against the memory twin and the Redis twin.
+// The bus contract, run against the memory twin and the Redis twin.
 import { randomUUID } from 'node:crypto'
 import { setTimeout as sleep } from 'node:timers/promises'
 import type { Test } from 'tap'

@@ -1,4 +1,4 @@
-// The event log contract (STYLE.md habit 3), run against the memory twin and the Redis twin.
+// The event log contract, run against the memory twin and the Redis twin.
 // A log comes with the session store it belongs to: append() reports the stream's holder from it,
 // and deleting the session drops the logs.
 import { randomUUID } from 'node:crypto'

@@ -1,4 +1,4 @@
-// The session store contract (STYLE.md habit 3): every test here runs against the memory twin
+// The session store contract: every test here runs against the memory twin
 // and the Redis twin. A bug fixed in one twin gets its test here, so the other twin gets it too.
 import { randomUUID } from 'node:crypto'
 import { setTimeout as sleep } from 'node:timers/promises'
