@@ -74,13 +74,13 @@ export class MemoryEventLog implements EventLog {
     return priming ? this.#append(sid, streamId, null, ttlMs).entryId : null
   }
 
-  async claimOrphans (sid: string, of?: string, except?: string): Promise<PendingRequest[]> {
+  async claimOrphans (sid: string, of?: string, except?: string, minAgeMs = 0): Promise<PendingRequest[]> {
     const pending = this.#pending.get(sid)
     const claimed: PendingRequest[] = []
     if (pending === undefined) return claimed
     const now = Date.now()
     for (const [field, marker] of [...pending]) {
-      if (marker === 'done' || (of === undefined ? marker.at > now || marker.by === except : marker.by !== of)) continue
+      if (marker === 'done' || marker.at > now - minAgeMs || (of === undefined ? marker.by === except : marker.by !== of)) continue
       pending.set(field, 'done')
       const request = parsePendingField(field)
       if (request !== null) claimed.push(request)

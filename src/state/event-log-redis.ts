@@ -53,8 +53,8 @@ export class RedisEventLog implements EventLog {
     return entryId === '' ? null : entryId
   }
 
-  async claimOrphans (sid: string, of?: string, except?: string): Promise<PendingRequest[]> {
-    const fields = await storeCall(this.#redis.claimOrphans(sessionKeys(this.#prefix, sid).pending, of ?? '', except ?? ''))
+  async claimOrphans (sid: string, of?: string, except?: string, minAgeMs = 0): Promise<PendingRequest[]> {
+    const fields = await storeCall(this.#redis.claimOrphans(sessionKeys(this.#prefix, sid).pending, of ?? '', except ?? '', minAgeMs))
     return fields.map(parsePendingField).filter((p): p is PendingRequest => p !== null)
   }
 

@@ -72,9 +72,10 @@ export interface EventLog {
    * up to now (the session's owner is gone), or those naming one serving replica (`of`, gone: its
    * requests died with it). The caller answers each; no later answer is written. Without `of`,
    * markers naming `except` stay: requests a takeover took from the lost owner's inbox and
-   * delivers again (Bus.takeUnread).
+   * delivers again (Bus.takeUnread). `minAgeMs`: markers recorded less than that ago stay (see
+   * ORPHAN_MIN_AGE_MS in routing/kinds/delivery.ts).
    */
-  claimOrphans (sid: string, of?: string, except?: string): Promise<PendingRequest[]>
+  claimOrphans (sid: string, of?: string, except?: string, minAgeMs?: number): Promise<PendingRequest[]>
   /** The replicas the session's pending markers name (each serves its requests). */
   pendingReplicas (sid: string): Promise<string[]>
   /** Settles one request (it was answered without the log, while that was unreachable). */

@@ -12,6 +12,9 @@ import type { Ownership } from '../replica/ownership.js'
 import { capabilitiesOf, type Relay } from '../upstream/relay.js'
 import type { ClientStreams } from '../replica/streams.js'
 
+/** How old a pending marker must be before a lost replica's requests are answered -32007 (see failOrphans). */
+export const ORPHAN_MIN_AGE_MS = 1000
+
 export interface DeliveryOptions extends ReplicaContext {
   ownership: Ownership
   streams: ClientStreams
@@ -92,9 +95,14 @@ export class Delivery {
     }
   }
 
-  /** Answers every request that was in flight on a lost owner with -32007 (exactly once: claimed). */
+  /**
+   * Answers every request that was in flight on a lost owner with -32007 (exactly once: claimed).
+   * A marker younger than ORPHAN_MIN_AGE_MS stays for a later pass: its request may still be on
+   * its way to the lost replica's inbox (marked, then sent), where a later takeUnread finds it and
+   * delivers it again; claimed now, it would get -32007 without ever reaching a backend.
+   */
   async failOrphans (sid: string, server: string, reason: string, of?: string, except?: string): Promise<void> {
-    const orphans = await this.#services.eventLog.claimOrphans(sid, of, except)
+    const orphans = await this.#services.eventLog.claimOrphans(sid, of, except, ORPHAN_MIN_AGE_MS)
     if (orphans.length === 0) return
     this.#services.log.warn({ sid: shortHash(sid), requests: orphans.length, reason }, 'requests in flight on a lost owner answered with an error')
     const err = new GW_ERR_BACKEND_LOST(server, reason)

@@ -370,6 +370,7 @@ return id`
    * one recorded up to now except those naming ARGV[2] (requests a takeover re-delivers).
    *   KEYS[1] pending
    *   ARGV[1] serving replica or ''   ARGV[2] replica whose markers stay, or ''
+   *   ARGV[3] markers younger than this many ms stay (absent: 0)
    *   returns the fields taken
    */
   claimOrphans: {
@@ -377,11 +378,12 @@ return id`
     lua: `
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local cutoff = now - (tonumber(ARGV[3]) or 0)
 local all = redis.call('HGETALL', KEYS[1])
 local taken = {}
 for i = 1, #all, 2 do
   local at, by = string.match(all[i + 1], '^(%d+)|(.*)$')
-  if at and ((ARGV[1] == '' and tonumber(at) <= now and by ~= ARGV[2]) or (ARGV[1] ~= '' and by == ARGV[1])) then
+  if at and tonumber(at) <= cutoff and ((ARGV[1] == '' and by ~= ARGV[2]) or (ARGV[1] ~= '' and by == ARGV[1])) then
     redis.call('HSET', KEYS[1], all[i], 'done')
     taken[#taken + 1] = all[i]
   end
@@ -561,7 +563,7 @@ declare module 'ioredis' {
     deleteEvents (numberOfKeys: number, ...keysThenStreamIds: string[]): Result<number, Context>
     takeOwner (owner: RedisKey, replicaId: string, from: string, ttlMs: number): Result<string, Context>
     markPending (events: RedisKey, streams: RedisKey, pending: RedisKey, seq: RedisKey, holder: RedisKey, meta: RedisKey, maxLen: number, ttlMs: number, priming: string, streamId: string, servedBy: string, holderMs: number, holderReplica: string, ...fields: string[]): Result<string | null, Context>
-    claimOrphans (pending: RedisKey, replicaId: string, except: string): Result<string[], Context>
+    claimOrphans (pending: RedisKey, replicaId: string, except: string, minAgeMs?: number): Result<string[], Context>
     openInbox (inbox: RedisKey, readGroup: string, handedGroup: string, start: string, ttlMs: number): Result<string, Context>
     takeUnread (inbox: RedisKey, pending: RedisKey, group: string, sid: string, servedBy: string): Result<string[], Context>
     claimOwner (owner: RedisKey, replicaId: string, ttlMs: number): Result<string, Context>
