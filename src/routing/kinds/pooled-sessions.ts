@@ -18,17 +18,14 @@
 //   on the replica the id names, and only from the session it was sent to.
 // - Tasks (MCP spec, "Tasks"): a task lives in the child whose connection ran its task-augmented
 //   request, so the gateway records it (pooled-tasks.ts) under an id of its own and sends every
-//   request about it to that connection; a session sees and names only its own tasks.
-//   tasks/result is waited for here (status notifications, else tasks/get every pollInterval) and
-//   sent to the backend only once the task is terminal or needs input: a connection runs one
-//   request at a time, and a tasks/result blocking it for the task's whole life would hold up
-//   every other request that needs that connection.
+//   request about it to that connection (pooled-task-requests.ts); a session sees and names only
+//   its own tasks.
 import { performance } from 'node:perf_hooks'
 import type { Logger } from 'pino'
 import type { ServerSource } from '../../config/live.js'
-import { GW_ERR_BACKEND_UNAVAILABLE, GW_ERR_INTERNAL, cancelledAnswer, isGatewayError, toJsonRpcError, type GatewayError } from '../../core/errors.js'
+import { GW_ERR_INTERNAL, cancelledAnswer, toJsonRpcError, type GatewayError } from '../../core/errors.js'
 import {
-  errorResponse, idKey, isNotification, isRecord, isRequest, isResponse, progressTokenOf, JSONRPC_INVALID_PARAMS, JSONRPC_METHOD_NOT_FOUND,
+  errorResponse, idKey, isNotification, isRecord, isRequest, isResponse, progressTokenOf, JSONRPC_METHOD_NOT_FOUND,
   type JsonRpcMessage, type JsonRpcRequest, type JsonRpcResponse, type RequestId
 } from '../../core/jsonrpc.js'
 import { capabilityNeededBy, isLogLevel, LOG_LEVELS } from '../../core/mcp.js'
@@ -40,14 +37,11 @@ import type { ConnectionPool, PooledCall, Reservation } from '../upstream/pool.j
 import { progressForClient, underGatewayKey } from '../upstream/progress-tokens.js'
 import { asGatewayError, capabilitiesOf, isJsonStream } from '../upstream/relay.js'
 import { ANSWERED_HERE, logLevelOf, PooledSessionState } from './pooled-session-state.js'
-import { isTerminal, PooledTasks, relatedTaskOf, TASK_METHODS, withTaskIds, type PooledTask } from './pooled-tasks.js'
+import { PooledTaskRequests } from './pooled-task-requests.js'
+import { TASK_METHODS } from './pooled-tasks.js'
 
 /** How often sessions that ended elsewhere (or expired) are forgotten here, and registrations renewed. */
 const SWEEP_MS = 5_000
-/** Bounds of how often a waiting tasks/result asks the backend (the task's pollInterval, else a second). */
-const TASK_POLL_MS = { min: 250, max: 5_000, default: 1_000 }
-/** How long tasks/list waits for a task's connection to refresh its status before answering the last one known. */
-const LIST_REFRESH_MS = 2_000
 
 export interface PooledSessionsOptions {
   replicaId: string
@@ -101,17 +95,22 @@ export class PooledSessions {
   readonly #calls = new Map<string, Map<string, LocalCall>>()
   /** Server-to-client requests sent to a client from here, by opaque id. */
   readonly #asks = new Map<string, { sid: string, call: PooledCall }>()
-  readonly #tasks = new PooledTasks()
-  readonly #unwatch: () => void
+  /** The session's tasks and the client's requests about them. */
+  readonly #tasks: PooledTaskRequests
   readonly #sweep: NodeJS.Timeout
   #sweeping = false
 
   constructor (options: PooledSessionsOptions) {
     this.#options = options
     this.#state = new PooledSessionState({ ...options, append: (sid, streamId, message) => { this.#append(sid, streamId, message) } })
-    this.#unwatch = options.pool.watchTasks({
-      message: (connectionId, message) => this.#taskNotification(connectionId, message),
-      lost: (connectionId, reason) => { this.#tasks.lost(connectionId, reason) }
+    this.#tasks = new PooledTaskRequests({
+      pool: options.pool,
+      append: (sid, streamId, message) => { this.#append(sid, streamId, message) },
+      track: (sid, clientId, streamId, connectionId) => {
+        const local = this.#track(sid, clientId, streamId, connectionId)
+        return { current: () => this.#current(local), settle: () => { this.#settled(local) } }
+      },
+      run: (record, request, streamId, connectionId) => { this.#run(record, request, streamId, undefined, connectionId) }
     })
     this.#sweep = setInterval(() => {
       if (this.#sweeping) return
@@ -169,9 +168,7 @@ export class PooledSessions {
       }
       if (TASK_METHODS.has(message.method)) {
         reservation?.release()
-        this.#taskRequest(record, message, target).catch(err => {
-          this.#append(record.id, target, toJsonRpcError(asGatewayError(err, record.server), message.id))
-        })
+        this.#tasks.request(record, message, target)
         return
       }
       this.#run(record, message, target, reservation)
@@ -190,8 +187,7 @@ export class PooledSessions {
     if (ask === undefined || ask.sid !== sid) return false
     this.#asks.delete(id)
     // A task's request (its elicitation) answered: the task named by the backend's id again.
-    const answer = withTaskIds(response, taskId => this.#tasks.of(sid, taskId)?.backendId) as JsonRpcResponse
-    ask.call.answer(answer)
+    ask.call.answer(this.#tasks.answerForBackend(sid, response))
     return true
   }
 
@@ -228,15 +224,12 @@ export class PooledSessions {
     }
     for (const [id, ask] of this.#asks) if (ask.sid === sid) this.#asks.delete(id)
     this.#state.forget(sid)
-    // Nobody can name its tasks any more: the backend stops working on them.
-    for (const task of this.#tasks.ofSession(sid)) if (live(task)) this.#askTask(task, 'tasks/cancel').catch(() => {})
-    this.#tasks.forgetSession(sid)
+    this.#tasks.sessionEnded(sid)
   }
 
   stop (): void {
     clearInterval(this.#sweep)
     this.#state.stop()
-    this.#unwatch()
     this.#tasks.stop()
   }
 
@@ -248,11 +241,7 @@ export class PooledSessions {
    */
   #run (record: SessionRecord, request: JsonRpcRequest, streamId: string, reservation: Reservation | undefined, connectionId?: string): void {
     const sid = record.id
-    const local: LocalCall = { sid, clientId: request.id, streamId, call: null, connectionId: null }
-    let calls = this.#calls.get(sid)
-    if (calls === undefined) this.#calls.set(sid, calls = new Map())
-    const id = idKey(request.id)
-    calls.set(id, local)
+    const local = this.#track(sid, request.id, streamId, null)
     const sink = new SessionSink(this, record, request, local)
     const build = (key: string): JsonRpcRequest => underGatewayKey(request, key)
     const logLevel = logLevelOf(record)
@@ -267,12 +256,26 @@ export class PooledSessions {
       : (connectionId !== undefined ? pool.reserveOn(record.server, tenant, connectionId) : pool.reserve(record.server, tenant)).then(runOn)
     started.then(call => {
       // Ended (or cancelled) while it waited for a connection: the backend is told at once.
-      if (this.#calls.get(sid)?.get(id) !== local) { call.cancel('session ended or request cancelled'); return }
+      if (!this.#current(local)) { call.cancel('session ended or request cancelled'); return }
       local.call = call
     }, (err: unknown) => {
       this.#settled(local)
       this.#append(sid, streamId, toJsonRpcError(asGatewayError(err, record.server), request.id))
     })
+  }
+
+  /** A request running (or waiting) here, among the session's calls: a cancellation or the session's end finds it. */
+  #track (sid: string, clientId: RequestId, streamId: string, connectionId: string | null): LocalCall {
+    const local: LocalCall = { sid, clientId, streamId, call: null, connectionId }
+    let calls = this.#calls.get(sid)
+    if (calls === undefined) this.#calls.set(sid, calls = new Map())
+    calls.set(idKey(clientId), local)
+    return local
+  }
+
+  /** Whether the request is still running here (not cancelled, its session not ended). */
+  #current (local: LocalCall): boolean {
+    return this.#calls.get(local.sid)?.get(idKey(local.clientId)) === local
   }
 
   /** The request is over here (answered, failed, cancelled). */
@@ -307,168 +310,16 @@ export class PooledSessions {
     }
   }
 
-  // ---- tasks ---------------------------------------------------------------------------------
-
-  /** tasks/get, tasks/result, tasks/list, tasks/cancel of a pooled session: only its own tasks, on the connection that holds each. */
-  async #taskRequest (record: SessionRecord, request: JsonRpcRequest, streamId: string): Promise<void> {
-    const sid = record.id
-    const params = isRecord(request.params) ? request.params : {}
-    const reply = (result: Record<string, unknown>): void => { this.#append(sid, streamId, { jsonrpc: '2.0', id: request.id, result }) }
-    if (request.method === 'tasks/list') {
-      // The gateway hands out no cursor: every task of the session comes in one page.
-      if (params.cursor !== undefined) { this.#append(sid, streamId, errorResponse(request.id, JSONRPC_INVALID_PARAMS, 'Invalid cursor')); return }
-      const tasks = this.#tasks.ofSession(sid)
-      await Promise.all(tasks.filter(live).map(async task => { await this.#refresh(task, LIST_REFRESH_MS) }))
-      reply({ tasks: tasks.map(task => this.#tasks.view(task)) })
-      return
-    }
-    const task = this.#tasks.of(sid, params.taskId)
-    if (task === undefined) {
-      // What a backend answers for a task it does not know (the SDK's wording): another session's
-      // task is as unknown here as one that never was.
-      const message = request.method === 'tasks/get' ? 'Failed to retrieve task: Task not found' : `Task not found: ${String(params.taskId)}`
-      this.#append(sid, streamId, errorResponse(request.id, JSONRPC_INVALID_PARAMS, message))
-      return
-    }
-    switch (request.method) {
-      case 'tasks/get': {
-        if (!live(task)) { reply(this.#tasks.view(task)); return }
-        let busy = false
-        const answer = await this.#askTask(task, 'tasks/get').catch((err: unknown) => {
-          busy = isGatewayError(err) && err.code === 'GW_ERR_POOL_BUSY'
-          return toJsonRpcError(asGatewayError(err, task.server), request.id)
-        })
-        // Its connection stayed busy past poolWaitMs (a long request of another session): the
-        // status last known (its notifications keep it) rather than a 503 for a status read.
-        if (busy) { reply(this.#tasks.view(task)); return }
-        if ('result' in answer && isRecord(answer.result)) this.#tasks.update(task, answer.result)
-        if ('error' in answer && task.lost === undefined) { this.#append(sid, streamId, backendIdsHidden({ ...answer, id: request.id }, task)); return }
-        reply(this.#tasks.view(task))
-        return
-      }
-      case 'tasks/cancel': {
-        if (task.lost !== undefined) { this.#append(sid, streamId, errorResponse(request.id, JSONRPC_INVALID_PARAMS, 'Cannot cancel task in terminal status: failed')); return }
-        const answer = await this.#askTask(task, 'tasks/cancel').catch((err: unknown) => toJsonRpcError(asGatewayError(err, task.server), request.id))
-        if ('error' in answer) { this.#append(sid, streamId, backendIdsHidden({ ...answer, id: request.id }, task)); return }
-        if (isRecord(answer.result)) this.#tasks.update(task, answer.result)
-        reply({ ...(isRecord(answer.result) ? answer.result : {}), taskId: task.id })
-        return
-      }
-      default:
-        await this.#awaitResult(record, request, streamId, task)
-    }
-  }
-
-  /**
-   * tasks/result: waits here until the task is terminal or needs input, then asks its connection
-   * (which answers at once, or delivers the task's queued requests to the client and then its result).
-   */
-  async #awaitResult (record: SessionRecord, request: JsonRpcRequest, streamId: string, task: PooledTask): Promise<void> {
-    const sid = record.id
-    const local: LocalCall = { sid, clientId: request.id, streamId, call: null, connectionId: task.connectionId }
-    let calls = this.#calls.get(sid)
-    if (calls === undefined) this.#calls.set(sid, calls = new Map())
-    const id = idKey(request.id)
-    calls.set(id, local)
-    // Cancelled by the client, or its session ended: the wait stops.
-    const current = (): boolean => this.#calls.get(sid)?.get(id) === local
-    while (current()) {
-      if (task.lost !== undefined) {
-        this.#settled(local)
-        this.#append(sid, streamId, toJsonRpcError(new GW_ERR_BACKEND_UNAVAILABLE(task.server, task.lost), request.id))
-        return
-      }
-      if (this.#tasks.of(sid, task.id) === undefined) {
-        this.#settled(local)
-        this.#append(sid, streamId, errorResponse(request.id, JSONRPC_INVALID_PARAMS, `Task not found: ${task.id}`))
-        return
-      }
-      const status = task.task.status
-      if (isTerminal(status) || status === 'input_required') break
-      await changedOrAfter(task, pollMsOf(task))
-      if (current()) await this.#refresh(task)
-    }
-    if (!current()) return
-    this.#settled(local)
-    const params = isRecord(request.params) ? request.params : {}
-    this.#run(record, { ...request, params: { ...params, taskId: task.backendId } }, streamId, undefined, task.connectionId)
-  }
-
-  /** Asks the backend for the task's status (bounded by `withinMs`): the record follows; a failure leaves it as it was. */
-  async #refresh (task: PooledTask, withinMs?: number): Promise<void> {
-    const asked = this.#askTask(task, 'tasks/get').then(answer => {
-      if ('result' in answer && isRecord(answer.result)) this.#tasks.update(task, answer.result)
-    }, () => {})
-    if (withinMs === undefined) { await asked; return }
-    let timer: NodeJS.Timeout | undefined
-    await Promise.race([asked, new Promise<void>(resolve => { timer = setTimeout(resolve, withinMs) })])
-    clearTimeout(timer)
-  }
-
-  /** A request of the gateway's own about a task, on the connection that holds it, under the backend's id. */
-  async #askTask (task: PooledTask, method: string): Promise<JsonRpcResponse> {
-    const reservation = await this.#options.pool.reserveOn(task.server, task.tenant, task.connectionId)
-    return await new Promise<JsonRpcResponse>((resolve, reject) => {
-      try {
-        reservation.run(key => ({ jsonrpc: '2.0', id: key, method, params: { taskId: task.backendId } }), {
-          onMessage: message => { if (isResponse(message)) resolve(message) }
-        })
-      } catch (err) {
-        reservation.release()
-        reject(err)
-      }
-    })
-  }
-
-  /**
-   * A notification of a connection about one of the tasks recorded here (PooledTasks): to its
-   * session's stream, under the session's id; false when no task here is concerned.
-   */
-  #taskNotification (connectionId: string, message: JsonRpcMessage): boolean {
-    const task = this.#tasks.onConnection(connectionId, relatedTaskOf(message))
-    if (task === undefined) return false
-    if ('method' in message && message.method === 'notifications/tasks/status' && isRecord(message.params)) {
-      const { _meta: _unused, ...described } = message.params
-      this.#tasks.update(task, described)
-    }
-    const shown = withTaskIds(message, this.#taskIdsOf(task.sid, connectionId))
-    if (shown !== undefined) this.#append(task.sid, task.stream, shown)
-    return true
-  }
-
-  /** The session's id of a backend task id on a connection (undefined: not one of its tasks). */
-  #taskIdsOf (sid: string, connectionId: string | null): (backendId: unknown) => string | undefined {
-    return backendId => {
-      if (connectionId === null) return undefined
-      const task = this.#tasks.onConnection(connectionId, backendId)
-      return task !== undefined && task.sid === sid ? task.id : undefined
-    }
-  }
+  // ---- tasks (pooled-task-requests.ts) -------------------------------------------------------
 
   /** @internal SessionSink: a backend message of a call, in the session's task ids. */
   taskIdsForClient (local: LocalCall, message: JsonRpcMessage): JsonRpcMessage | undefined {
-    return withTaskIds(message, this.#taskIdsOf(local.sid, local.connectionId))
+    return this.#tasks.forClient(local.sid, local.connectionId, message)
   }
 
   /** @internal SessionSink: a CreateTaskResult of a call: the task recorded, shown under the session's id. */
   taskCreated (local: LocalCall, record: SessionRecord, response: JsonRpcResponse & { result: Record<string, unknown> }): JsonRpcResponse {
-    const connectionId = local.connectionId
-    const described = response.result.task
-    if (connectionId === null || !isRecord(described)) return response
-    const tenant = record.tenant ?? null
-    const task = this.#tasks.record({
-      sid: local.sid,
-      tenant,
-      subject: record.subjectDigest ?? null,
-      server: record.server,
-      connectionId,
-      stream: record.transport === 'legacy' ? LEGACY_STREAM : GET_STREAM,
-      task: described,
-      pin: () => this.#options.pool.pin(record.server, tenant, connectionId)
-    })
-    if (task === undefined) return response
-    const shown = withTaskIds(response, this.#taskIdsOf(local.sid, connectionId)) as JsonRpcResponse & { result: Record<string, unknown> }
-    return { ...shown, result: { ...shown.result, task: this.#tasks.view(task) } }
+    return this.#tasks.created(record, local.connectionId, response)
   }
 
   // ---- backend -> client ---------------------------------------------------------------------
@@ -476,7 +327,7 @@ export class PooledSessions {
   /** @internal SessionSink: a message of a call, for its client stream. */
   deliver (local: LocalCall, message: JsonRpcMessage, final: boolean): void {
     if (final) {
-      if (this.#calls.get(local.sid)?.get(idKey(local.clientId)) !== local) return // cancelled or ended
+      if (!this.#current(local)) return // cancelled or ended
       this.#settled(local)
     }
     // A JSON-mode stream carries only answers: what comes before goes to the GET stream.
@@ -487,7 +338,7 @@ export class PooledSessions {
   ask (local: LocalCall, request: JsonRpcRequest): void {
     if (local.call === null) {
       // The call is handed back in the turn its request was sent: a request this early waits for it.
-      if (this.#calls.get(local.sid)?.get(idKey(local.clientId)) === local) setImmediate(() => { this.ask(local, request) })
+      if (this.#current(local)) setImmediate(() => { this.ask(local, request) })
       return
     }
     this.#asks.set(String(request.id), { sid: local.sid, call: local.call })
@@ -526,36 +377,6 @@ export class PooledSessions {
     const ms = performance.now() - started
     if (ms > 1000) this.#options.log.info({ sessions: known.size, ms: Math.round(ms) }, 'pooled sessions sweep was slow')
   }
-}
-
-/** Whether a task may still change (the gateway asks its connection about it). */
-function live (task: PooledTask): boolean {
-  return task.lost === undefined && !isTerminal(task.task.status)
-}
-
-/** How long a waiting tasks/result lets pass between two tasks/get: the task's pollInterval, bounded. */
-function pollMsOf (task: PooledTask): number {
-  const asked = task.task.pollInterval
-  return typeof asked === 'number' ? Math.min(TASK_POLL_MS.max, Math.max(TASK_POLL_MS.min, asked)) : TASK_POLL_MS.default
-}
-
-/** Resolves when the task changes (a status notification) or after `ms`, whichever is first. */
-async function changedOrAfter (task: PooledTask, ms: number): Promise<void> {
-  await new Promise<void>(resolve => {
-    const done = (): void => {
-      clearTimeout(timer)
-      task.changed.delete(done)
-      resolve()
-    }
-    const timer = setTimeout(done, ms)
-    task.changed.add(done)
-  })
-}
-
-/** A backend's error about a task, its own id replaced by the session's in the message. */
-function backendIdsHidden (response: JsonRpcResponse, task: PooledTask): JsonRpcResponse {
-  if (!('error' in response)) return response
-  return { ...response, error: { ...response.error, message: response.error.message.split(task.backendId).join(task.id) } }
 }
 
 /** Receives what the pool sends of one call of a session, in the session's own terms. */

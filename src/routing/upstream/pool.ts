@@ -24,22 +24,25 @@
 //   `input_required` rounds: mrtr.ts). What the first one learns (capabilities, server info,
 //   instructions) answers `server/discover` without a backend round trip.
 // - An idle connection is stopped after the sessions' idle timeout.
+// - Tasks: the requests about a task go to the connection that holds it, which is kept while it
+//   holds live ones (pool-tasks.ts). Who waits in line, and for how long: pool-waiters.ts.
 import { performance } from 'node:perf_hooks'
 import type { ServerSource } from '../../config/live.js'
 import type { BackendServerConfig as ServerConfig, ServerConfig as AnyServerConfig, StdioServerConfig } from '../../config/schema.js'
 import { isAggregateConfig, kindNameOf } from '../../config/server-kind.js'
-import {
-  GW_ERR_BACKEND_UNAVAILABLE, GW_ERR_POOL_BUSY, GW_ERR_SERVER_NOT_FOUND, GW_ERR_SHUTTING_DOWN, isGatewayError, withRetryAfter, type GatewayError
-} from '../../core/errors.js'
+import { GW_ERR_BACKEND_UNAVAILABLE, GW_ERR_SERVER_NOT_FOUND, GW_ERR_SHUTTING_DOWN, isGatewayError, type GatewayError } from '../../core/errors.js'
 import type { JsonRpcMessage, JsonRpcRequest } from '../../core/jsonrpc.js'
 import type { BackendInfo } from './gateway-relay.js'
 import { forwardIfChanged, ListDigests } from './list-changes.js'
 import { PoolConnection, type ConnectionContext, type ConnectionSettings, type PooledCall, type PoolSink, type RunOptions } from './pool-connection.js'
+import { TaskConnections, type TaskWatcher } from './pool-tasks.js'
+import { poolBusy, refuseAll, waitInLine, type Waiter } from './pool-waiters.js'
 import { serverTenantKey } from './ports.js'
 import { asGatewayError } from './relay.js'
 
 export type { BackendInfo } from './gateway-relay.js'
 export type { PooledCall, PoolSink, RunOptions } from './pool-connection.js'
+export type { TaskWatcher } from './pool-tasks.js'
 
 /** A connection set aside for one request (reserve()): run it, or release it unused. */
 export interface Reservation {
@@ -64,16 +67,6 @@ export interface ConnectionPoolOptions extends ConnectionSettings {
   onServerEvent?: (server: string, tenant: string | null, message: JsonRpcMessage) => void
 }
 
-/**
- * Who holds tasks on the pool's connections (kinds/pooled-tasks.ts): it takes the notifications
- * about them, and hears when a connection loses them.
- */
-export interface TaskWatcher {
-  /** True when the notification concerned one of its tasks on that connection (it was handled). */
-  message (connectionId: string, message: JsonRpcMessage): boolean
-  lost (connectionId: string, reason: string): void
-}
-
 /** How long a replica's registration for a pool's session-level events lives unless renewed (a third of it apart). */
 export const LISTEN_REGISTRATION_MS = 15_000
 
@@ -87,20 +80,10 @@ export const listenTopic = (server: string, tenant: string | null): string => `$
 const EXTRA_IDLE_MS = 30_000
 /** Longest a request waits in line for a connection when the pool is at poolMax (default of poolWaitMs). */
 export const POOL_WAIT_MS = 10_000
-/** Requests that may wait in line per (server, tenant); past it a request is refused at once. */
-const MAX_WAITERS = 4096
-/** Retry-After of a request that found the pool busy. */
-const POOL_BUSY_RETRY_AFTER_S = 1
 /** Attempts to open a pool's warm connections (boot, reload) before it is left to fill on use. */
 const WARM_ATTEMPTS = 5
 /** First delay between warm attempts, doubled per failure. */
 const WARM_RETRY_MS = 1000
-
-interface Waiter {
-  resolve: (conn: PoolConnection) => void
-  reject: (err: GatewayError) => void
-  timer: NodeJS.Timeout
-}
 
 /** The connections of one (server, tenant), and what waits for them. */
 interface Group {
@@ -125,9 +108,8 @@ export class ConnectionPool {
   /** What each connection needs of the pool: the options it shares, and the pool's bookkeeping. */
   readonly #context: ConnectionContext
   readonly #groups = new Map<string, Group>()
-  /** Requests waiting for one given connection (a task's), first come first served. */
-  readonly #pinnedWaiters = new Map<PoolConnection, Waiter[]>()
-  readonly #watchers = new Set<TaskWatcher>()
+  /** The connections holding tasks: who waits for one of them alone, their pins, who hears about the tasks. */
+  readonly #tasks = new TaskConnections()
   readonly #sweep: NodeJS.Timeout
   #seq = 0
   #stopping = false
@@ -142,13 +124,8 @@ export class ConnectionPool {
       serverEvent: (conn, message) => {
         forwardIfChanged(conn, message, this.#groupOf(conn)?.lists, event => { options.onServerEvent?.(conn.server, conn.tenant, event) })
       },
-      taskMessage: (conn, message) => {
-        for (const watcher of this.#watchers) if (watcher.message(conn.id, message)) return true
-        return false
-      },
-      lost: (conn, reason) => {
-        for (const watcher of this.#watchers) watcher.lost(conn.id, reason)
-      }
+      taskMessage: (conn, message) => this.#tasks.message(conn, message),
+      lost: (conn, reason) => { this.#tasks.lost(conn, reason) }
     }
     const idleMs = options.config.sessions.idleTimeoutMs
     this.#sweep = setInterval(() => { this.#stopIdle(idleMs) }, Math.max(1000, Math.min(10_000, Math.floor(idleMs / 2))))
@@ -222,25 +199,7 @@ export class ConnectionPool {
       conn.claims++
       return this.#reservation(conn)
     }
-    const waiters = this.#pinnedWaiters.get(conn) ?? []
-    if (waiters.length >= MAX_WAITERS) throw withRetryAfter(new GW_ERR_POOL_BUSY(server, 1, config.poolWaitMs ?? POOL_WAIT_MS), POOL_BUSY_RETRY_AFTER_S)
-    this.#pinnedWaiters.set(conn, waiters)
-    const waitMs = config.poolWaitMs ?? POOL_WAIT_MS
-    const taken = await new Promise<PoolConnection>((resolve, reject) => {
-      const waiter: Waiter = {
-        resolve,
-        reject,
-        timer: setTimeout(() => {
-          const at = waiters.indexOf(waiter)
-          if (at >= 0) waiters.splice(at, 1)
-          if (waiters.length === 0 && this.#pinnedWaiters.get(conn) === waiters) this.#pinnedWaiters.delete(conn)
-          reject(withRetryAfter(new GW_ERR_POOL_BUSY(server, 1, waitMs), POOL_BUSY_RETRY_AFTER_S))
-        }, waitMs)
-      }
-      waiter.timer.unref()
-      waiters.push(waiter)
-    })
-    return this.#reservation(taken)
+    return this.#reservation(await this.#tasks.wait(conn, config.poolWaitMs ?? POOL_WAIT_MS))
   }
 
   /**
@@ -249,20 +208,12 @@ export class ConnectionPool {
    */
   pin (server: string, tenant: string | null, connectionId: string): (() => void) | undefined {
     const conn = this.#groups.get(serverTenantKey(server, tenant))?.connections.find(c => c.id === connectionId)
-    if (conn === undefined) return undefined
-    conn.pins++
-    let pinned = true
-    return () => {
-      if (!pinned) return
-      pinned = false
-      conn.pins--
-    }
+    return conn === undefined ? undefined : this.#tasks.pin(conn)
   }
 
   /** Hears about the tasks on the pool's connections (the returned function stops it). */
   watchTasks (watcher: TaskWatcher): () => void {
-    this.#watchers.add(watcher)
-    return () => { this.#watchers.delete(watcher) }
+    return this.#tasks.watch(watcher)
   }
 
   #reservation (conn: PoolConnection): Reservation {
@@ -347,9 +298,7 @@ export class ConnectionPool {
     const group = this.#groupOf(conn)
     if (group === undefined || !group.connections.includes(conn)) return
     // Requests that can use only this connection (a task's) go before those that can use any.
-    const pinned = this.#pinnedWaiters.get(conn)
-    const waiter = pinned?.shift() ?? group.waiters.shift()
-    if (pinned?.length === 0) this.#pinnedWaiters.delete(conn)
+    const waiter = this.#tasks.next(conn) ?? group.waiters.shift()
     if (waiter === undefined) return
     clearTimeout(waiter.timer)
     conn.claims++
@@ -384,7 +333,7 @@ export class ConnectionPool {
     for (const [k, group] of this.#groups) {
       if (!names.has(group.server)) continue
       this.#groups.delete(k)
-      this.#rejectWaiters(group, new GW_ERR_BACKEND_UNAVAILABLE(group.server, reason))
+      refuseAll(group.waiters, new GW_ERR_BACKEND_UNAVAILABLE(group.server, reason))
       for (const c of group.connections) stops.push(c.close(new GW_ERR_BACKEND_UNAVAILABLE(c.server, reason)))
     }
     await Promise.all(stops)
@@ -394,17 +343,10 @@ export class ConnectionPool {
   async stop (): Promise<void> {
     this.#stopping = true
     clearInterval(this.#sweep)
-    for (const group of this.#groups.values()) this.#rejectWaiters(group, new GW_ERR_SHUTTING_DOWN())
+    for (const group of this.#groups.values()) refuseAll(group.waiters, new GW_ERR_SHUTTING_DOWN())
     const all = [...this.#groups.values()].flatMap(g => g.connections)
     this.#groups.clear()
     await Promise.all(all.map(async c => { await c.close(new GW_ERR_SHUTTING_DOWN()) }))
-  }
-
-  #rejectWaiters (group: Group, err: GatewayError): void {
-    for (const waiter of group.waiters.splice(0)) {
-      clearTimeout(waiter.timer)
-      waiter.reject(err)
-    }
   }
 
   #group (server: string, tenant: string | null): Group {
@@ -477,21 +419,7 @@ export class ConnectionPool {
   /** Waits in line for a connection of a group at its limit (bounded in time and in length). */
   async #wait (group: Group, config: ServerConfig): Promise<PoolConnection> {
     const waitMs = config.poolWaitMs ?? POOL_WAIT_MS
-    const busyError = (): GatewayError => withRetryAfter(new GW_ERR_POOL_BUSY(group.server, group.connections.length, waitMs), POOL_BUSY_RETRY_AFTER_S)
-    if (group.waiters.length >= MAX_WAITERS) throw busyError()
-    return await new Promise<PoolConnection>((resolve, reject) => {
-      const waiter: Waiter = {
-        resolve,
-        reject,
-        timer: setTimeout(() => {
-          const at = group.waiters.indexOf(waiter)
-          if (at >= 0) group.waiters.splice(at, 1)
-          reject(busyError())
-        }, waitMs)
-      }
-      waiter.timer.unref()
-      group.waiters.push(waiter)
-    })
+    return await waitInLine(group.waiters, waitMs, () => poolBusy(group.server, group.connections.length, waitMs))
   }
 
   /**
@@ -517,12 +445,7 @@ export class ConnectionPool {
   }
 
   #forget (conn: PoolConnection): void {
-    const pinned = this.#pinnedWaiters.get(conn)
-    this.#pinnedWaiters.delete(conn)
-    for (const waiter of pinned ?? []) {
-      clearTimeout(waiter.timer)
-      waiter.reject(new GW_ERR_BACKEND_UNAVAILABLE(conn.server, 'the connection holding the task is gone'))
-    }
+    this.#tasks.gone(conn)
     const group = this.#groupOf(conn)
     if (group === undefined) return
     const before = group.connections.length
