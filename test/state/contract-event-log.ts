@@ -252,6 +252,8 @@ export function eventLogContract (t: Test, make: MakeEventLog): void {
     t.same((await log.pendingReplicas(sid)).sort(), ['rA', 'rB'], 'the replicas that recorded markers')
     t.same(await log.claimOrphans(sid, 'rC'), [], 'a replica that recorded none: nothing taken')
     await log.markPending(sid, 'r1_d', [5, 6], LONG_TTL, false, 'rD')
+    t.same(await log.claimOrphans(sid, 'rD', undefined, 60_000), [], 'markers younger than minAgeMs stay (their requests may still be on their way)')
+    t.same(await log.claimOrphans(sid, undefined, 'rX', 60_000), [], 'with every replica\'s markers too')
     t.same((await log.claimOrphans(sid, 'rD')).map(p => p.id).sort(), [5, 6], 'one replica\'s markers')
     t.equal(await log.claim(sid, 'r1_d', 5, LONG_TTL), false, 'taken already')
     await log.markPending(sid, 'r1_e', [7], LONG_TTL, false, 'rD')
