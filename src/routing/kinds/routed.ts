@@ -84,20 +84,24 @@ export class RoutedKind implements SessionKind {
    * Requests served by `dead` (found by the POST streams waiting here). Those it never handed on
    * (still in its inbox) never reached a backend: they go to the session's owner now (taken over
    * here if the owner is gone too) and are answered normally. The rest may have reached its
-   * backend and get -32007. A session whose route is not known (gone, or the cached liveness
-   * still says `dead` is alive) only gets the -32007.
+   * backend and get -32007. A session whose route is not known (gone) only gets the -32007.
    */
   async orphansOf (sid: string, server: string, dead: string, local: Relay | undefined, record: SessionRecord | null): Promise<void> {
     const { delivery } = this.#services
     const reason = `replica ${dead} is gone`
     let target: Relay | string | undefined = local
+    // The watch found its heartbeat gone: a liveness cached from before would route the session
+    // back to it, and the calls it never read would get -32007 instead of a takeover's delivery.
+    this.#services.ownership.notAlive(dead)
     if (target === undefined && record !== null) {
       target = await this.routeOf(record, undefined, dead).catch((err: unknown) => {
         this.#services.log.warn({ err, sid: shortHash(sid) }, 'no owner found for the requests of a lost replica')
         return undefined
       })
     }
-    if (target === undefined || target === dead) {
+    // Still named as alive (its heartbeat back, or read before it lapsed): the next beat looks again.
+    if (target === dead) return
+    if (target === undefined) {
       await delivery.failOrphans(sid, server, reason, dead)
       return
     }

@@ -140,6 +140,11 @@ export class Ownership {
     return [...this.#relays.values()].filter(r => servers.has(r.server)).map(r => r.sid)
   }
 
+  /** The store found `replica`'s heartbeat gone: whatever this replica had cached of it is stale now. */
+  notAlive (replica: string): void {
+    this.#aliveUntil.delete(replica)
+  }
+
   /** Replica liveness, cached for a third of a heartbeat: a dead owner is noticed within seconds. */
   async isAlive (replica: string): Promise<boolean> {
     const now = Date.now()
