@@ -97,14 +97,19 @@ export async function runChaos (t: Test, options: ChaosOptions): Promise<ChaosFi
 
   async function open (index: number, createdBeforeChaos: boolean): Promise<Session> {
     const http = index % 2 === 1
-    const client = new Client({ name: `chaos-${index}`, version: '1' }, { capabilities: { sampling: {} } })
-    client.setRequestHandler(CreateMessageRequestSchema, async () => ({ role: 'assistant', model: 'chaos', content: { type: 'text', text: `s${index}` } }))
-    const transport = new StreamableHTTPClientTransport(new URL(`${proxy.url}/mcp/${http ? 'remote' : 'full'}`))
+    let client: Client
+    let transport: StreamableHTTPClientTransport
+    // A new client for each attempt, as a client application starts over: a failed connect leaves
+    // the SDK client attached to its transport until its close() settles ("Already connected").
     for (let attempt = 0; ; attempt++) {
+      client = new Client({ name: `chaos-${index}`, version: '1' }, { capabilities: { sampling: {} } })
+      client.setRequestHandler(CreateMessageRequestSchema, async () => ({ role: 'assistant', model: 'chaos', content: { type: 'text', text: `s${index}` } }))
       try {
+        transport = new StreamableHTTPClientTransport(new URL(`${proxy.url}/mcp/${http ? 'remote' : 'full'}`))
         await client.connect(transport)
         break
       } catch (err) {
+        await client.close().catch(() => {})
         if (attempt >= 20) throw err
         await sleep(250)
       }
