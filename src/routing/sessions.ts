@@ -104,13 +104,13 @@ export class Sessions {
     const owned = checkedLater ? this.#owned.get(sid) : undefined
     if (owned !== undefined && this.#services.ownership.local(sid)?.isOwner === true) {
       if (owned.principal !== principal) return null
-      if (await this.#kindChanged(owned)) return null
+      if (this.#kindChanged(owned)) return await this.#endChanged(owned)
       this.touch(sid)
       return owned
     }
     const record = await this.#services.store.get(sid)
     if (record === null || record.principal !== principal) return null
-    if (await this.#kindChanged(record)) return null
+    if (this.#kindChanged(record)) return await this.#endChanged(record)
     this.touch(sid)
     if (this.#services.config.redis !== undefined && this.#services.ownership.local(sid)?.isOwner === true && this.#services.kinds.of(record.server).cachesRecord(record)) {
       this.#owned.set(sid, deepFreeze(record))
@@ -123,12 +123,14 @@ export class Sessions {
    * the session holds was made for the old one (a child of its own, or none; a backend session id,
    * or none), so it ends here and its client, told 404, starts a new one of the new kind.
    */
-  async #kindChanged (record: SessionRecord): Promise<boolean> {
-    const now = this.#services.kinds.of(record.server).name
-    if (record.kind === undefined || record.kind === now) return false
-    await this.end(record.id, `a reload changed the server's sessions from ${record.kind} to ${now}`)
+  #kindChanged (record: SessionRecord): boolean {
+    return record.kind !== undefined && record.kind !== this.#services.kinds.of(record.server).name
+  }
+
+  async #endChanged (record: SessionRecord): Promise<null> {
+    await this.end(record.id, `a reload changed the server's sessions from ${record.kind ?? '?'} to ${this.#services.kinds.of(record.server).name}`)
       .catch(err => { this.#services.log.warn({ err }, 'session end failed') })
-    return true
+    return null
   }
 
   /**

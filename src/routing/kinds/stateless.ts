@@ -8,7 +8,7 @@
 // - aggregate: lists are answered from the members' merged catalogue, anything else runs on the
 //              pool of the member that serves it, under the member's own name (aggregate/stateless.ts).
 import type { ServerSource } from '../../config/live.js'
-import type { HttpServerConfig } from '../../config/schema.js'
+import type { HttpServerConfig, ServerConfig } from '../../config/schema.js'
 import { backendConfigOf, isAggregateConfig, serverConfigOf } from '../../config/server-kind.js'
 import { errorResponse, isRecord, JSONRPC_INVALID_PARAMS, type JsonRpcMessage, type JsonRpcRequest, type JsonRpcResponse } from '../../core/jsonrpc.js'
 import { eraOf } from '../../backends/modern-http.js'
@@ -50,6 +50,7 @@ export interface StatelessKindsOptions {
 
 export class StatelessKinds {
   readonly #options: StatelessKindsOptions
+  readonly #made = new Map<string, { config: ServerConfig, kind: StatelessServer }>()
 
   constructor (options: StatelessKindsOptions) {
     this.#options = options
@@ -58,7 +59,15 @@ export class StatelessKinds {
   /** The server as its live config makes it now. */
   of (server: string): StatelessServer {
     const { live, pool, aggregates } = this.#options
-    return isAggregateConfig(serverConfigOf(live, server)) ? aggregateServer(server, pool, aggregates) : pooledServer(server, pool, live)
+    const config = serverConfigOf(live, server)
+    // Made once per server and config (a reload gives a changed server a new config object), not
+    // per request: every 2026-07-28 request asks.
+    const made = this.#made.get(server)
+    if (made !== undefined && made.config === config) return made.kind
+    const kind = isAggregateConfig(config) ? aggregateServer(server, pool, aggregates) : pooledServer(server, pool, live)
+    if (config !== undefined) this.#made.set(server, { config, kind })
+    else this.#made.delete(server)
+    return kind
   }
 
   /**
