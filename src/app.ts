@@ -136,6 +136,14 @@ async function redisServices (config: Readonly<Config>, log: Logger, replicaId: 
     throw err
   }
   const prefix = settings.keyPrefix
+  const beatRedis = createRedis(target, { log, connectionName: `mcpgw:${replicaId}:beat`, commandTimeoutMs: settings.connectTimeoutMs })
+  try {
+    await redisReady(beatRedis, settings.connectTimeoutMs)
+  } catch (err) {
+    closeRedis(beatRedis)
+    closeRedis(redis)
+    throw err
+  }
   const bus = new RedisBus(redis, () => createRedis(target, { log, blocking: true, connectionName: `mcpgw:${replicaId}:inbox` }), prefix, {
     // The event log below writes on this same connection: one server applies both in order.
     ordered: settings.cluster.length === 0,
@@ -143,13 +151,13 @@ async function redisServices (config: Readonly<Config>, log: Logger, replicaId: 
     log
   })
   return {
-    store: new RedisSessionStore(redis, prefix),
+    store: new RedisSessionStore(redis, prefix, beatRedis),
     eventLog: new RedisEventLog(redis, prefix, config.sessions.eventLogMaxLen),
     bus: metrics.instrumentBus(bus),
     limiter: new RedisRateLimiter(redis, prefix),
     // The sets' TTL only bounds how long an idle tenant's sets linger (quotas.ts prunes by liveness).
     quotas: new RedisSessionQuotas(redis, prefix, Math.max(QUOTA_SET_TTL_MS, config.sessions.idleTimeoutMs * 2)),
-    close: async () => { closeRedis(redis) }
+    close: async () => { closeRedis(beatRedis); closeRedis(redis) }
   }
 }
 

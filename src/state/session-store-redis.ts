@@ -28,6 +28,12 @@ const OWNER_KEEPS = ['gone', 'held', 'claimed', 'taken'] as const satisfies read
 
 export class RedisSessionStore implements SessionStore {
   readonly #redis: Redis
+  /**
+   * The connection heartbeats are written on. Its own when the app gives one: on the shared one, a
+   * beat waits behind whatever is pipelined there (10,000 holder-lease renewals at once), and a
+   * beat late past its TTL reads as this replica's death to the others.
+   */
+  readonly #beatRedis: Redis
   readonly #prefix: string
   /** This replica's heartbeat, as last written: rewritten at once when the connection comes back. */
   #beat: { replicaId: string, ttlMs: number } | null = null
@@ -36,13 +42,15 @@ export class RedisSessionStore implements SessionStore {
   /** When the connection last came back after a break (0: it never broke). */
   #reconnectedAt = 0
 
-  /** The client is shared: close() leaves it to whoever made it (app.ts closes it last). */
-  constructor (redis: Redis, prefix: string) {
+  /** The clients are shared: close() leaves them to whoever made them (app.ts closes them last). */
+  constructor (redis: Redis, prefix: string, beatRedis: Redis = redis) {
     this.#redis = redis
+    this.#beatRedis = beatRedis
     this.#prefix = prefix
     this.#wasReady = isRedisReady(redis)
     defineScripts(redis)
     redis.on('ready', () => { this.#onReady() })
+    if (beatRedis !== redis) beatRedis.on('ready', () => { this.#rebeat() })
   }
 
   /**
@@ -59,6 +67,11 @@ export class RedisSessionStore implements SessionStore {
       return
     }
     this.#reconnectedAt = Date.now()
+    this.#rebeat()
+  }
+
+  /** Writes this replica's heartbeat again at once (its connection is back). */
+  #rebeat (): void {
     const beat = this.#beat
     if (beat !== null) this.heartbeat(beat.replicaId, beat.ttlMs).catch(() => {})
   }
@@ -239,7 +252,7 @@ export class RedisSessionStore implements SessionStore {
 
   async heartbeat (replicaId: string, ttlMs: number): Promise<void> {
     this.#beat = { replicaId, ttlMs }
-    await storeCall(this.#redis.set(replicaKey(this.#prefix, replicaId), String(Date.now()), 'PX', ttlMs))
+    await storeCall(this.#beatRedis.set(replicaKey(this.#prefix, replicaId), String(Date.now()), 'PX', ttlMs))
   }
 
   /** A replica is alive while its heartbeat is there, and, for a heartbeat TTL after a reconnect, also when it is not (#onReady). */

@@ -97,7 +97,7 @@ const gets = (seen: Recorded[]): Recorded[] => seen.filter(r => r.method === 'GE
 const streamsOf = (url: string): Pool => dispatcherFor(new URL(url).origin, null, httpConfig(url).connectTimeoutMs)
 const streamsRunning = (url: string): number => streamsOf(url).stats.running
 
-t.test('issue 10: a GET stream dropped again and again delivers every event once, in order, resuming after the last id', async t => {
+t.test('a GET stream dropped again and again delivers every event once, in order, resuming after the last id', async t => {
   const drops = 6
   const up = await scriptedUpstream(t, (n, res) => {
     res.writeHead(200, { 'content-type': 'text/event-stream' })
@@ -122,7 +122,7 @@ t.test('issue 10: a GET stream dropped again and again delivers every event once
   t.equal(streamsRunning(up.url), 0)
 })
 
-t.test('issue 10: stopListening/startListening cycles leave one GET running, and none once stopped', async t => {
+t.test('stopListening/startListening cycles leave one GET running, and none once stopped', async t => {
   const up = await scriptedUpstream(t, (_n, res) => {
     res.writeHead(200, { 'content-type': 'text/event-stream' })
     res.write(': open\n\n')

@@ -237,7 +237,7 @@ async function scriptedGetUpstream (t: Test, gets: (n: number, res: import('node
 
 const note = (n: number): string => `data: ${JSON.stringify({ jsonrpc: '2.0', method: 'notifications/tools/list_changed', params: { n } })}\n\n`
 
-t.test('issue 10: sessions that forward no header share their base headers, and none leaks into another', async t => {
+t.test('sessions that forward no header share their base headers, and none leaks into another', async t => {
   const up = await scriptedGetUpstream(t, (_n, res) => { res.writeHead(405).end() })
   // One config and one tenant upstream object, as the supervisor hands every session of a server.
   const config = httpConfig(up.url, { headers: { 'X-Api-Key': 'backend-key' }, forwardHeaders: ['X-Trace-Id'] })

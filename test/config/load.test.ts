@@ -598,7 +598,7 @@ t.test('pooled sessions: maxSessions defaults by mode', async t => {
     ['/servers/a/poolSize: is an option of stdio servers and HTTP servers (streamable-http, sse) only'])
 })
 
-t.test('poolMax below poolSize is refused with both named (issue 32)', async t => {
+t.test('poolMax below poolSize is refused with both named', async t => {
   t.same(problemsOf(() => parseConfig(minimal({ x: { ...stdio, poolSize: 8, poolMax: 4 } }), {})),
     ['/servers/x/poolMax: must be at least poolSize (poolMax is 4, poolSize 8; unset, poolMax is 16 for this transport)'])
   t.same(problemsOf(() => parseConfig(minimal({ x: { ...stdio, poolSize: 20 } }), {})),
@@ -609,7 +609,7 @@ t.test('poolMax below poolSize is refused with both named (issue 32)', async t =
   t.same([equal.poolSize, equal.poolMax], [4, 4], 'equal is fine')
 })
 
-t.test('aggregate prefixes and separators: limits in words, the default prefix held to them (issue 32)', async t => {
+t.test('aggregate prefixes and separators: limits in words, the default prefix held to them', async t => {
   const long = 'a'.repeat(33)
   t.same(problemsOf(() => parseConfig(minimal({ agg: { transport: 'aggregate', members: [{ server: long }] }, [long]: stdio }), {})),
     [`/servers/agg/members/0/prefix: is required for a server whose name is longer than 32 characters (the default prefix is the server name; must be at most 32 characters, each a letter, digit, "_", "." or "-" ("" for no prefix))`])

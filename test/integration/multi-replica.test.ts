@@ -301,7 +301,8 @@ t.test('a replica that went on serving a session another one had taken over dies
   const resumed = await fetch(`${b.url}/mcp/full`, { headers: { accept: 'text/event-stream', 'mcp-session-id': sid, 'last-event-id': last } })
   t.equal(resumed.status, 200, 'the client resumes its stream on B')
   const rest = new SseReader(resumed)
-  const ended = await Promise.race([rest.finished.then(() => true), new Promise<false>(resolve => setTimeout(() => resolve(false), LEASE_MS * 6))])
+  // Found within a beat or two when the machine is quiet; the bound is what a loaded one needs.
+  const ended = await Promise.race([rest.finished.then(() => true), new Promise<false>(resolve => setTimeout(() => resolve(false), 20_000))])
   t.ok(ended, 'the resumed stream ends, with an answer')
   const answer = rest.messages().find(m => m.id === 9)
   t.equal((answer as { error?: { code?: number } } | undefined)?.error?.code, -32007, 'the call gets -32007: the replica serving it is gone')

@@ -82,7 +82,7 @@ t.test('close ends a blocked read at once and disconnects the reader', async t =
   t.equal(reader!.status, 'end')
 })
 
-t.test('takeUnread: a dead replica\'s envelopes past what it handed on, once, their markers re-named (issue 28)', async t => {
+t.test('takeUnread: a dead replica\'s envelopes past what it handed on, once, their markers re-named', async t => {
   const redis = await testRedis(t, server.url)
   const prefix = randomPrefix()
   const sender = new RedisBus(redis, newReader, prefix, { inboxTtlMs: 60_000, ordered: true })

@@ -85,7 +85,7 @@ export function eventLogContract (t: Test, make: MakeEventLog): void {
     ])
   })
 
-  t.test('entries carry their ordinal in the stream, so a reader can count what was trimmed (issue 11)', async t => {
+  t.test('entries carry their ordinal in the stream, so a reader can count what was trimmed', async t => {
     const { log, maxLen } = await make(t)
     const sid = randomUUID()
     // The Redis twin trims whole nodes of 100 entries (MAXLEN ~): append enough to trim for sure.
@@ -105,7 +105,7 @@ export function eventLogContract (t: Test, make: MakeEventLog): void {
     t.equal(await log.seqOf(sid, 'nope', last.entryId), null, 'no such stream')
   })
 
-  t.test('append hands back the entry exactly as a reader gets it (the local hand-off, issue 10)', async t => {
+  t.test('append hands back the entry exactly as a reader gets it (the local hand-off)', async t => {
     const { log, store } = await make(t)
     const record = sampleRecord()
     await store.create(record, LONG_TTL)

@@ -215,7 +215,7 @@ export function sessionStoreContract (t: Test, make: MakeSessionStore): void {
     t.equal(await store.getHolder(sid, 'b'), 'replica-a')
   })
 
-  t.test('keepStreams renews held leases and session TTLs in one batch, re-claims a lapsed lease nobody took (issue 32)', async t => {
+  t.test('keepStreams renews held leases and session TTLs in one batch, re-claims a lapsed lease nobody took', async t => {
     const store = await make(t)
     const mine = sampleRecord()
     const lapsed = sampleRecord()
@@ -254,7 +254,7 @@ export function sessionStoreContract (t: Test, make: MakeSessionStore): void {
     t.equal(await store.getHolder(lapsed.id, 'get'), null)
   })
 
-  t.test('keepOwners renews, claims a free lease, and tells a taken lease and a gone session apart (issue 32)', async t => {
+  t.test('keepOwners renews, claims a free lease, and tells a taken lease and a gone session apart', async t => {
     const store = await make(t)
     const [held, free, taken] = [sampleRecord(), sampleRecord(), sampleRecord()]
     for (const record of [held, free, taken]) await store.create(record, LONG_TTL)
@@ -309,7 +309,7 @@ export function sessionStoreContract (t: Test, make: MakeSessionStore): void {
     t.same((await store.listeners(topic)).sort(), ['replica-a', 'replica-b'], 'renewing brings it back')
   })
 
-  t.test('the session index lists live sessions, most recently active first (issue 29)', async t => {
+  t.test('the session index lists live sessions, most recently active first', async t => {
     const store = await make(t)
     const [a, b, c, gone] = [sampleRecord(), sampleRecord(), sampleRecord(), sampleRecord()]
     await store.create(a, LONG_TTL)

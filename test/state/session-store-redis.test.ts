@@ -36,7 +36,7 @@ t.test('update of an expired record does not leave a key behind', async t => {
   t.equal(await redis.exists(`${prefix}:{${record.id}}:meta`), 0, 'no TTL-less key resurrected')
 })
 
-t.test('delete removes the record in its first call, even while streams keep being added (issue 32)', async t => {
+t.test('delete removes the record in its first call, even while streams keep being added', async t => {
   const redis = await testRedis(t, server.url)
   const prefix = randomPrefix()
   const store = new RedisSessionStore(redis, prefix)
@@ -58,4 +58,20 @@ t.test('delete removes the record in its first call, even while streams keep bei
   t.equal(await store.get(record.id), null, 'nobody finds the session any more')
   t.equal(await store.getHolder(record.id, 'get'), null, 'its holder lease is gone')
   t.ok(added > 1, `delete went on for the streams added meanwhile (${added} calls)`)
+})
+
+t.test('a heartbeat on its own connection is written while the command connection is busy', async t => {
+  const redis = await testRedis(t, server.url)
+  const beatRedis = await testRedis(t, server.url)
+  const prefix = randomPrefix()
+  const store = new RedisSessionStore(redis, prefix, beatRedis)
+  // A command that holds the command connection for 3 s: everything pipelined behind it waits.
+  const blocked = redis.blpop(`${prefix}:nothing`, 3)
+  const started = Date.now()
+  await store.heartbeat('replica-a', 10_000)
+  const took = Date.now() - started
+  t.ok(took < 1_500, `the beat did not wait behind the busy connection (${took} ms)`)
+  t.equal(await beatRedis.exists(`${prefix}:replica:replica-a`), 1, 'the heartbeat key is there')
+  await blocked
+  t.equal(await store.isAlive('replica-a'), true)
 })

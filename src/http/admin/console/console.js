@@ -1,4 +1,4 @@
-// The mcp-gateway console (issue 29): reads the admin API every two seconds and draws tables and
+// The mcp-gateway console: reads the admin API every two seconds and draws tables and
 // charts. Plain browser JavaScript, no dependencies, no inline script (the page's CSP forbids it).
 // The admin token stays in this tab's sessionStorage and goes out only as a bearer header.
 'use strict'

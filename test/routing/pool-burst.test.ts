@@ -15,7 +15,7 @@ async function connect (t: Test, url: string): Promise<Client> {
   return client
 }
 
-t.test('issue 26: a burst of new pooled sessions starts one child, not one per initialize', async t => {
+t.test('a burst of new pooled sessions starts one child, not one per initialize', async t => {
   const gw = await startGateway(t, { servers: { full: stdioFixture('full-server', [], { sessions: 'pooled', poolSize: 2 }) } })
   await Promise.all(Array.from({ length: 8 }, async () => await connect(t, `${gw.url}/mcp/full`)))
   const metrics = await scrape(gw.url)
@@ -23,7 +23,7 @@ t.test('issue 26: a burst of new pooled sessions starts one child, not one per i
   t.ok(metrics.sum('mcpgw_pool_connections', { server: 'full' }) <= 2, 'no more than the warm connections described the backend to all eight')
 })
 
-t.test('issue 26: every log of a call reaches a pooled session whose level the pool sets before it', async t => {
+t.test('every log of a call reaches a pooled session whose level the pool sets before it', async t => {
   const gw = await startGateway(t, { servers: { full: stdioFixture('full-server', [], { sessions: 'pooled' }) } })
   const client = await connect(t, `${gw.url}/mcp/full`)
   const logs: string[] = []
