@@ -114,7 +114,7 @@ export interface GatewayMetrics {
   upkeepPass (pass: UpkeepPass, seconds: number): void
   /** A client was told of a new task (a CreateTaskResult) of a session of `server`. */
   taskCreated (server: string, tenant: string | null | undefined): void
-  /** A task a client was told of moved to `status` (each status once per task). */
+  /** A task a client was told of moved to `status` (each move once, however often it is polled). */
   taskStatus (server: string, status: string): void
   observe (sources: MetricSources): void
   /** Live reload: the configured server and tenant names (the only label values allowed). */

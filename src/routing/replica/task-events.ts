@@ -3,7 +3,7 @@
 // dedicated, aggregate and pooled sessions are seen alike, under the ids their clients see, and no
 // session is asked its kind. From what passes it keeps:
 // - the session's task view (state/session-tasks.ts) that the console shows;
-// - mcpgw_tasks_created_total and mcpgw_task_status_transitions_total (each status once per task:
+// - mcpgw_tasks_created_total and mcpgw_task_status_transitions_total (each move once per task:
 //   the view's previous status decides, so a task polled on two replicas is counted once);
 // - audit lines `task.created` (a CreateTaskResult reached its client) and `task.cancel` (a client
 //   asked tasks/cancel), with tenant, subject digest, session digest, server and task id.
