@@ -139,7 +139,7 @@ export class Router {
       upstream: options.upstream,
       toolPolicy: options.toolPolicy
     }, this.#pooled)
-    this.#sessions = new Sessions({ replicaId, config, store, eventLog, bus, log, metrics, ownership: this.#ownership, kinds: this.#kinds, pooled: this.#pooled, streams: this.#streams, stopping: () => this.#stopping, ...(options.admitSession !== undefined ? { admit: options.admitSession } : {}) })
+    this.#sessions = new Sessions({ replicaId, config, store, eventLog, bus, log, metrics, ownership: this.#ownership, kinds: this.#kinds, pooled: this.#pooled, streams: this.#streams, stopping: () => this.#stopping, ended: sid => { this.#tasks.ended(sid) }, ...(options.admitSession !== undefined ? { admit: options.admitSession } : {}) })
     this.#watch = new ReplicaWatch({
       replicaId,
       config,

@@ -8,7 +8,8 @@ import { Client } from '@modelcontextprotocol/sdk/client/index.js'
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
 import { CallToolResultSchema, CreateTaskResultSchema } from '@modelcontextprotocol/sdk/types.js'
 import t from 'tap'
-import { randomPrefix, startRedis } from '../helpers/redis-server.js'
+import { randomPrefix, startRedis, testRedis } from '../helpers/redis-server.js'
+import { sessionTasksKey } from '../../src/state/redis/keys.js'
 import { startReplica, startRoundRobinProxy, type ReplicaProcess } from '../helpers/replicas.js'
 import { scrape } from '../helpers/prometheus.js'
 import { eventually, textOf } from '../helpers/wait.js'
@@ -19,8 +20,9 @@ const TOKEN = 'task-view-replicas-admin-token-0123456789'
 
 t.test('a session\'s tasks through two replicas: one view, counted once', async t => {
   const redis = await startRedis(t)
+  const prefix = randomPrefix()
   const config = {
-    redis: { url: redis.url, keyPrefix: randomPrefix(), leaseMs: 1500, connectTimeoutMs: 2000 },
+    redis: { url: redis.url, keyPrefix: prefix, leaseMs: 1500, connectTimeoutMs: 2000 },
     admin: { token: TOKEN },
     servers: { everything: { transport: 'stdio', command: process.execPath, args: [EVERYTHING, 'stdio'] } }
   }
@@ -64,4 +66,12 @@ t.test('a session\'s tasks through two replicas: one view, counted once', async 
   t.match(lines('task.created'), [{ session: digest }, { session: digest }], 'two task.created lines in all')
   t.same(lines('task.created').map(l => l.taskId).sort(), [done, cancelled].sort())
   t.match(lines('task.cancel'), [{ session: digest, taskId: cancelled }], 'one task.cancel line')
+
+  // The session ends (the client's DELETE): its view goes with it.
+  const key = sessionTasksKey(prefix, transport.sessionId ?? '')
+  const store = await testRedis(t, redis.url)
+  t.equal(await store.exists(key), 1, 'the view is beside the session')
+  await transport.terminateSession()
+  await eventually('the view deleted', async () => await store.exists(key) === 0 ? true : undefined)
+  t.pass('the view is gone with the session')
 })
