@@ -6,7 +6,7 @@
 //   reaches the task: here on a dedicated session (pooled-tasks.test.ts and aggregate-tasks.test.ts
 //   hold the same for a pooled session and an aggregate member).
 // - Client-side tasks: a dedicated session relays the client's `tasks.requests` in its initialize,
-//   so the server may ask the client to run sampling as a task, poll the client's tasks/get and
+//   so the server may ask the client to run sampling or elicitation as a task, poll the client's tasks/get and
 //   read its tasks/result, all through the gateway. A pool connection and an aggregate's member
 //   connection are initialised by the gateway, which declares no `tasks.requests` there: their
 //   servers ask such clients plainly (server-everything then does not offer its async tools).
@@ -23,17 +23,26 @@ import { eventually, textOf } from '../helpers/wait.js'
 const EVERYTHING = fileURLToPath(new URL('../../../node_modules/@modelcontextprotocol/server-everything/dist/index.js', import.meta.url))
 const everything = { transport: 'stdio', command: process.execPath, args: [EVERYTHING, 'stdio'] }
 
-/** A client that runs sampling as a task when asked to (its task completes after `runMs`). */
+/** A client that runs sampling and elicitation as tasks when asked to (each completes after `runMs`). */
 async function taskClient (t: Test, gw: RunningGateway, server: string, runMs: number): Promise<{ client: Client, asked: Array<Record<string, unknown> | undefined> }> {
   const store = new InMemoryTaskStore()
   const client = new Client({ name: 'client-tasks', version: '1' }, {
-    capabilities: { sampling: {}, elicitation: { form: {} }, tasks: { list: {}, cancel: {}, requests: { sampling: { createMessage: {} } } } },
+    capabilities: { sampling: {}, elicitation: { form: {} }, tasks: { list: {}, cancel: {}, requests: { sampling: { createMessage: {} }, elicitation: { create: {} } } } },
     taskStore: store
   })
   const asked: Array<Record<string, unknown> | undefined> = []
   client.setRequestHandler(CreateMessageRequestSchema, async (request, extra) => {
     asked.push(request.params.task as Record<string, unknown> | undefined)
     const result = { role: 'assistant' as const, content: { type: 'text' as const, text: 'sampled by the client' }, model: 'test-model', stopReason: 'endTurn' }
+    if (request.params.task === undefined || extra.taskStore === undefined) return result
+    const task = await extra.taskStore.createTask({ ttl: extra.taskRequestedTtl })
+    const taskStore = extra.taskStore
+    setTimeout(() => { void taskStore.storeTaskResult(task.taskId, 'completed', result) }, runMs)
+    return { task }
+  })
+  client.setRequestHandler(ElicitRequestSchema, async (request, extra) => {
+    asked.push(request.params.task as Record<string, unknown> | undefined)
+    const result = { action: 'accept' as const, content: { name: 'Ada', favoriteColor: 'Green' } }
     if (request.params.task === undefined || extra.taskStore === undefined) return result
     const task = await extra.taskStore.createTask({ ttl: extra.taskRequestedTtl })
     const taskStore = extra.taskStore
@@ -83,6 +92,11 @@ t.test('client-side tasks on a dedicated session: the server\'s task-augmented s
   t.match(text, /^\[COMPLETED\]/, 'the server polled the client\'s task to its end')
   t.match(text, /Poll 1: working/, 'tasks/get reached the client while its task ran')
   t.match(text, /sampled by the client/, 'and tasks/result brought the client\'s result back')
+
+  asked.length = 0
+  const elicited = await client.callTool({ name: 'trigger-elicitation-request-async', arguments: {} }, CallToolResultSchema, { timeout: 30_000 })
+  t.match(asked, [{ ttl: Number }], 'the elicitation came task-augmented too')
+  t.match(elicited.content, [{ text: /^\[COMPLETED\]/ }, { text: /Ada/ }], 'and its answer, read through the client\'s tasks/result, reached the server')
 })
 
 for (const kind of ['pooled', 'aggregate'] as const) {
