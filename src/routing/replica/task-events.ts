@@ -117,8 +117,12 @@ export class TaskEvents {
     if (!created && this.#written.get(key) === state) return
     if (this.#written.size >= MEMO_MAX) this.#written.clear()
     this.#written.set(key, state)
-    // Written now, in the order messages pass; who the session is may need a read, after.
-    const put = this.#options.tasks.put(sid, task, this.#options.ttlMs)
+    // Written now, in the order messages pass; who the session is may need a read, after. A view
+    // that cannot be written (the store away) still leaves the audit line and the counts.
+    const put = this.#options.tasks.put(sid, task, this.#options.ttlMs).catch((err: unknown) => {
+      this.#options.log.warn({ err, sid: shortHash(sid) }, 'task view not written')
+      return undefined
+    })
     void put.then(async before => {
       // A CreateTaskResult is one response, appended once: it counts once. Its status may have
       // reached the view first (a status notification sent as the task started).
