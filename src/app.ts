@@ -48,6 +48,9 @@ import { ModernFace } from './http/modern.js'
 import { RedisSessionStore } from './state/session-store-redis.js'
 import { MemorySessionStore } from './state/session-store-memory.js'
 import type { SessionStore } from './state/session-store.js'
+import type { SessionTasks } from './state/session-tasks.js'
+import { MemorySessionTasks } from './state/session-tasks-memory.js'
+import { RedisSessionTasks } from './state/session-tasks-redis.js'
 import { Supervisor } from './backends/supervisor.js'
 import { audit } from './telemetry/audit.js'
 import { toolPolicies } from './auth/tool-policy.js'
@@ -73,7 +76,7 @@ export interface GatewayOptions {
   /** Memory mode: apps sharing one hub reach each other over the in-process bus (tests). */
   hub?: MemoryBusHub
   /** Memory mode: apps sharing one store and log act as replicas of one gateway (tests). */
-  memory?: { store: MemorySessionStore, eventLog: MemoryEventLog, limiter?: MemoryRateLimiter, quotas?: MemorySessionQuotas }
+  memory?: { store: MemorySessionStore, eventLog: MemoryEventLog, limiter?: MemoryRateLimiter, quotas?: MemorySessionQuotas, sessionTasks?: MemorySessionTasks }
 }
 
 export interface Gateway {
@@ -101,6 +104,8 @@ interface Services {
   store: SessionStore
   eventLog: EventLog
   bus: Bus
+  /** The sessions' task view the console shows (state/session-tasks.ts). */
+  sessionTasks: SessionTasks
   /** Tenants' request budgets and session quotas (auth/rate-limit.ts, auth/quotas.ts). */
   limiter: RateLimiter
   quotas: SessionQuotas
@@ -115,6 +120,7 @@ function memoryServices (config: Readonly<Config>, options: GatewayOptions, metr
     store,
     eventLog,
     bus: metrics.instrumentBus(new MemoryBus(options.hub ?? new MemoryBusHub())),
+    sessionTasks: options.memory?.sessionTasks ?? new MemorySessionTasks(),
     limiter: options.memory?.limiter ?? new MemoryRateLimiter(),
     quotas: options.memory?.quotas ?? new MemorySessionQuotas(),
     close: async () => { if (!shared) await store.close() }
@@ -154,6 +160,7 @@ async function redisServices (config: Readonly<Config>, log: Logger, replicaId: 
     store: new RedisSessionStore(redis, prefix, beatRedis),
     eventLog: new RedisEventLog(redis, prefix, config.sessions.eventLogMaxLen),
     bus: metrics.instrumentBus(bus),
+    sessionTasks: new RedisSessionTasks(redis, prefix),
     limiter: new RedisRateLimiter(redis, prefix),
     // The sets' TTL only bounds how long an idle tenant's sets linger (quotas.ts prunes by liveness).
     quotas: new RedisSessionQuotas(redis, prefix, Math.max(QUOTA_SET_TTL_MS, config.sessions.idleTimeoutMs * 2)),
@@ -284,6 +291,7 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
     bus: services.bus,
     backends: supervisor,
     pool,
+    sessionTasks: services.sessionTasks,
     upstream,
     toolPolicy,
     log,
@@ -400,7 +408,8 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
       log,
       children: () => supervisor.childrenByServer(),
       pools: () => pool.stats(),
-      draining: () => draining
+      draining: () => draining,
+      sessionTasks: services.sessionTasks
     })
     const adminOptions = { token: config.admin.token, service: admin, failures, addressOf }
     if (config.admin.listen === undefined) {

@@ -29,6 +29,9 @@ import type { BackendSupervisor, UpstreamLookup } from './upstream/ports.js'
 import type { RelayHost } from './upstream/relay.js'
 import { isValidSessionId, Sessions, type NewSession } from './sessions.js'
 import { ClientStreams, type OpenPostOptions, type OpenStreamOptions } from './replica/streams.js'
+import { TaskEvents } from './replica/task-events.js'
+import type { SessionTasks } from '../state/session-tasks.js'
+import { MemorySessionTasks } from '../state/session-tasks-memory.js'
 import type { ConnectionPool } from './upstream/pool.js'
 import { PooledSessions } from './kinds/pooled-sessions.js'
 import type { StreamKind } from '../telemetry/metrics.js'
@@ -54,6 +57,8 @@ export interface RouterOptions extends ReplicaContext {
   toolPolicy?: ToolPolicyLookup
   /** The (server, tenant) pools of backend connections: pooled sessions run on them (docs/architecture.md, "A pooled call"). */
   pool: ConnectionPool
+  /** The sessions' task view the console reads (a memory twin of its own when not given). */
+  sessionTasks?: SessionTasks
 }
 
 /** What admit() found for one POST: the kind its messages are of, and where they go. */
@@ -76,6 +81,7 @@ export class Router {
   readonly #delivery: Delivery
   readonly #kinds: SessionKinds
   readonly #watch: ReplicaWatch
+  readonly #tasks: TaskEvents
   #seq = 0
   #stopping = false
   /** Envelopes of the 2026-07-28 face (MRTR retries across replicas), handed to it as they come. */
@@ -107,7 +113,8 @@ export class Router {
       failOrphans: async (sid, server, reason, from) => await this.#delivery.adoptOrphans(sid, server, reason, from),
       redeliver: (envelopes, to) => { this.#delivery.redeliver(envelopes, to) }
     })
-    this.#streams = new ClientStreams({ replicaId, config, store, eventLog, bus, log, metrics, isAlive: async r => await this.#ownership.isAlive(r), endSession, newWriter: options.newWriter })
+    this.#tasks = new TaskEvents({ store, tasks: options.sessionTasks ?? new MemorySessionTasks(), metrics, log, ttlMs: config.sessions.idleTimeoutMs })
+    this.#streams = new ClientStreams({ replicaId, config, store, eventLog, bus, log, metrics, isAlive: async r => await this.#ownership.isAlive(r), endSession, newWriter: options.newWriter, tasks: this.#tasks })
     this.#delivery = new Delivery({ ...options, ownership: this.#ownership, streams: this.#streams, touch: sid => { this.#sessions.touch(sid) } })
     this.#pooled = new PooledSessions({
       replicaId,
@@ -132,7 +139,7 @@ export class Router {
       upstream: options.upstream,
       toolPolicy: options.toolPolicy
     }, this.#pooled)
-    this.#sessions = new Sessions({ replicaId, config, store, eventLog, bus, log, metrics, ownership: this.#ownership, kinds: this.#kinds, pooled: this.#pooled, streams: this.#streams, stopping: () => this.#stopping, ...(options.admitSession !== undefined ? { admit: options.admitSession } : {}) })
+    this.#sessions = new Sessions({ replicaId, config, store, eventLog, bus, log, metrics, ownership: this.#ownership, kinds: this.#kinds, pooled: this.#pooled, streams: this.#streams, stopping: () => this.#stopping, ended: sid => { this.#tasks.ended(sid) }, ...(options.admitSession !== undefined ? { admit: options.admitSession } : {}) })
     this.#watch = new ReplicaWatch({
       replicaId,
       config,
@@ -306,6 +313,7 @@ export class Router {
       if (await this.#ownership.isAlive(replica)) await this.#services.bus.send(replica, { kind: 'deliver', sid, streamId: null, message })
       return
     }
+    this.#tasks.fromClient(record, message)
     if (isRequest(message) && streamId !== null && this.#refusedByToolPolicy(record, message, streamId)) {
       kind.release(admission?.route, message)
       return

@@ -37,6 +37,8 @@ export interface SessionsOptions extends ReplicaContext {
   stopping: () => boolean
   /** Session quotas (auth/quotas.ts): takes a slot for a new record or throws 429. */
   admit?: (record: SessionRecord) => Promise<void>
+  /** The session's record was deleted here (once per session): what is kept beside it goes too. */
+  ended?: (sid: string) => void
 }
 
 export class Sessions {
@@ -158,6 +160,7 @@ export class Sessions {
       store.getHolder(sid, GET_STREAM).catch(() => null)
     ])
     const existed = await store.delete(sid)
+    if (existed) this.#services.ended?.(sid)
     // Once per session: a second end (another replica, a race) finds it deleted. A record that
     // expired (idle timeout) is gone already: then the owner of its backend tells who it was.
     const relay = this.#services.ownership.local(sid)

@@ -168,6 +168,8 @@ export class AdminStatsMetrics implements GatewayMetrics {
   resumeCursorMissing (kind: StreamKind): void { this.inner.resumeCursorMissing(kind) }
   aggregateMemberLeftOut (aggregate: string, member: string, why: 'down' | 'slow' | 'error'): void { this.inner.aggregateMemberLeftOut(aggregate, member, why) }
   upkeepPass (pass: UpkeepPass, seconds: number): void { this.inner.upkeepPass(pass, seconds) }
+  taskCreated (server: string, tenant: string | null | undefined): void { this.inner.taskCreated(server, tenant) }
+  taskStatus (server: string, status: string): void { this.inner.taskStatus(server, status) }
   observe (sources: MetricSources): void { this.inner.observe(sources) }
   reconfigure (servers: Iterable<string>, tenants: Iterable<string>): void {
     const s = [...servers]

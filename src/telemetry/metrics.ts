@@ -37,6 +37,8 @@ const KNOWN_CODES: ReadonlySet<number> = new Set([-32700, -32600, -32601, -32602
 export const methodLabel = (method: string): string => KNOWN_METHODS.has(method) ? method : OTHER
 const ENVELOPE_KINDS = new Set(['deliver', 'wake', 'release', 'end-session', 'mrtr-resume', 'mrtr-out', 'mrtr-cancel', 'listen-event', 'admin-reload'])
 const envelopeKind = (kind: string): string => ENVELOPE_KINDS.has(kind) ? kind : OTHER
+/** MCP task statuses (2025-11-25, "Tasks"): the label values of mcpgw_task_status_transitions_total. */
+const TASK_STATUSES: ReadonlySet<string> = new Set(['working', 'input_required', 'completed', 'failed', 'cancelled'])
 
 /** semconv `error.type`: '' on success, the JSON-RPC code, or 'tool_error' for a CallToolResult with isError. */
 export function errorTypeOf (response: { error?: { code?: unknown }, result?: unknown }): string {
@@ -110,6 +112,10 @@ export interface GatewayMetrics {
   aggregateMemberLeftOut (aggregate: string, member: string, why: 'down' | 'slow' | 'error'): void
   /** One upkeep pass took `seconds` (wall clock, store round trips included). */
   upkeepPass (pass: UpkeepPass, seconds: number): void
+  /** A client was told of a new task (a CreateTaskResult) of a session of `server`. */
+  taskCreated (server: string, tenant: string | null | undefined): void
+  /** A task a client was told of moved to `status` (each move once, however often it is polled). */
+  taskStatus (server: string, status: string): void
   observe (sources: MetricSources): void
   /** Live reload: the configured server and tenant names (the only label values allowed). */
   reconfigure (servers: Iterable<string>, tenants: Iterable<string>): void
@@ -138,6 +144,8 @@ export const NO_METRICS: GatewayMetrics = {
   resumeCursorMissing () {},
   aggregateMemberLeftOut () {},
   upkeepPass () {},
+  taskCreated () {},
+  taskStatus () {},
   observe () {},
   reconfigure () {},
   instrumentRedis () {},
@@ -229,6 +237,8 @@ class PromMetrics implements GatewayMetrics {
   readonly #cursorMissing: Counter<string>
   readonly #memberLeftOut: Counter<string>
   readonly #upkeep: Bound<Observe>
+  readonly #tasksCreated: Counter<string>
+  readonly #taskStatus: Counter<string>
   readonly #busSent: Bound<Inc>
   readonly #busReceived: Bound<Inc>
   readonly #busLag: Observe
@@ -265,6 +275,8 @@ class PromMetrics implements GatewayMetrics {
     this.#memberLeftOut = new Counter({ name: 'mcpgw_aggregate_member_left_out_total', help: 'Times an aggregate server left a member out: down (not started, gone), slow (a list past memberTimeoutMs) or error (a list failed)', labelNames: ['aggregate', 'member', 'reason'], registers })
     this.#lost = new Counter({ name: 'mcpgw_event_log_lost_total', help: 'Messages trimmed from a client stream\'s bounded log before they were delivered (a slow or absent client lost them)', labelNames: ['stream'], registers })
     this.#cursorMissing = new Counter({ name: 'mcpgw_event_log_resume_cursor_missing_total', help: 'Resumes whose Last-Event-ID was already trimmed from the log (an unknown number of messages lost)', labelNames: ['stream'], registers })
+    this.#tasksCreated = new Counter({ name: 'mcpgw_tasks_created_total', help: 'Tasks a client was told of (CreateTaskResult), by server and tenant, whatever the session\'s kind', labelNames: ['server', 'tenant'], registers })
+    this.#taskStatus = new Counter({ name: 'mcpgw_task_status_transitions_total', help: 'Tasks a client saw move to a status (working, input_required, completed, failed, cancelled), by server', labelNames: ['server', 'status'], registers })
     const upkeep = new Histogram({ name: 'mcpgw_upkeep_pass_duration_seconds', help: 'How long one upkeep pass over this replica\'s leases and streams took (a pass near a third of redis.leaseMs risks leases), by pass', labelNames: ['pass'], buckets: UPKEEP_BUCKETS, registers })
     this.#upkeep = new Bound(pass => { const h = upkeep.labels({ pass }); return (v: number) => { h.observe(v) } })
     const sent = new Counter({ name: 'mcpgw_bus_envelopes_sent_total', help: 'Envelopes sent to other replicas, by kind', labelNames: ['kind'], registers })
@@ -377,6 +389,13 @@ class PromMetrics implements GatewayMetrics {
     this.#memberLeftOut.inc({ aggregate: this.#server(aggregate), member: this.#server(member), reason: why })
   }
   upkeepPass (pass: UpkeepPass, seconds: number): void { this.#upkeep.get(pass)(seconds) }
+  taskCreated (server: string, tenant: string | null | undefined): void {
+    this.#tasksCreated.inc({ server: this.#server(server), tenant: tenant == null ? '' : this.#tenants.has(tenant) ? tenant : OTHER })
+  }
+
+  taskStatus (server: string, status: string): void {
+    this.#taskStatus.inc({ server: this.#server(server), status: TASK_STATUSES.has(status) ? status : OTHER })
+  }
   observe (sources: MetricSources): void { this.#sources = sources }
 
   reconfigure (servers: Iterable<string>, tenants: Iterable<string>): void {

@@ -110,6 +110,12 @@ export default async function httpAdmin (app: FastifyInstance, opts: HttpAdminOp
         limit: boundedInt(q.limit, 50, 1, 500)
       })
     })
+    api.get('/sessions/:session/tasks', async req => {
+      const { session } = req.params as { session: string }
+      const found = DIGEST.test(session) ? await service.sessionTasks(session) : null
+      if (found === null) throw new GW_ERR_SESSION_NOT_FOUND()
+      return found
+    })
     api.delete('/sessions/:session', async req => {
       const { session } = req.params as { session: string }
       if (!DIGEST.test(session)) throw new GW_ERR_SESSION_NOT_FOUND()

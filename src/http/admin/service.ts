@@ -16,6 +16,7 @@ import type { Router } from '../../routing/router.js'
 import type { PoolStats } from '../../routing/upstream/pool.js'
 import { GET_STREAM, LEGACY_STREAM } from '../../state/event-log.js'
 import { SESSION_INDEX_READ_MAX, type SessionRecord, type SessionStore } from '../../state/session-store.js'
+import type { SessionTask, SessionTasks } from '../../state/session-tasks.js'
 import { SLOTS, type AdminStats, type SeriesSnapshot, type TenantSnapshot } from '../../telemetry/admin-stats.js'
 import { shortHash } from '../../telemetry/logger.js'
 
@@ -78,6 +79,8 @@ export interface AdminServiceOptions {
   children: () => Map<string, number>
   pools: () => PoolStats[]
   draining: () => boolean
+  /** The sessions' task view (what clients were told of their tasks); none: no task is shown. */
+  sessionTasks?: SessionTasks
 }
 
 const sum = (values: readonly number[], last = values.length): number => values.slice(-last).reduce((a, b) => a + b, 0)
@@ -341,6 +344,16 @@ export class AdminService {
    * Ends the session whose digest this is, as a DELETE would (everywhere, through the bus).
    * Returns the session's server and tenant, or null when no live session has that digest.
    */
+  /** The tasks a session's client was told of, by the session's digest; null when no live session has it. */
+  async sessionTasks (digest: string): Promise<{ session: string, server: string, tasks: SessionTask[] } | null> {
+    const index = await this.#options.store.sessionIndex(SESSION_INDEX_READ_MAX)
+    const entry = index.find(e => shortHash(e.id) === digest)
+    if (entry === undefined) return null
+    const record = await this.#options.store.get(entry.id)
+    if (record === null) return null
+    return { session: digest, server: record.server, tasks: await this.#options.sessionTasks?.list(entry.id) ?? [] }
+  }
+
   async endSession (digest: string): Promise<{ server: string, tenant: string | null } | null> {
     this.#sessions = undefined
     const index = await this.#options.store.sessionIndex(SESSION_INDEX_READ_MAX)

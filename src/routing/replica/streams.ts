@@ -17,6 +17,7 @@ import type { StreamKind } from '../../telemetry/metrics.js'
 import type { PreparedWake, WokenEntry } from '../../state/bus.js'
 import { COMPLETED_STREAM_TTL_MS, HeldStreams, type HeldStreamsOptions } from './held-streams.js'
 import { expectedResponsesOf, isRequestStreamId } from './stream-ids.js'
+import type { TaskEvents } from './task-events.js'
 
 export { COMPLETED_STREAM_TTL_MS, PRUNE_EVERY, PRUNE_SAMPLE } from './held-streams.js'
 export { expectedResponsesOf, isRequestStreamId, newRequestStreamId } from './stream-ids.js'
@@ -102,6 +103,8 @@ export interface ClientStreamsOptions extends HeldStreamsOptions {
   isAlive: (replica: string) => Promise<boolean>
   /** Makes a client stream's writer (the HTTP layer's, handed down by app.ts). */
   newWriter: WriterFactory
+  /** Sees every message for a client: the tasks it tells of (metrics, audit, the console's view). */
+  tasks?: TaskEvents
 }
 
 export class ClientStreams {
@@ -126,6 +129,7 @@ export class ClientStreams {
    * Returns '' when nothing was written.
    */
   async append (sid: string, streamId: string, message: JsonRpcMessage | null, claimed = false, expectedHolder?: string): Promise<string> {
+    if (message !== null) this.#services.tasks?.toClient(sid, message)
     const response = message !== null && isResponse(message) && isRequestStreamId(streamId)
     const answers = !claimed && response && message.id != null ? message.id : undefined
     // The one answer of a one-request stream completes it: the log is kept only briefly from now

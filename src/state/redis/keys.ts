@@ -71,3 +71,6 @@ export const summaryIndexKey = (prefix: string): string => `${prefix}:summaries`
 
 /** A replica's admin summary (JSON), with the TTL of a few heartbeats. */
 export const summaryKey = (prefix: string, replicaId: string): string => `${prefix}:summary:${replicaId}`
+
+/** A session's task view (session-tasks.ts): hash, task id -> JSON; in the session's slot. */
+export const sessionTasksKey = (prefix: string, sid: string): string => `${prefix}:{${sid}}:tasks`

@@ -9,7 +9,7 @@
   const KEY = 'mcpgw.admin.token'
   const SVG = 'http://www.w3.org/2000/svg'
   const $ = id => document.getElementById(id)
-  const state = { tenant: '', server: '', offset: 0, timer: null, busy: false }
+  const state = { tenant: '', server: '', offset: 0, timer: null, busy: false, tasksOf: null }
 
   const token = () => sessionStorage.getItem(KEY)
 
@@ -110,16 +110,42 @@
     fill('sessions', page.sessions.map(s => {
       const end = el('button', { type: 'button', class: 'danger', 'data-end': s.session, text: 'End' })
       end.addEventListener('click', () => { confirmEnd(s) })
-      return el('tr', { 'data-session': s.session },
+      const tasks = el('button', { type: 'button', 'data-tasks': s.session, text: 'Tasks' })
+      tasks.addEventListener('click', () => { state.tasksOf = s.session; void refresh() })
+      return el('tr', { 'data-session': s.session, class: state.tasksOf === s.session ? 'selected' : undefined },
         td(s.session, 'mono'), td(s.server, 'mono'), td(s.tenant), td(s.client), td(s.pooled ? `${s.transport} (pooled)` : s.transport), td(s.protocolVersion),
         td(s.subject, 'mono'), td(duration(now - s.createdAt), 'n'), td(`${duration(now - s.lastActivityAt)} ago`, 'n'),
-        td(s.owner, 'mono'), td(s.holder, 'mono'), el('td', {}, end))
+        td(s.owner, 'mono'), td(s.holder, 'mono'), el('td', { class: 'actions' }, tasks, end))
     }), 'No live sessions match.')
     const last = Math.min(page.total, page.offset + page.sessions.length)
     $('sessions-count').textContent = `(${page.total}${page.truncated ? '+' : ''} matching)`
     $('page').textContent = page.total === 0 ? '' : `${page.offset + 1}–${last} of ${page.total}`
     $('prev').disabled = page.offset === 0
     $('next').disabled = last >= page.total
+  }
+
+  // The selected session's tasks, as its client was last told of them (docs/console.md).
+  function renderTasks (found, now) {
+    $('tasks-card').hidden = found === null
+    if (found === null) return
+    $('tasks-of').textContent = `of ${found.session} on ${found.server}`
+    const time = iso => iso === undefined ? null : `${duration(now - Date.parse(iso))} ago`
+    fill('tasks', found.tasks.map(task => el('tr', { 'data-task': task.taskId },
+      td(task.taskId, 'mono'), td(task.status, `status-${task.status}`), td(task.statusMessage),
+      td(time(task.createdAt), 'n'), td(time(task.lastUpdatedAt) ?? `${duration(now - task.seenAt)} ago`, 'n'),
+      td(task.ttl === undefined ? null : task.ttl === null ? 'unlimited' : duration(task.ttl), 'n')
+    )), 'No task seen in this session.')
+  }
+
+  async function sessionTasks () {
+    if (state.tasksOf === null) return null
+    try {
+      return await api(`/sessions/${encodeURIComponent(state.tasksOf)}/tasks`)
+    } catch (err) {
+      if (err.message === 'unauthorized') throw err
+      state.tasksOf = null
+      return null
+    }
   }
 
   function confirmEnd (s) {
@@ -149,9 +175,10 @@
       const query = new URLSearchParams({ offset: String(state.offset), limit: String(PAGE) })
       if (state.tenant !== '') query.set('tenant', state.tenant)
       if (state.server !== '') query.set('server', state.server)
-      const [overview, sessions] = await Promise.all([api('/overview'), api(`/sessions?${query}`)])
+      const [overview, sessions, tasks] = await Promise.all([api('/overview'), api(`/sessions?${query}`), sessionTasks()])
       renderOverview(overview)
       renderSessions(sessions, overview.at)
+      renderTasks(tasks, overview.at)
       showError(null)
     } catch (err) {
       if (err.message !== 'unauthorized') showError(`Could not read the admin API: ${err.message}`)
@@ -201,6 +228,7 @@
     $('filter-server').addEventListener('change', e => { state.server = e.target.value; state.offset = 0; void refresh() })
     $('prev').addEventListener('click', () => { state.offset = Math.max(0, state.offset - PAGE); void refresh() })
     $('next').addEventListener('click', () => { state.offset += PAGE; void refresh() })
+    $('tasks-close').addEventListener('click', () => { state.tasksOf = null; void refresh() })
     if (token() !== null) signedIn()
   })
 })()
