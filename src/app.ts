@@ -48,6 +48,9 @@ import { ModernFace } from './http/modern.js'
 import { RedisSessionStore } from './state/session-store-redis.js'
 import { MemorySessionStore } from './state/session-store-memory.js'
 import type { SessionStore } from './state/session-store.js'
+import { MemoryTaskStore } from './state/task-store-memory.js'
+import { RedisTaskStore } from './state/task-store-redis.js'
+import type { TaskStore } from './state/task-store.js'
 import { Supervisor } from './backends/supervisor.js'
 import { audit } from './telemetry/audit.js'
 import { toolPolicies } from './auth/tool-policy.js'
@@ -73,7 +76,7 @@ export interface GatewayOptions {
   /** Memory mode: apps sharing one hub reach each other over the in-process bus (tests). */
   hub?: MemoryBusHub
   /** Memory mode: apps sharing one store and log act as replicas of one gateway (tests). */
-  memory?: { store: MemorySessionStore, eventLog: MemoryEventLog, limiter?: MemoryRateLimiter, quotas?: MemorySessionQuotas }
+  memory?: { store: MemorySessionStore, eventLog: MemoryEventLog, tasks?: MemoryTaskStore, limiter?: MemoryRateLimiter, quotas?: MemorySessionQuotas }
 }
 
 export interface Gateway {
@@ -101,6 +104,7 @@ interface Services {
   store: SessionStore
   eventLog: EventLog
   bus: Bus
+  tasks: TaskStore
   /** Tenants' request budgets and session quotas (auth/rate-limit.ts, auth/quotas.ts). */
   limiter: RateLimiter
   quotas: SessionQuotas
@@ -111,13 +115,18 @@ function memoryServices (config: Readonly<Config>, options: GatewayOptions, metr
   const store = options.memory?.store ?? new MemorySessionStore()
   const eventLog = options.memory?.eventLog ?? new MemoryEventLog(store, config.sessions.eventLogMaxLen)
   const shared = options.memory !== undefined
+  const tasks = options.memory?.tasks ?? new MemoryTaskStore()
   return {
     store,
     eventLog,
+    tasks,
     bus: metrics.instrumentBus(new MemoryBus(options.hub ?? new MemoryBusHub())),
     limiter: options.memory?.limiter ?? new MemoryRateLimiter(),
     quotas: options.memory?.quotas ?? new MemorySessionQuotas(),
-    close: async () => { if (!shared) await store.close() }
+    close: async () => {
+      if (options.memory?.tasks === undefined) await tasks.close()
+      if (!shared) await store.close()
+    }
   }
 }
 
@@ -145,6 +154,7 @@ async function redisServices (config: Readonly<Config>, log: Logger, replicaId: 
   return {
     store: new RedisSessionStore(redis, prefix),
     eventLog: new RedisEventLog(redis, prefix, config.sessions.eventLogMaxLen),
+    tasks: new RedisTaskStore(redis, prefix),
     bus: metrics.instrumentBus(bus),
     limiter: new RedisRateLimiter(redis, prefix),
     // The sets' TTL only bounds how long an idle tenant's sets linger (quotas.ts prunes by liveness).
@@ -274,6 +284,7 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
     store: services.store,
     eventLog: services.eventLog,
     bus: services.bus,
+    tasks: services.tasks,
     backends: supervisor,
     pool,
     upstream,

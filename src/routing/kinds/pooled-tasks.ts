@@ -65,7 +65,11 @@ export class PooledTasks {
   readonly #bySession = new Map<string, Set<PooledTask>>()
   readonly #sweep: NodeJS.Timeout
 
-  constructor () {
+  /** Told when a task's status changes (the task store follows). */
+  readonly #changed: (task: PooledTask) => void
+
+  constructor (changed: (task: PooledTask) => void = () => {}) {
+    this.#changed = changed
     this.#sweep = setInterval(() => { this.#forgetExpired(Date.now()) }, SWEEP_MS)
     this.#sweep.unref()
   }
@@ -123,10 +127,11 @@ export class PooledTasks {
   /** The backend described the task again (tasks/get, tasks/cancel, a status notification). */
   update (task: PooledTask, described: Record<string, unknown>): void {
     if (task.lost !== undefined || described.taskId !== task.backendId) return
-    const before = task.task.status
+    const before = task.task
     task.task = described
     if (isTerminal(described.status)) task.unpin()
-    if (before !== described.status || isTerminal(described.status)) this.#wake(task)
+    if (before.status !== described.status || before.statusMessage !== described.statusMessage) this.#changed(task)
+    if (before.status !== described.status || isTerminal(described.status)) this.#wake(task)
   }
 
   /** The connection lost its backend: its live tasks fail, saying why. */
@@ -135,6 +140,7 @@ export class PooledTasks {
       if (task.lost !== undefined || isTerminal(task.task.status)) continue
       task.lost = `The gateway lost the backend connection that ran this task: ${reason}`
       task.unpin()
+      this.#changed(task)
       this.#wake(task)
     }
   }
@@ -147,6 +153,16 @@ export class PooledTasks {
       view.statusMessage = task.lost
     }
     return view
+  }
+
+  /** The sessions that hold tasks here. */
+  sessions (): IterableIterator<string> {
+    return this.#bySession.keys()
+  }
+
+  /** Forgets one task (its record could not be written: the client never sees it). */
+  forget (task: PooledTask): void {
+    this.#forget(task)
   }
 
   /** The session ended: its tasks can no longer be reached, and their connections are let go. */
