@@ -11,6 +11,7 @@ import { Client } from '@modelcontextprotocol/sdk/client/index.js'
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
 import { CallToolResultSchema, CreateTaskResultSchema, ElicitRequestSchema } from '@modelcontextprotocol/sdk/types.js'
 import t, { type Test } from 'tap'
+import { newKey, PUBLIC_URL } from '../helpers/auth.js'
 import { randomPrefix, startRedis, testRedis } from '../helpers/redis-server.js'
 import { startReplica, type ReplicaProcess } from '../helpers/replicas.js'
 import { eventually, textOf } from '../helpers/wait.js'
@@ -21,7 +22,7 @@ const everything = { transport: 'stdio', command: process.execPath, args: [EVERY
 /** A client whose next requests go to one replica (`to`), or alternate between them (`alternate`). */
 interface Steered { client: Client, to: (replica: ReplicaProcess | 'alternate') => void, sid: () => string }
 
-async function connect (t: Test, replicas: ReplicaProcess[], path: string, name: string, elicit?: string): Promise<Steered> {
+async function connect (t: Test, replicas: ReplicaProcess[], path: string, name: string, elicit?: string, headers: Record<string, string> = {}): Promise<Steered> {
   let fixed: ReplicaProcess | undefined
   let next = 0
   const fetchVia = async (input: string | URL | Request, init?: RequestInit): Promise<Response> => {
@@ -32,7 +33,7 @@ async function connect (t: Test, replicas: ReplicaProcess[], path: string, name:
   }
   const client = new Client({ name, version: '1' }, { capabilities: elicit !== undefined ? { elicitation: {} } : {} })
   if (elicit !== undefined) client.setRequestHandler(ElicitRequestSchema, async () => ({ action: 'accept', content: { interpretation: elicit } }))
-  const transport = new StreamableHTTPClientTransport(new URL(`${replicas[0]!.url}${path}`), { fetch: fetchVia })
+  const transport = new StreamableHTTPClientTransport(new URL(`${replicas[0]!.url}${path}`), { fetch: fetchVia, requestInit: { headers } })
   await client.connect(transport)
   t.teardown(async () => { await client.close().catch(() => {}) })
   return { client, to: replica => { fixed = replica === 'alternate' ? undefined : replica }, sid: () => transport.sessionId ?? '' }
@@ -56,10 +57,10 @@ function childrenOf (replica: ReplicaProcess): number[] {
   return out.split('\n').filter(line => line.includes('server-everything')).map(line => Number(line.trim().split(/\s+/)[0]))
 }
 
-async function twoReplicas (t: Test, servers: Record<string, unknown>): Promise<{ a: ReplicaProcess, b: ReplicaProcess, prefix: string, redisUrl: string }> {
+async function twoReplicas (t: Test, servers: Record<string, unknown>, more: Record<string, unknown> = {}): Promise<{ a: ReplicaProcess, b: ReplicaProcess, prefix: string, redisUrl: string }> {
   const redis = await startRedis(t)
   const prefix = randomPrefix()
-  const config = { redis: { url: redis.url, keyPrefix: prefix, leaseMs: 1500, connectTimeoutMs: 2000 }, servers }
+  const config = { redis: { url: redis.url, keyPrefix: prefix, leaseMs: 1500, connectTimeoutMs: 2000 }, servers, ...more }
   const [a, b] = await Promise.all(['A', 'B'].map(async name => await startReplica(t, name, config))) as [ReplicaProcess, ReplicaProcess]
   return { a, b, prefix, redisUrl: redis.url }
 }
@@ -110,6 +111,34 @@ t.test('a task created on one replica is reached through the other, by its sessi
   asker.to('alternate')
   const answered = await asker.client.experimental.tasks.getTaskResult(ambiguous, CallToolResultSchema)
   t.match(textOf(answered), /Clarification\*\*: technical/, 'the elicitation reached the session and its answer the task')
+})
+
+t.test('another tenant (or another key of the same tenant) guessing a task id gets the unknown-task error on both replicas', async t => {
+  const owner = newKey('owner')
+  const colleague = newKey('colleague')
+  const stranger = newKey('stranger')
+  const { a, b } = await twoReplicas(t, pooled, {
+    auth: { publicUrl: PUBLIC_URL },
+    tenants: {
+      acme: { apiKeys: [owner.entry, colleague.entry], servers: { everything: {} } },
+      other: { apiKeys: [stranger.entry], servers: { everything: {} } }
+    }
+  })
+  const alice = await connect(t, [a, b], '/mcp/everything', 'alice', undefined, { 'x-api-key': owner.key })
+  alice.to(a)
+  const id = await research(alice, 'secret')
+  for (const [who, key] of [['a stranger of another tenant', stranger], ['a colleague of the same tenant', colleague]] as const) {
+    const guesser = await connect(t, [a, b], '/mcp/everything', 'guesser', undefined, { 'x-api-key': key.key })
+    for (const replica of [a, b]) {
+      guesser.to(replica)
+      await t.rejects(guesser.client.experimental.tasks.getTask(id), { code: -32602, message: /Task not found/ }, `${who}: no status on ${replica.name}`)
+      await t.rejects(guesser.client.experimental.tasks.getTaskResult(id, CallToolResultSchema), { code: -32602 }, `${who}: no result on ${replica.name}`)
+      await t.rejects(guesser.client.experimental.tasks.cancelTask(id), { code: -32602 }, `${who}: no cancellation on ${replica.name}`)
+      t.same((await guesser.client.experimental.tasks.listTasks()).tasks, [], `${who}: lists nothing on ${replica.name}`)
+    }
+  }
+  alice.to(b)
+  t.match(await alice.client.experimental.tasks.getTask(id), { taskId: id, status: /working|completed/ }, 'the owner still reaches it, not cancelled by the guesses')
 })
 
 t.test('concurrent sessions on one pooled child each list only their own tasks, on either replica', async t => {
