@@ -17,9 +17,10 @@
 //   it needs (else the backend hears -32601); its answer returns to the call by its opaque id,
 //   on the replica the id names, and only from the session it was sent to.
 // - Tasks (MCP spec, "Tasks"): a task lives in the child whose connection ran its task-augmented
-//   request, so the gateway records it (pooled-tasks.ts) under an id of its own and sends every
-//   request about it to that connection (pooled-task-requests.ts); a session sees and names only
-//   its own tasks.
+//   request, so the gateway records it (pooled-tasks.ts here, the task store for every replica:
+//   pooled-task-remote.ts) under an id of its own and sends every request about it to that
+//   connection, on whichever replica holds it (pooled-task-requests.ts); a session sees and names
+//   only its own tasks.
 import { performance } from 'node:perf_hooks'
 import type { Logger } from 'pino'
 import type { ServerSource } from '../../config/live.js'

@@ -19,6 +19,8 @@ import { isTerminalStatus, ownsTask, type TaskOutcome, type TaskOwner, type Task
 export const MAX_LIVE_TASKS_PER_SESSION = 50
 /** How many records of a session (or of a lost replica) one pass reads. */
 const READ_LIMIT = 1000
+/** How long a lost replica whose tasks were all found ended is not read again. */
+const SETTLED_MS = 60_000
 
 export interface RemoteTasksOptions {
   replicaId: string
@@ -41,6 +43,8 @@ export function unknownTask (request: JsonRpcRequest): JsonRpcMessage {
 
 export class RemoteTasks {
   readonly #options: RemoteTasksOptions
+  /** Lost replicas with no live task left, and when they were found so. */
+  readonly #settled = new Map<string, number>()
 
   constructor (options: RemoteTasksOptions) {
     this.#options = options
@@ -91,8 +95,11 @@ export class RemoteTasks {
    */
   async answerFromStore (request: JsonRpcRequest, found: TaskRecord): Promise<JsonRpcMessage> {
     let record = found
-    if (record.outcome === undefined && !isTerminalStatus(record.task.status) && record.replica !== this.#options.replicaId && !await this.#options.isAlive(record.replica)) {
-      record = await this.failLost(record) ?? record
+    // Its replica is gone, or it is this one and the task is not held here (a record of a process
+    // that had this replica's id before): nothing will ever end it but this.
+    const here = record.replica === this.#options.replicaId
+    if (record.outcome === undefined && !isTerminalStatus(record.task.status) && (here || !await this.#options.isAlive(record.replica))) {
+      record = await this.failLost(record, here ? `replica ${record.replica} no longer holds it (it restarted)` : undefined) ?? record
     }
     const task = record.task
     switch (request.method) {
@@ -111,8 +118,7 @@ export class RemoteTasks {
   }
 
   /** A live task whose replica is gone: failed in the store, saying why (null: it expired meanwhile). */
-  async failLost (record: TaskRecord): Promise<TaskRecord | null> {
-    const reason = `replica ${record.replica} is gone`
+  async failLost (record: TaskRecord, reason = `replica ${record.replica} is gone`): Promise<TaskRecord | null> {
     const task = { ...record.task, status: 'failed', statusMessage: `The gateway lost the replica that ran this task: ${reason}`, lastUpdatedAt: new Date().toISOString() }
     const outcome: TaskOutcome = { error: toJsonRpcError(new GW_ERR_BACKEND_LOST(record.server, reason), null).error }
     return await this.#options.tasks.update(record.id, { task, outcome, connectionId: null })
@@ -124,12 +130,15 @@ export class RemoteTasks {
    */
   async sweepLost (): Promise<number> {
     let failed = 0
+    const now = Date.now()
+    for (const [replica, at] of this.#settled) if (at + SETTLED_MS <= now) this.#settled.delete(replica)
     for (const replica of await this.#options.tasks.replicas()) {
-      if (replica === this.#options.replicaId || await this.#options.isAlive(replica)) continue
+      if (replica === this.#options.replicaId || this.#settled.has(replica) || await this.#options.isAlive(replica)) continue
       for (const record of await this.#options.tasks.ofReplica(replica, READ_LIMIT)) {
         if (record.outcome !== undefined || isTerminalStatus(record.task.status)) continue
         if (await this.failLost(record) !== null) failed++
       }
+      this.#settled.set(replica, now)
     }
     return failed
   }

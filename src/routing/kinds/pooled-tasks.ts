@@ -1,13 +1,16 @@
-// The tasks of pooled sessions (MCP 2025-11-25, "Tasks"), kept on this replica. A task lives in the
+// The tasks of pooled sessions (MCP 2025-11-25, "Tasks") held on this replica. A task lives in the
 // backend child whose connection ran its task-augmented request; the session holds no connection,
 // so the gateway keeps, per task, which session (and tenant, subject) it belongs to and which pool
 // connection holds it, and shows the client an id of its own: random, so a task of another session
-// cannot be named by guessing, and mapped to (connection, backend task id) only here.
+// cannot be named by guessing, and mapped to (connection, backend task id) only here. Its record in
+// the task store (pooled-task-remote.ts) is what other replicas read; this is what only the replica
+// holding the connection can keep:
 //
 // - A connection that holds live tasks is pinned (the pool does not stop it as idle); a task that
 //   ends (terminal status), expires or whose session ends lets go of it.
 // - A connection that loses its backend (it stopped, restarted, was closed) fails its live tasks
 //   with a statusMessage saying so: they never stay `working`.
+// - A status that changes is told to whoever keeps the store's record (`changed`).
 // - Records live for the task's ttl (bounded by MAX_TTL_MS), then are forgotten.
 import { randomBytes } from 'node:crypto'
 import { isRecord, type JsonRpcMessage } from '../../core/jsonrpc.js'
