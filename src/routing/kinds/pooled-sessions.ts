@@ -24,9 +24,9 @@
 import { performance } from 'node:perf_hooks'
 import type { Logger } from 'pino'
 import type { ServerSource } from '../../config/live.js'
-import { GW_ERR_INTERNAL, cancelledAnswer, toJsonRpcError, type GatewayError } from '../../core/errors.js'
+import { GW_ERR_INTERNAL, GW_ERR_SESSION_NOT_FOUND, cancelledAnswer, toJsonRpcError, type GatewayError } from '../../core/errors.js'
 import {
-  errorResponse, idKey, isNotification, isRecord, isRequest, isResponse, progressTokenOf, JSONRPC_INVALID_PARAMS, JSONRPC_METHOD_NOT_FOUND,
+  errorResponse, idKey, isNotification, isRecord, isRequest, isResponse, progressTokenOf, JSONRPC_METHOD_NOT_FOUND,
   type JsonRpcMessage, type JsonRpcRequest, type JsonRpcResponse, type RequestId
 } from '../../core/jsonrpc.js'
 import { capabilityNeededBy, isLogLevel, LOG_LEVELS } from '../../core/mcp.js'
@@ -38,6 +38,7 @@ import { breathe } from '../replica/upkeep.js'
 import type { ConnectionPool, PooledCall, Reservation } from '../upstream/pool.js'
 import { progressForClient, underGatewayKey } from '../upstream/progress-tokens.js'
 import { asGatewayError, capabilitiesOf, isJsonStream } from '../upstream/relay.js'
+import { kindNameOf, serverConfigOf } from '../../config/server-kind.js'
 import { ANSWERED_HERE, logLevelOf, PooledSessionState } from './pooled-session-state.js'
 import { RemoteTasks } from './pooled-task-remote.js'
 import { PooledTaskRequests } from './pooled-task-requests.js'
@@ -230,8 +231,10 @@ export class PooledSessions {
     if (isRequest(message) && streamId !== null && TASK_METHODS.has(message.method)) {
       // A task request another replica passed here, as the task's holder.
       this.#options.store.get(sid).then(record => {
-        if (record === null) this.#append(sid, streamId, errorResponse(message.id, JSONRPC_INVALID_PARAMS, 'Session not found'))
-        else this.#tasks.request(record, message, streamId, true)
+        // Only a pooled session's (a session of another kind whose relay is not here is gone here).
+        if (record === null || kindNameOf(serverConfigOf(this.#options.live, record.server)) !== 'pooled') {
+          this.#append(sid, streamId, toJsonRpcError(new GW_ERR_SESSION_NOT_FOUND(), message.id))
+        } else this.#tasks.request(record, message, streamId, true)
       }, (err: unknown) => { this.#append(sid, streamId, toJsonRpcError(asGatewayError(err, '?'), message.id)) })
       return true
     }
