@@ -121,12 +121,10 @@ export class RedisTaskStore implements TaskStore {
     const ids = await storeCall(this.#redis.zrangebyscore(index, now, '+inf'))
     const out: TaskRecord[] = []
     for (let i = 0; i < ids.length; i += FETCH_BATCH) {
-      const pipeline = this.#redis.pipeline()
-      for (const id of ids.slice(i, i + FETCH_BATCH)) pipeline.hgetall(taskKey(this.#prefix, id))
-      const replies = await storeCall(pipeline.exec())
-      for (const [err, hash] of replies ?? []) {
-        if (err !== null) continue
-        const record = decode(hash as Record<string, string>, now)
+      // One command per record, sent together (a pipeline would need one slot under Cluster).
+      const hashes = await storeCall(Promise.all(ids.slice(i, i + FETCH_BATCH).map(async id => await this.#redis.hgetall(taskKey(this.#prefix, id)))))
+      for (const hash of hashes) {
+        const record = decode(hash, now)
         if (record !== null && belongs(record)) out.push(record)
       }
     }

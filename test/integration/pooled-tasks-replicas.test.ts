@@ -9,7 +9,7 @@ import { execFileSync } from 'node:child_process'
 import { fileURLToPath } from 'node:url'
 import { Client } from '@modelcontextprotocol/sdk/client/index.js'
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
-import { CallToolResultSchema, CreateTaskResultSchema, ElicitRequestSchema } from '@modelcontextprotocol/sdk/types.js'
+import { CallToolResultSchema, CreateTaskResultSchema, ElicitRequestSchema, TaskStatusNotificationSchema } from '@modelcontextprotocol/sdk/types.js'
 import t, { type Test } from 'tap'
 import { newKey, PUBLIC_URL } from '../helpers/auth.js'
 import { randomPrefix, startRedis, testRedis } from '../helpers/redis-server.js'
@@ -20,10 +20,10 @@ const EVERYTHING = fileURLToPath(new URL('../../../node_modules/@modelcontextpro
 const everything = { transport: 'stdio', command: process.execPath, args: [EVERYTHING, 'stdio'] }
 
 /** A client whose next requests go to one replica (`to`), or alternate between them (`alternate`). */
-interface Steered { client: Client, to: (replica: ReplicaProcess | 'alternate') => void, sid: () => string }
+interface Steered { client: Client, to: (replica: ReplicaProcess | 'alternate') => void, sid: () => string, statusIds: Set<string> }
 
-async function connect (t: Test, replicas: ReplicaProcess[], path: string, name: string, elicit?: string, headers: Record<string, string> = {}): Promise<Steered> {
-  let fixed: ReplicaProcess | undefined
+async function connect (t: Test, replicas: ReplicaProcess[], path: string, name: string, elicit?: string, headers: Record<string, string> = {}, only?: ReplicaProcess): Promise<Steered> {
+  let fixed: ReplicaProcess | undefined = only
   let next = 0
   const fetchVia = async (input: string | URL | Request, init?: RequestInit): Promise<Response> => {
     const url = new URL(input instanceof Request ? input.url : String(input))
@@ -33,10 +33,12 @@ async function connect (t: Test, replicas: ReplicaProcess[], path: string, name:
   }
   const client = new Client({ name, version: '1' }, { capabilities: elicit !== undefined ? { elicitation: {} } : {} })
   if (elicit !== undefined) client.setRequestHandler(ElicitRequestSchema, async () => ({ action: 'accept', content: { interpretation: elicit } }))
+  const statusIds = new Set<string>()
+  client.setNotificationHandler(TaskStatusNotificationSchema, n => { statusIds.add(n.params.taskId) })
   const transport = new StreamableHTTPClientTransport(new URL(`${replicas[0]!.url}${path}`), { fetch: fetchVia, requestInit: { headers } })
   await client.connect(transport)
   t.teardown(async () => { await client.close().catch(() => {}) })
-  return { client, to: replica => { fixed = replica === 'alternate' ? undefined : replica }, sid: () => transport.sessionId ?? '' }
+  return { client, to: replica => { fixed = replica === 'alternate' ? undefined : replica }, sid: () => transport.sessionId ?? '', statusIds }
 }
 
 async function research (session: Steered, topic: string, ambiguous = false): Promise<string> {
@@ -103,6 +105,15 @@ t.test('a task created on one replica is reached through the other, by its sessi
   t.match(await alice.client.experimental.tasks.getTask(second), { taskId: second, status: 'cancelled' }, 'cancelled on A')
   alice.to(b)
   t.same((await alice.client.experimental.tasks.listTasks()).tasks.map(task => [task.taskId, task.status]), [[id, 'completed'], [second, 'cancelled']], 'tasks/list through B: both, with their last statuses')
+
+  // Status notifications of a task held on A reach a GET stream held on B.
+  const watcher = await connect(t, [a, b], '/mcp/everything', 'watcher', undefined, {}, b)
+  await watcher.client.ping()
+  watcher.to(a)
+  const watched = await research(watcher, 'watched')
+  watcher.to(b)
+  await eventually('a status notification through B\'s GET stream', () => watcher.statusIds.has(watched) ? true : undefined, 15_000, 100)
+  t.same([...watcher.statusIds], [watched], 'under the session\'s own id, and only its task\'s')
 
   // An elicitation of a task held on A, asked through a tasks/result that went to B, answered through either.
   const asker = await connect(t, [a, b], '/mcp/everything', 'asker', 'technical')
