@@ -157,7 +157,7 @@ export class PooledSessions {
     // A request about a task another replica holds goes there; its marker names that replica, so
     // losing it answers the request (-32007) wherever it waits.
     const [first, ...others] = requests
-    if (first !== undefined && others.length === 0 && TASK_METHODS.has(first.method)) {
+    if (first !== undefined && others.length === 0 && TASK_METHODS.has(first.method) && !this.#tasks.holds(record.id, first)) {
       const holder = await this.#remote.replicaFor(record, first)
       if (holder !== undefined) return holder
     }
@@ -193,16 +193,7 @@ export class PooledSessions {
         else this.#tasks.request(record, message, target)
         return
       }
-      if (isRecord(message.params) && isRecord(message.params.task) && message.method === 'tools/call') {
-        // A new task: refused while the session holds as many live ones as it may.
-        try {
-          await this.#remote.admitTask(record)
-        } catch (err) {
-          reservation?.release()
-          this.#append(record.id, target, toJsonRpcError(asGatewayError(err, record.server), message.id))
-          return
-        }
-      }
+      if (await this.#tasks.refusesNew(record, message, target)) { reservation?.release(); return }
       this.#run(record, message, target, reservation)
     } catch (err) {
       reservation?.release()

@@ -142,6 +142,23 @@ export class PooledTaskRequests {
     this.#tasks.forgetSession(sid)
   }
 
+  /** A task-augmented tools/call while the session holds as many live tasks as it may: refused, its error sent. */
+  async refusesNew (record: SessionRecord, request: JsonRpcRequest, streamId: string): Promise<boolean> {
+    if (request.method !== 'tools/call' || !isRecord(request.params) || !isRecord(request.params.task)) return false
+    try {
+      await this.#host.remote.admitTask(record)
+      return false
+    } catch (err) {
+      this.#host.append(record.id, streamId, toJsonRpcError(asGatewayError(err, record.server), request.id))
+      return true
+    }
+  }
+
+  /** Whether the session's task `taskId` is held here (no need to read its record to route it). */
+  holds (sid: string, request: JsonRpcRequest): boolean {
+    return isRecord(request.params) && this.#tasks.of(sid, request.params.taskId) !== undefined
+  }
+
   /** The sessions whose tasks are held here (the sweep checks they still exist). */
   sessions (): string[] {
     return [...this.#tasks.sessions()]
