@@ -129,6 +129,8 @@ export class PooledTaskRequests {
       this.#tasks.forget(task)
       return toJsonRpcError(asGatewayError(err, record.server), response.id ?? null)
     }
+    // A status learnt while the record was being written found no record to change: written now.
+    if (JSON.stringify(this.#tasks.view(task)) !== JSON.stringify(view)) this.#stored(task)
     const shown = withTaskIds(response, this.#taskIdsOf(record.id, connectionId)) as JsonRpcResponse & { result: Record<string, unknown> }
     return { ...shown, result: { ...shown.result, task: this.#tasks.view(task) } }
   }
