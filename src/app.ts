@@ -51,6 +51,9 @@ import type { SessionStore } from './state/session-store.js'
 import type { SessionTasks } from './state/session-tasks.js'
 import { MemorySessionTasks } from './state/session-tasks-memory.js'
 import { RedisSessionTasks } from './state/session-tasks-redis.js'
+import { MemoryTaskStore } from './state/task-store-memory.js'
+import { RedisTaskStore } from './state/task-store-redis.js'
+import type { TaskStore } from './state/task-store.js'
 import { Supervisor } from './backends/supervisor.js'
 import { audit } from './telemetry/audit.js'
 import { toolPolicies } from './auth/tool-policy.js'
@@ -76,7 +79,7 @@ export interface GatewayOptions {
   /** Memory mode: apps sharing one hub reach each other over the in-process bus (tests). */
   hub?: MemoryBusHub
   /** Memory mode: apps sharing one store and log act as replicas of one gateway (tests). */
-  memory?: { store: MemorySessionStore, eventLog: MemoryEventLog, limiter?: MemoryRateLimiter, quotas?: MemorySessionQuotas, sessionTasks?: MemorySessionTasks }
+  memory?: { store: MemorySessionStore, eventLog: MemoryEventLog, tasks?: MemoryTaskStore, limiter?: MemoryRateLimiter, quotas?: MemorySessionQuotas, sessionTasks?: MemorySessionTasks }
 }
 
 export interface Gateway {
@@ -104,6 +107,8 @@ interface Services {
   store: SessionStore
   eventLog: EventLog
   bus: Bus
+  /** The records of the tasks the gateway mints ids for (state/task-store.ts). */
+  tasks: TaskStore
   /** The sessions' task view the console shows (state/session-tasks.ts). */
   sessionTasks: SessionTasks
   /** Tenants' request budgets and session quotas (auth/rate-limit.ts, auth/quotas.ts). */
@@ -116,14 +121,19 @@ function memoryServices (config: Readonly<Config>, options: GatewayOptions, metr
   const store = options.memory?.store ?? new MemorySessionStore()
   const eventLog = options.memory?.eventLog ?? new MemoryEventLog(store, config.sessions.eventLogMaxLen)
   const shared = options.memory !== undefined
+  const tasks = options.memory?.tasks ?? new MemoryTaskStore()
   return {
     store,
     eventLog,
+    tasks,
     bus: metrics.instrumentBus(new MemoryBus(options.hub ?? new MemoryBusHub())),
     sessionTasks: options.memory?.sessionTasks ?? new MemorySessionTasks(),
     limiter: options.memory?.limiter ?? new MemoryRateLimiter(),
     quotas: options.memory?.quotas ?? new MemorySessionQuotas(),
-    close: async () => { if (!shared) await store.close() }
+    close: async () => {
+      if (options.memory?.tasks === undefined) await tasks.close()
+      if (!shared) await store.close()
+    }
   }
 }
 
@@ -159,6 +169,7 @@ async function redisServices (config: Readonly<Config>, log: Logger, replicaId: 
   return {
     store: new RedisSessionStore(redis, prefix, beatRedis),
     eventLog: new RedisEventLog(redis, prefix, config.sessions.eventLogMaxLen),
+    tasks: new RedisTaskStore(redis, prefix),
     bus: metrics.instrumentBus(bus),
     sessionTasks: new RedisSessionTasks(redis, prefix),
     limiter: new RedisRateLimiter(redis, prefix),
@@ -289,6 +300,7 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
     store: services.store,
     eventLog: services.eventLog,
     bus: services.bus,
+    tasks: services.tasks,
     backends: supervisor,
     pool,
     sessionTasks: services.sessionTasks,

@@ -51,6 +51,8 @@ export const GW_ERR_BACKEND_CAPACITY = createError('GW_ERR_BACKEND_CAPACITY', "B
 export const GW_ERR_POOL_BUSY = createError('GW_ERR_POOL_BUSY', "Backend '%s' is busy: all %d pooled connections stayed in use for %d ms", 503)
 /** More requests at once than the tenant's (or subject's) limits.concurrentRequests; carries retryAfter. */
 export const GW_ERR_TOO_MANY_CONCURRENT = createError('GW_ERR_TOO_MANY_CONCURRENT', 'Too Many Requests: the %s limit of %d requests at once is reached', 429)
+/** A task-augmented request of a session that already holds as many live tasks as it may. */
+export const GW_ERR_TASK_LIMIT = createError('GW_ERR_TASK_LIMIT', 'Too Many Requests: the session holds %d live tasks, the most it may; wait for one to end or cancel one', 429)
 export const GW_ERR_BACKEND_UNAVAILABLE = createError('GW_ERR_BACKEND_UNAVAILABLE', "Backend '%s' is unavailable: %s", 502)
 /** A request was in flight on a replica that died (or lost the session): its backend went with it. */
 export const GW_ERR_BACKEND_LOST = createError('GW_ERR_BACKEND_LOST', "Backend '%s' was lost with the replica running it (%s); the session goes on with a restarted backend, this request was not completed", 502)
@@ -100,6 +102,7 @@ export const JSONRPC_CODE: Record<string, number> = {
   GW_ERR_BACKEND_CAPACITY: -32007,
   GW_ERR_POOL_BUSY: -32007,
   GW_ERR_TOO_MANY_CONCURRENT: -32000,
+  GW_ERR_TASK_LIMIT: -32000,
   GW_ERR_BACKEND_UNAVAILABLE: -32007,
   GW_ERR_BACKEND_LOST: -32007,
   GW_ERR_BACKEND_TIMEOUT: -32006,

@@ -81,7 +81,7 @@ export class Router {
   readonly #delivery: Delivery
   readonly #kinds: SessionKinds
   readonly #watch: ReplicaWatch
-  readonly #tasks: TaskEvents
+  readonly #taskEvents: TaskEvents
   #seq = 0
   #stopping = false
   /** Envelopes of the 2026-07-28 face (MRTR retries across replicas), handed to it as they come. */
@@ -92,7 +92,7 @@ export class Router {
   constructor (options: RouterOptions) {
     this.#services = options
     this.replicaId = options.replicaId
-    const { replicaId, config, store, eventLog, bus, log, metrics } = options
+    const { replicaId, config, store, eventLog, bus, log, metrics, tasks } = options
     const endSession = async (sid: string, reason: string): Promise<void> => { await this.#sessions.end(sid, reason) }
     const host: RelayHost = {
       append: async (sid, streamId, message, holder) => await this.#streams.append(sid, streamId, message, false, holder),
@@ -103,6 +103,7 @@ export class Router {
       replicaId,
       config,
       store,
+      tasks,
       backends: options.backends,
       live: options.live,
       ...(options.upstream !== undefined ? { upstream: options.upstream } : {}),
@@ -113,8 +114,8 @@ export class Router {
       failOrphans: async (sid, server, reason, from) => await this.#delivery.adoptOrphans(sid, server, reason, from),
       redeliver: (envelopes, to) => { this.#delivery.redeliver(envelopes, to) }
     })
-    this.#tasks = new TaskEvents({ store, tasks: options.sessionTasks ?? new MemorySessionTasks(), metrics, log, ttlMs: config.sessions.idleTimeoutMs })
-    this.#streams = new ClientStreams({ replicaId, config, store, eventLog, bus, log, metrics, isAlive: async r => await this.#ownership.isAlive(r), endSession, newWriter: options.newWriter, tasks: this.#tasks })
+    this.#taskEvents = new TaskEvents({ store, tasks: options.sessionTasks ?? new MemorySessionTasks(), metrics, log, ttlMs: config.sessions.idleTimeoutMs })
+    this.#streams = new ClientStreams({ replicaId, config, store, tasks, eventLog, bus, log, metrics, isAlive: async r => await this.#ownership.isAlive(r), endSession, newWriter: options.newWriter, taskEvents: this.#taskEvents })
     this.#delivery = new Delivery({ ...options, ownership: this.#ownership, streams: this.#streams, touch: sid => { this.#sessions.touch(sid) } })
     this.#pooled = new PooledSessions({
       replicaId,
@@ -125,8 +126,12 @@ export class Router {
       append: async (sid, streamId, message) => await this.#streams.append(sid, streamId, message),
       writes: (sid, streamId) => this.#streams.writes(sid, streamId),
       pendingReplicas: async sid => await eventLog.pendingReplicas(sid),
-      forward: async (replica, sid, message) => {
-        if (await this.#ownership.isAlive(replica)) await bus.send(replica, { kind: 'deliver', sid, streamId: null, message })
+      tasks,
+      isAlive: async replica => await store.isAlive(replica),
+      forward: async (replica, sid, message, streamId) => {
+        // A request whose stream is written here (its POST's): the answer's wake can go with its append.
+        const holder = streamId !== undefined && this.#streams.writes(sid, streamId) ? { holder: replicaId } : {}
+        if (await this.#ownership.isAlive(replica)) await bus.send(replica, { kind: 'deliver', sid, streamId: streamId ?? null, message, ...holder })
       }
     })
     this.#kinds = new SessionKinds({
@@ -139,11 +144,12 @@ export class Router {
       upstream: options.upstream,
       toolPolicy: options.toolPolicy
     }, this.#pooled)
-    this.#sessions = new Sessions({ replicaId, config, store, eventLog, bus, log, metrics, ownership: this.#ownership, kinds: this.#kinds, pooled: this.#pooled, streams: this.#streams, stopping: () => this.#stopping, ended: sid => { this.#tasks.ended(sid) }, ...(options.admitSession !== undefined ? { admit: options.admitSession } : {}) })
+    this.#sessions = new Sessions({ replicaId, config, store, tasks, eventLog, bus, log, metrics, ownership: this.#ownership, kinds: this.#kinds, pooled: this.#pooled, streams: this.#streams, stopping: () => this.#stopping, ended: sid => { this.#taskEvents.ended(sid) }, ...(options.admitSession !== undefined ? { admit: options.admitSession } : {}) })
     this.#watch = new ReplicaWatch({
       replicaId,
       config,
       store,
+      tasks,
       eventLog,
       bus,
       log,
@@ -313,7 +319,7 @@ export class Router {
       if (await this.#ownership.isAlive(replica)) await this.#services.bus.send(replica, { kind: 'deliver', sid, streamId: null, message })
       return
     }
-    this.#tasks.fromClient(record, message)
+    this.#taskEvents.fromClient(record, message)
     if (isRequest(message) && streamId !== null && this.#refusedByToolPolicy(record, message, streamId)) {
       kind.release(admission?.route, message)
       return
@@ -386,8 +392,9 @@ export class Router {
         }
         const relay = this.#ownership.local(envelope.sid)
         if (relay !== undefined) { this.#delivery.toRelay(relay, envelope.message, envelope.streamId, envelope.trace, envelope.holder); return }
-        // A pooled session's cancellation or server-request answer, for a call running here.
-        if (envelope.streamId === null && this.#pooled.fromEnvelope(envelope.sid, envelope.message)) return
+        // A pooled session's cancellation or server-request answer, for a call running here, or a
+        // request about a task held here.
+        if (this.#pooled.fromEnvelope(envelope.sid, envelope.message, envelope.streamId)) return
         const message = envelope.message
         if (isRequest(message) && envelope.streamId !== null) {
           this.#streams.append(envelope.sid, envelope.streamId, toJsonRpcError(new GW_ERR_SESSION_NOT_FOUND(), message.id)).catch(() => {})

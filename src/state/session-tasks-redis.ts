@@ -1,7 +1,7 @@
 // Redis twin of the sessions' task view (session-tasks.ts): one hash per session, task id -> JSON,
 // in the session's hash slot. put() is one script: read the status before, keep an ended one,
 // write, renew the TTL and drop one entry past the bound (the same choice as the memory twin's).
-import { sessionTasksKey } from './redis/keys.js'
+import { sessionTaskViewKey } from './redis/keys.js'
 import { storeCall, type Redis } from './redis/client.js'
 import { byCreation, MAX_SESSION_TASKS, type SessionTask, type SessionTasks } from './session-tasks.js'
 
@@ -43,13 +43,13 @@ export class RedisSessionTasks implements SessionTasks {
   }
 
   async put (sid: string, task: SessionTask, ttlMs: number): Promise<string | null> {
-    const key = sessionTasksKey(this.#prefix, sid)
+    const key = sessionTaskViewKey(this.#prefix, sid)
     const prev = await storeCall(this.#redis.eval(PUT, 1, key, task.taskId, JSON.stringify(task), ttlMs, MAX_SESSION_TASKS, task.status))
     return typeof prev === 'string' && prev !== '' ? prev : null
   }
 
   async list (sid: string): Promise<SessionTask[]> {
-    const hash = await storeCall(this.#redis.hgetall(sessionTasksKey(this.#prefix, sid)))
+    const hash = await storeCall(this.#redis.hgetall(sessionTaskViewKey(this.#prefix, sid)))
     const tasks: SessionTask[] = []
     for (const json of Object.values(hash)) {
       try {
@@ -62,6 +62,6 @@ export class RedisSessionTasks implements SessionTasks {
   }
 
   async forget (sid: string): Promise<void> {
-    await storeCall(this.#redis.del(sessionTasksKey(this.#prefix, sid)))
+    await storeCall(this.#redis.del(sessionTaskViewKey(this.#prefix, sid)))
   }
 }

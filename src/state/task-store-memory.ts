@@ -52,6 +52,10 @@ export class MemoryTaskStore implements TaskStore {
     return this.#listed(this.#byReplica.get(replica), limit)
   }
 
+  async replicas (): Promise<string[]> {
+    return [...this.#byReplica.keys()].filter(replica => this.#listed(this.#byReplica.get(replica), 1).length > 0)
+  }
+
   async delete (id: string): Promise<boolean> {
     const record = this.#records.get(id)
     if (record === undefined) return false

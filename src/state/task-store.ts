@@ -62,6 +62,8 @@ export interface TaskStore {
   ofSession (sessionId: string, limit: number): Promise<TaskRecord[]>
   /** The live records run by a replica (owner loss: they are failed or taken over), at most `limit`. */
   ofReplica (replica: string, limit: number): Promise<TaskRecord[]>
+  /** The replicas that run live records (a sweep finds the ones that are gone among them). */
+  replicas (): Promise<string[]>
   /** Forgets a record; true when it existed. */
   delete (id: string): Promise<boolean>
   close (): Promise<void>

@@ -18,6 +18,7 @@ import { MemoryEventLog } from '../../src/state/event-log-memory.js'
 import { ANSWERED_DIRECTLY, formatEventId, GET_STREAM } from '../../src/state/event-log.js'
 import { MemorySessionStore } from '../../src/state/session-store-memory.js'
 import { createLogger } from '../../src/telemetry/logger.js'
+import { MemoryTaskStore } from '../../src/state/task-store-memory.js'
 
 /** ClientStreams of replica r1 over the memory twins (a log of 10 entries per stream). */
 function memoryStreams (t: Test, http: Record<string, unknown> = {}): { store: MemorySessionStore, log: ReturnType<typeof createLogger>, streams: ClientStreams, eventLog: MemoryEventLog } {
@@ -27,7 +28,7 @@ function memoryStreams (t: Test, http: Record<string, unknown> = {}): { store: M
   const eventLog = new MemoryEventLog(store, 10)
   const log = createLogger('silent', 'r1')
   const streams = new ClientStreams({
-    replicaId: 'r1', config, store, eventLog, bus: new MemoryBus(), log, metrics: NO_METRICS,
+    replicaId: 'r1', config, store, tasks: new MemoryTaskStore(), eventLog, bus: new MemoryBus(), log, metrics: NO_METRICS,
     isAlive: async () => true,
     endSession: async () => {},
     newWriter: options => new StreamWriter(options)

@@ -17,13 +17,14 @@
 //   it needs (else the backend hears -32601); its answer returns to the call by its opaque id,
 //   on the replica the id names, and only from the session it was sent to.
 // - Tasks (MCP spec, "Tasks"): a task lives in the child whose connection ran its task-augmented
-//   request, so the gateway records it (pooled-tasks.ts) under an id of its own and sends every
-//   request about it to that connection (pooled-task-requests.ts); a session sees and names only
-//   its own tasks.
+//   request, so the gateway records it (pooled-tasks.ts here, the task store for every replica:
+//   pooled-task-remote.ts) under an id of its own and sends every request about it to that
+//   connection, on whichever replica holds it (pooled-task-requests.ts); a session sees and names
+//   only its own tasks.
 import { performance } from 'node:perf_hooks'
 import type { Logger } from 'pino'
 import type { ServerSource } from '../../config/live.js'
-import { GW_ERR_INTERNAL, cancelledAnswer, toJsonRpcError, type GatewayError } from '../../core/errors.js'
+import { GW_ERR_INTERNAL, GW_ERR_SESSION_NOT_FOUND, cancelledAnswer, toJsonRpcError, type GatewayError } from '../../core/errors.js'
 import {
   errorResponse, idKey, isNotification, isRecord, isRequest, isResponse, progressTokenOf, JSONRPC_METHOD_NOT_FOUND,
   type JsonRpcMessage, type JsonRpcRequest, type JsonRpcResponse, type RequestId
@@ -31,12 +32,15 @@ import {
 import { capabilityNeededBy, isLogLevel, LOG_LEVELS } from '../../core/mcp.js'
 import { GET_STREAM, LEGACY_STREAM } from '../../state/event-log.js'
 import type { SessionRecord, SessionStore } from '../../state/session-store.js'
+import type { TaskStore } from '../../state/task-store.js'
 import { shortHash } from '../../telemetry/logger.js'
 import { breathe } from '../replica/upkeep.js'
 import type { ConnectionPool, PooledCall, Reservation } from '../upstream/pool.js'
 import { progressForClient, underGatewayKey } from '../upstream/progress-tokens.js'
 import { asGatewayError, capabilitiesOf, isJsonStream } from '../upstream/relay.js'
+import { kindNameOf, serverConfigOf } from '../../config/server-kind.js'
 import { ANSWERED_HERE, logLevelOf, PooledSessionState } from './pooled-session-state.js'
+import { RemoteTasks } from './pooled-task-remote.js'
 import { PooledTaskRequests } from './pooled-task-requests.js'
 import { TASK_METHODS } from './pooled-tasks.js'
 
@@ -48,6 +52,10 @@ export interface PooledSessionsOptions {
   pool: ConnectionPool
   live: ServerSource
   store: SessionStore
+  /** The records of tasks, read by every replica (pooled-task-remote.ts). */
+  tasks: TaskStore
+  /** Whether a replica's heartbeat is there now. */
+  isAlive: (replica: string) => Promise<boolean>
   log: Logger
   /** Appends to a client stream's log and wakes its holder (ClientStreams.append). */
   append: (sid: string, streamId: string, message: JsonRpcMessage) => Promise<unknown>
@@ -55,8 +63,8 @@ export interface PooledSessionsOptions {
   writes: (sid: string, streamId: string) => boolean
   /** Replicas that serve requests of the session now (their pending markers), for a cancellation. */
   pendingReplicas: (sid: string) => Promise<string[]>
-  /** Puts a client message in another replica's inbox. */
-  forward: (replica: string, sid: string, message: JsonRpcMessage) => Promise<void>
+  /** Puts a client message in another replica's inbox (`streamId`: where a request's answer goes). */
+  forward: (replica: string, sid: string, message: JsonRpcMessage, streamId?: string) => Promise<void>
 }
 
 /** The pool connections a POST of a pooled session reserved before its stream opened: one per backend request. */
@@ -97,14 +105,20 @@ export class PooledSessions {
   readonly #asks = new Map<string, { sid: string, call: PooledCall }>()
   /** The session's tasks and the client's requests about them. */
   readonly #tasks: PooledTaskRequests
+  /** The task store, as pooled sessions read it. */
+  readonly #remote: RemoteTasks
   readonly #sweep: NodeJS.Timeout
   #sweeping = false
 
   constructor (options: PooledSessionsOptions) {
     this.#options = options
     this.#state = new PooledSessionState({ ...options, append: (sid, streamId, message) => { this.#append(sid, streamId, message) } })
+    this.#remote = new RemoteTasks({ replicaId: options.replicaId, tasks: options.tasks, isAlive: options.isAlive })
     this.#tasks = new PooledTaskRequests({
       pool: options.pool,
+      remote: this.#remote,
+      log: options.log,
+      forward: async (replica, sid, streamId, request) => { await options.forward(replica, sid, request, streamId) },
       append: (sid, streamId, message) => { this.#append(sid, streamId, message) },
       track: (sid, clientId, streamId, connectionId) => {
         const local = this.#track(sid, clientId, streamId, connectionId)
@@ -138,8 +152,15 @@ export class PooledSessions {
    * Before a POST's stream opens: a pool connection for its request, if it needs the backend, so a
    * pool that stays busy is an HTTP 503 with Retry-After, not an error inside a 200 stream.
    */
-  async admit (record: SessionRecord, requests: readonly JsonRpcRequest[]): Promise<PoolReservations> {
+  async admit (record: SessionRecord, requests: readonly JsonRpcRequest[]): Promise<PoolReservations | string> {
     const reservations = new PoolReservations()
+    // A request about a task another replica holds goes there; its marker names that replica, so
+    // losing it answers the request (-32007) wherever it waits.
+    const [first, ...others] = requests
+    if (first !== undefined && others.length === 0 && TASK_METHODS.has(first.method) && !this.#tasks.holds(record.id, first)) {
+      const holder = await this.#remote.replicaFor(record, first)
+      if (holder !== undefined) return holder
+    }
     // A task's requests go to the connection that holds it, taken when they run.
     const wanted = requests.filter(r => !ANSWERED_HERE.has(r.method) && !TASK_METHODS.has(r.method))
     // A batch (2025-03-26) takes its connections as its requests run, one at a time as they come
@@ -151,7 +172,7 @@ export class PooledSessions {
   }
 
   /** One client message of a pooled session (its request's answer goes to `streamId`). */
-  async fromClient (record: SessionRecord, message: JsonRpcMessage, streamId: string | null, reservations?: PoolReservations): Promise<void> {
+  async fromClient (record: SessionRecord, message: JsonRpcMessage, streamId: string | null, reservations?: PoolReservations, holder?: string): Promise<void> {
     if (isResponse(message)) { this.answer(record.id, message); return }
     if (!isRequest(message)) {
       if (message.method === 'notifications/cancelled') await this.#cancel(record.id, message, true)
@@ -168,9 +189,11 @@ export class PooledSessions {
       }
       if (TASK_METHODS.has(message.method)) {
         reservation?.release()
-        this.#tasks.request(record, message, target)
+        if (holder !== undefined) await this.#options.forward(holder, record.id, message, target)
+        else this.#tasks.request(record, message, target)
         return
       }
+      if (await this.#tasks.refusesNew(record, message, target)) { reservation?.release(); return }
       this.#run(record, message, target, reservation)
     } catch (err) {
       reservation?.release()
@@ -195,7 +218,17 @@ export class PooledSessions {
    * A client message another replica passed here (a cancellation of a request running here, an
    * answer to a request asked from here). False when nothing here knows it.
    */
-  fromEnvelope (sid: string, message: JsonRpcMessage): boolean {
+  fromEnvelope (sid: string, message: JsonRpcMessage, streamId: string | null = null): boolean {
+    if (isRequest(message) && streamId !== null && TASK_METHODS.has(message.method)) {
+      // A task request another replica passed here, as the task's holder.
+      this.#options.store.get(sid).then(record => {
+        // Only a pooled session's (a session of another kind whose relay is not here is gone here).
+        if (record === null || kindNameOf(serverConfigOf(this.#options.live, record.server)) !== 'pooled') {
+          this.#append(sid, streamId, toJsonRpcError(new GW_ERR_SESSION_NOT_FOUND(), message.id))
+        } else this.#tasks.request(record, message, streamId, true)
+      }, (err: unknown) => { this.#append(sid, streamId, toJsonRpcError(asGatewayError(err, '?'), message.id)) })
+      return true
+    }
     if (isResponse(message)) return this.answer(sid, message)
     if (isNotification(message) && message.method === 'notifications/cancelled') {
       this.#cancel(sid, message, false).catch(() => {})
@@ -318,8 +351,14 @@ export class PooledSessions {
   }
 
   /** @internal SessionSink: a CreateTaskResult of a call: the task recorded, shown under the session's id. */
-  taskCreated (local: LocalCall, record: SessionRecord, response: JsonRpcResponse & { result: Record<string, unknown> }): JsonRpcResponse {
-    return this.#tasks.created(record, local.connectionId, response)
+  async taskCreated (local: LocalCall, record: SessionRecord, response: JsonRpcResponse & { result: Record<string, unknown> }): Promise<JsonRpcResponse> {
+    return await this.#tasks.created(record, local.connectionId, response)
+  }
+
+  /** Live tasks of replicas that are gone are failed in the store (every replica's sweep). */
+  async sweepLostTasks (): Promise<void> {
+    const failed = await this.#remote.sweepLost()
+    if (failed > 0) this.#options.log.warn({ tasks: failed }, 'live tasks of a lost replica failed')
   }
 
   // ---- backend -> client ---------------------------------------------------------------------
@@ -360,7 +399,8 @@ export class PooledSessions {
   async #sweepNow (): Promise<void> {
     const started = performance.now()
     this.#state.renewListening()
-    const known = this.#state.sessionsKnown()
+    await this.sweepLostTasks().catch(err => { this.#options.log.warn({ err }, 'lost tasks not failed') })
+    const known = new Set([...this.#state.sessionsKnown(), ...this.#tasks.sessions()])
     let i = 0
     const batch: string[] = []
     const check = async (): Promise<void> => {
@@ -407,9 +447,10 @@ class SessionSink {
     if (isResponse(received)) {
       const response = { ...received, id: local.clientId } as JsonRpcResponse
       const created = this.#taskAugmented && 'result' in response && isRecord(response.result) && isRecord(response.result.task)
-      this.#owner.deliver(local, created
-        ? this.#owner.taskCreated(local, this.#record, response as JsonRpcResponse & { result: Record<string, unknown> })
-        : this.#owner.taskIdsForClient(local, response) ?? response, true)
+      if (!created) { this.#owner.deliver(local, this.#owner.taskIdsForClient(local, response) ?? response, true); return }
+      // The task's record is in the store before the client sees its id.
+      this.#owner.taskCreated(local, this.#record, response as JsonRpcResponse & { result: Record<string, unknown> })
+        .then(shown => { this.#owner.deliver(local, shown, true) }, () => {})
       return
     }
     // The backend's task ids never reach the client: the session's own replace them, others go.

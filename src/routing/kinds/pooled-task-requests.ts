@@ -4,16 +4,25 @@
 // its own tasks. What the pool's connections send about a task reaches its session's stream here,
 // under the session's id.
 //
+// Every task has a record in the task store (pooled-task-remote.ts), written before the client
+// sees its id: a request about a task held by another replica is passed there (the admission
+// names that replica, so the request's marker does too, and its loss answers it -32007), and one
+// about a task no live replica holds is answered from its record.
+//
 // tasks/result is waited for here (status notifications, else tasks/get every pollInterval) and
 // sent to the backend only once the task is terminal or needs input: a connection runs one request
 // at a time, and a tasks/result blocking it for the task's whole life would hold up every other
 // request that needs that connection.
+import type { Logger } from 'pino'
 import { GW_ERR_BACKEND_UNAVAILABLE, isGatewayError, toJsonRpcError } from '../../core/errors.js'
 import { errorResponse, isRecord, isResponse, JSONRPC_INVALID_PARAMS, type JsonRpcMessage, type JsonRpcRequest, type JsonRpcResponse, type RequestId } from '../../core/jsonrpc.js'
 import { GET_STREAM, LEGACY_STREAM } from '../../state/event-log.js'
 import type { SessionRecord } from '../../state/session-store.js'
 import type { ConnectionPool } from '../upstream/pool.js'
 import { asGatewayError } from '../upstream/relay.js'
+import { shortHash } from '../../telemetry/logger.js'
+import type { TaskRecord } from '../../state/task-store.js'
+import { unknownTask, type RemoteTasks } from './pooled-task-remote.js'
 import { isTerminal, PooledTasks, relatedTaskOf, withTaskIds, type PooledTask } from './pooled-tasks.js'
 
 /** Bounds of how often a waiting tasks/result asks the backend (the task's pollInterval, else a second). */
@@ -31,6 +40,11 @@ export interface TrackedCall {
 /** What the task requests need of the pooled sessions that run them (PooledSessions). */
 export interface TaskRequestHost {
   readonly pool: ConnectionPool
+  /** The task store, as this kind reads it. */
+  readonly remote: RemoteTasks
+  readonly log: Logger
+  /** Passes a client's task request to the replica that holds the task (its answer goes to `streamId` from there). */
+  forward (replica: string, sid: string, streamId: string, request: JsonRpcRequest): Promise<void>
   /** Appends to a client stream's log (failures are logged there). */
   append (sid: string, streamId: string, message: JsonRpcMessage): void
   /** Records a request waiting here among the session's calls. */
@@ -41,20 +55,24 @@ export interface TaskRequestHost {
 
 export class PooledTaskRequests {
   readonly #host: TaskRequestHost
-  readonly #tasks = new PooledTasks()
+  readonly #tasks: PooledTasks
   readonly #unwatch: () => void
 
   constructor (host: TaskRequestHost) {
     this.#host = host
+    this.#tasks = new PooledTasks(task => { this.#stored(task) })
     this.#unwatch = host.pool.watchTasks({
       message: (connectionId, message) => this.#taskNotification(connectionId, message),
       lost: (connectionId, reason) => { this.#tasks.lost(connectionId, reason) }
     })
   }
 
-  /** A client's task request: its answer (or error) goes to `streamId`. */
-  request (record: SessionRecord, request: JsonRpcRequest, streamId: string): void {
-    this.#taskRequest(record, request, streamId).catch(err => {
+  /**
+   * A client's task request: its answer (or error) goes to `streamId`. `forwarded`: another
+   * replica passed it here, as the task's holder; it is never passed on again.
+   */
+  request (record: SessionRecord, request: JsonRpcRequest, streamId: string, forwarded = false): void {
+    this.#taskRequest(record, request, streamId, forwarded).catch(err => {
       this.#host.append(record.id, streamId, toJsonRpcError(asGatewayError(err, record.server), request.id))
     })
   }
@@ -69,8 +87,11 @@ export class PooledTaskRequests {
     return withTaskIds(message, this.#taskIdsOf(sid, connectionId))
   }
 
-  /** A CreateTaskResult of a call on `connectionId`: the task recorded, shown under the session's id. */
-  created (record: SessionRecord, connectionId: string | null, response: JsonRpcResponse & { result: Record<string, unknown> }): JsonRpcResponse {
+  /**
+   * A CreateTaskResult of a call on `connectionId`: the task recorded (here, and in the task store
+   * before the client sees its id), shown under the session's id.
+   */
+  async created (record: SessionRecord, connectionId: string | null, response: JsonRpcResponse & { result: Record<string, unknown> }): Promise<JsonRpcResponse> {
     const described = response.result.task
     if (connectionId === null || !isRecord(described)) return response
     const tenant = record.tenant ?? null
@@ -85,14 +106,64 @@ export class PooledTaskRequests {
       pin: () => this.#host.pool.pin(record.server, tenant, connectionId)
     })
     if (task === undefined) return response
+    const view = this.#tasks.view(task)
+    const now = Date.now()
+    const stored: TaskRecord = {
+      id: task.id,
+      tenant,
+      subjectDigest: record.subjectDigest ?? null,
+      sessionId: record.id,
+      server: record.server,
+      replica: this.#host.remote.replicaId,
+      connectionId,
+      backendTaskId: task.backendId,
+      task: view,
+      createdAt: now,
+      expiresAt: task.expiresAt
+    }
+    try {
+      await this.#host.remote.store.create(stored)
+    } catch (err) {
+      // A task nobody could find again on another replica: it is not shown, and the backend stops it.
+      if (live(task)) this.#askTask(task, 'tasks/cancel').catch(() => {})
+      this.#tasks.forget(task)
+      return toJsonRpcError(asGatewayError(err, record.server), response.id ?? null)
+    }
+    // A status learnt while the record was being written found no record to change: written now.
+    if (JSON.stringify(this.#tasks.view(task)) !== JSON.stringify(view)) this.#stored(task)
     const shown = withTaskIds(response, this.#taskIdsOf(record.id, connectionId)) as JsonRpcResponse & { result: Record<string, unknown> }
     return { ...shown, result: { ...shown.result, task: this.#tasks.view(task) } }
   }
 
   /** The session ended: nobody can name its tasks any more, so the backend stops working on them. */
   sessionEnded (sid: string): void {
-    for (const task of this.#tasks.ofSession(sid)) if (live(task)) this.#askTask(task, 'tasks/cancel').catch(() => {})
+    for (const task of this.#tasks.ofSession(sid)) {
+      if (live(task)) this.#askTask(task, 'tasks/cancel').catch(() => {})
+      this.#host.remote.store.delete(task.id).catch(() => {})
+    }
     this.#tasks.forgetSession(sid)
+  }
+
+  /** A task-augmented tools/call while the session holds as many live tasks as it may: refused, its error sent. */
+  async refusesNew (record: SessionRecord, request: JsonRpcRequest, streamId: string): Promise<boolean> {
+    if (request.method !== 'tools/call' || !isRecord(request.params) || !isRecord(request.params.task)) return false
+    try {
+      await this.#host.remote.admitTask(record)
+      return false
+    } catch (err) {
+      this.#host.append(record.id, streamId, toJsonRpcError(asGatewayError(err, record.server), request.id))
+      return true
+    }
+  }
+
+  /** Whether the session's task `taskId` is held here (no need to read its record to route it). */
+  holds (sid: string, request: JsonRpcRequest): boolean {
+    return isRecord(request.params) && this.#tasks.of(sid, request.params.taskId) !== undefined
+  }
+
+  /** The sessions whose tasks are held here (the sweep checks they still exist). */
+  sessions (): string[] {
+    return [...this.#tasks.sessions()]
   }
 
   stop (): void {
@@ -100,8 +171,17 @@ export class PooledTaskRequests {
     this.#tasks.stop()
   }
 
+  /** A task's status changed here: its record follows (tasks/list and other replicas read it). */
+  #stored (task: PooledTask): void {
+    const view = this.#tasks.view(task)
+    const lost = task.lost === undefined ? {} : { outcome: { error: toJsonRpcError(new GW_ERR_BACKEND_UNAVAILABLE(task.server, task.lost), null).error }, connectionId: null }
+    this.#host.remote.store.update(task.id, { task: view, ...lost }).catch(err => {
+      this.#host.log.warn({ err, sid: shortHash(task.sid) }, 'task status not written to the task store')
+    })
+  }
+
   /** tasks/get, tasks/result, tasks/list, tasks/cancel of a pooled session: only its own tasks, on the connection that holds each. */
-  async #taskRequest (record: SessionRecord, request: JsonRpcRequest, streamId: string): Promise<void> {
+  async #taskRequest (record: SessionRecord, request: JsonRpcRequest, streamId: string, forwarded: boolean): Promise<void> {
     const sid = record.id
     const params = isRecord(request.params) ? request.params : {}
     const send = (message: JsonRpcMessage): void => { this.#host.append(sid, streamId, message) }
@@ -109,17 +189,22 @@ export class PooledTaskRequests {
     if (request.method === 'tasks/list') {
       // The gateway hands out no cursor: every task of the session comes in one page.
       if (params.cursor !== undefined) { send(errorResponse(request.id, JSONRPC_INVALID_PARAMS, 'Invalid cursor')); return }
-      const tasks = this.#tasks.ofSession(sid)
-      await Promise.all(tasks.filter(live).map(async task => { await this.#refresh(task, LIST_REFRESH_MS) }))
-      reply({ tasks: tasks.map(task => this.#tasks.view(task)) })
+      // The session's tasks wherever they run (the store), those held here asked afresh; those
+      // held elsewhere as their replica last wrote them.
+      const records = await this.#host.remote.ofSession(record)
+      await Promise.all(this.#tasks.ofSession(sid).filter(live).map(async task => { await this.#refresh(task, LIST_REFRESH_MS) }))
+      reply({ tasks: records.map(stored => { const here = this.#tasks.of(sid, stored.id); return here !== undefined ? this.#tasks.view(here) : stored.task }) })
       return
     }
     const task = this.#tasks.of(sid, params.taskId)
     if (task === undefined) {
-      // What a backend answers for a task it does not know (the SDK's wording): another session's
-      // task is as unknown here as one that never was.
-      const message = request.method === 'tasks/get' ? 'Failed to retrieve task: Task not found' : `Task not found: ${String(params.taskId)}`
-      send(errorResponse(request.id, JSONRPC_INVALID_PARAMS, message))
+      // Not held here: its record says whose it is and where it runs. What a backend answers for a
+      // task it does not know (the SDK's wording) is the answer for another's task, too.
+      const stored = await this.#host.remote.find(record, params.taskId)
+      if (stored === null) { send(unknownTask(request)); return }
+      const replica = forwarded ? undefined : await this.#host.remote.holderOf(stored)
+      if (replica !== undefined) { await this.#host.forward(replica, sid, streamId, request); return }
+      send(await this.#host.remote.answerFromStore(request, stored))
       return
     }
     switch (request.method) {

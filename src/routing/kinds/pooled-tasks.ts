@@ -1,13 +1,16 @@
-// The tasks of pooled sessions (MCP 2025-11-25, "Tasks"), kept on this replica. A task lives in the
+// The tasks of pooled sessions (MCP 2025-11-25, "Tasks") held on this replica. A task lives in the
 // backend child whose connection ran its task-augmented request; the session holds no connection,
 // so the gateway keeps, per task, which session (and tenant, subject) it belongs to and which pool
 // connection holds it, and shows the client an id of its own: random, so a task of another session
-// cannot be named by guessing, and mapped to (connection, backend task id) only here.
+// cannot be named by guessing, and mapped to (connection, backend task id) only here. Its record in
+// the task store (pooled-task-remote.ts) is what other replicas read; this is what only the replica
+// holding the connection can keep:
 //
 // - A connection that holds live tasks is pinned (the pool does not stop it as idle); a task that
 //   ends (terminal status), expires or whose session ends lets go of it.
 // - A connection that loses its backend (it stopped, restarted, was closed) fails its live tasks
 //   with a statusMessage saying so: they never stay `working`.
+// - A status that changes is told to whoever keeps the store's record (`changed`).
 // - Records live for the task's ttl (bounded by MAX_TTL_MS), then are forgotten.
 import { randomBytes } from 'node:crypto'
 import { isRecord, type JsonRpcMessage } from '../../core/jsonrpc.js'
@@ -65,7 +68,11 @@ export class PooledTasks {
   readonly #bySession = new Map<string, Set<PooledTask>>()
   readonly #sweep: NodeJS.Timeout
 
-  constructor () {
+  /** Told when a task's status changes (the task store follows). */
+  readonly #changed: (task: PooledTask) => void
+
+  constructor (changed: (task: PooledTask) => void = () => {}) {
+    this.#changed = changed
     this.#sweep = setInterval(() => { this.#forgetExpired(Date.now()) }, SWEEP_MS)
     this.#sweep.unref()
   }
@@ -123,10 +130,11 @@ export class PooledTasks {
   /** The backend described the task again (tasks/get, tasks/cancel, a status notification). */
   update (task: PooledTask, described: Record<string, unknown>): void {
     if (task.lost !== undefined || described.taskId !== task.backendId) return
-    const before = task.task.status
+    const before = task.task
     task.task = described
     if (isTerminal(described.status)) task.unpin()
-    if (before !== described.status || isTerminal(described.status)) this.#wake(task)
+    if (before.status !== described.status || before.statusMessage !== described.statusMessage) this.#changed(task)
+    if (before.status !== described.status || isTerminal(described.status)) this.#wake(task)
   }
 
   /** The connection lost its backend: its live tasks fail, saying why. */
@@ -135,6 +143,7 @@ export class PooledTasks {
       if (task.lost !== undefined || isTerminal(task.task.status)) continue
       task.lost = `The gateway lost the backend connection that ran this task: ${reason}`
       task.unpin()
+      this.#changed(task)
       this.#wake(task)
     }
   }
@@ -147,6 +156,16 @@ export class PooledTasks {
       view.statusMessage = task.lost
     }
     return view
+  }
+
+  /** The sessions that hold tasks here. */
+  sessions (): IterableIterator<string> {
+    return this.#bySession.keys()
+  }
+
+  /** Forgets one task (its record could not be written: the client never sees it). */
+  forget (task: PooledTask): void {
+    this.#forget(task)
   }
 
   /** The session ended: its tasks can no longer be reached, and their connections are let go. */

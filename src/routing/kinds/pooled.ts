@@ -29,14 +29,17 @@ export class PooledKind implements SessionKind {
     this.#sessions.created(record)
   }
 
-  /** A pool connection for each request, taken before its stream opens: a busy pool is a 503. */
+  /**
+   * A pool connection for each request, taken before its stream opens: a busy pool is a 503. A
+   * request about a task another replica holds is routed there instead (that replica's id).
+   */
   async admit (record: SessionRecord, _ownerRead: Promise<string | null> | undefined, requests: readonly JsonRpcRequest[]): Promise<Route> {
     return await this.#sessions.admit(record, requests)
   }
 
   prefetchOwner (): undefined { return undefined }
 
-  sendsFromHere (): boolean { return true }
+  sendsFromHere (_record: SessionRecord, route: Route | undefined): boolean { return typeof route !== 'string' }
 
   release (route: Route | undefined, request?: JsonRpcRequest): void {
     if (!(route instanceof PoolReservations)) return
@@ -45,7 +48,7 @@ export class PooledKind implements SessionKind {
   }
 
   async fromClient (record: SessionRecord, message: JsonRpcMessage, streamId: string | null, route: Route | undefined): Promise<void> {
-    await this.#sessions.fromClient(record, message, streamId, route instanceof PoolReservations ? route : undefined)
+    await this.#sessions.fromClient(record, message, streamId, route instanceof PoolReservations ? route : undefined, typeof route === 'string' ? route : undefined)
   }
 
   answer (record: SessionRecord, response: JsonRpcResponse): void {

@@ -4,6 +4,7 @@ import type { Config } from '../../config/schema.js'
 import type { Bus } from '../../state/bus.js'
 import type { EventLog } from '../../state/event-log.js'
 import type { SessionStore } from '../../state/session-store.js'
+import type { TaskStore } from '../../state/task-store.js'
 import type { GatewayMetrics } from '../../telemetry/metrics.js'
 
 export interface ReplicaContext {
@@ -14,6 +15,8 @@ export interface ReplicaContext {
    */
   config: Readonly<Config>
   store: SessionStore
+  /** The records of the tasks the gateway mints ids for, read by every replica. */
+  tasks: TaskStore
   eventLog: EventLog
   bus: Bus
   log: Logger

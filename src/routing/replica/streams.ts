@@ -104,7 +104,7 @@ export interface ClientStreamsOptions extends HeldStreamsOptions {
   /** Makes a client stream's writer (the HTTP layer's, handed down by app.ts). */
   newWriter: WriterFactory
   /** Sees every message for a client: the tasks it tells of (metrics, audit, the console's view). */
-  tasks?: TaskEvents
+  taskEvents?: TaskEvents
 }
 
 export class ClientStreams {
@@ -129,7 +129,7 @@ export class ClientStreams {
    * Returns '' when nothing was written.
    */
   async append (sid: string, streamId: string, message: JsonRpcMessage | null, claimed = false, expectedHolder?: string): Promise<string> {
-    if (message !== null) this.#services.tasks?.toClient(sid, message)
+    if (message !== null) this.#services.taskEvents?.toClient(sid, message)
     const response = message !== null && isResponse(message) && isRequestStreamId(streamId)
     const answers = !claimed && response && message.id != null ? message.id : undefined
     // The one answer of a one-request stream completes it: the log is kept only briefly from now

@@ -73,4 +73,16 @@ export const summaryIndexKey = (prefix: string): string => `${prefix}:summaries`
 export const summaryKey = (prefix: string, replicaId: string): string => `${prefix}:summary:${replicaId}`
 
 /** A session's task view (session-tasks.ts): hash, task id -> JSON; in the session's slot. */
+export const sessionTaskViewKey = (prefix: string, sid: string): string => `${prefix}:{${sid}}:taskview`
+
+/** A task record (task-store-redis.ts): a hash of JSON fields, expiring with the task. */
+export const taskKey = (prefix: string, taskId: string): string => `${prefix}:task:${taskId}`
+
+/** A session's task ids, scored by when each record expires; under the session's hash tag. */
 export const sessionTasksKey = (prefix: string, sid: string): string => `${prefix}:{${sid}}:tasks`
+
+/** The task ids a replica runs, scored by when each record expires. */
+export const replicaTasksKey = (prefix: string, replicaId: string): string => `${prefix}:tasks:replica:${replicaId}`
+
+/** The replicas that run live tasks, scored by when their last record expires. */
+export const taskReplicasKey = (prefix: string): string => `${prefix}:tasks:replicas`
