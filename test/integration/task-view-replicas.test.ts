@@ -9,7 +9,7 @@ import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/
 import { CallToolResultSchema, CreateTaskResultSchema } from '@modelcontextprotocol/sdk/types.js'
 import t from 'tap'
 import { randomPrefix, startRedis, testRedis } from '../helpers/redis-server.js'
-import { sessionTasksKey } from '../../src/state/redis/keys.js'
+import { sessionTaskViewKey } from '../../src/state/redis/keys.js'
 import { startReplica, startRoundRobinProxy, type ReplicaProcess } from '../helpers/replicas.js'
 import { scrape } from '../helpers/prometheus.js'
 import { eventually, textOf } from '../helpers/wait.js'
@@ -68,7 +68,7 @@ t.test('a session\'s tasks through two replicas: one view, counted once', async 
   t.match(lines('task.cancel'), [{ session: digest, taskId: cancelled }], 'one task.cancel line')
 
   // The session ends (the client's DELETE): its view goes with it.
-  const key = sessionTasksKey(prefix, transport.sessionId ?? '')
+  const key = sessionTaskViewKey(prefix, transport.sessionId ?? '')
   const store = await testRedis(t, redis.url)
   t.equal(await store.exists(key), 1, 'the view is beside the session')
   await transport.terminateSession()

@@ -12,7 +12,7 @@ t.test('one hash under the session\'s hash tag, with a TTL', async t => {
   const prefix = randomPrefix()
   const view = new RedisSessionTasks(redis, prefix)
   await view.put('sid1', { taskId: 'a', status: 'working', seenAt: 1 }, 60_000)
-  const key = `${prefix}:{sid1}:tasks`
+  const key = `${prefix}:{sid1}:taskview`
   t.same(JSON.parse((await redis.hget(key, 'a'))!), { taskId: 'a', status: 'working', seenAt: 1 })
   const ttl = await redis.pttl(key)
   t.ok(ttl > 0 && ttl <= 60_000, 'expires')
