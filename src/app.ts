@@ -45,6 +45,10 @@ import { StatelessAggregates } from './routing/aggregate/stateless.js'
 import { StatelessKinds } from './routing/kinds/stateless.js'
 import { ParkedCalls } from './routing/upstream/mrtr.js'
 import { ModernFace } from './http/modern.js'
+import { ModernTasks } from './http/modern-tasks.js'
+import { MemoryTaskStore } from './state/task-store-memory.js'
+import type { TaskStore } from './state/task-store.js'
+import { serverConfigOf } from './config/server-kind.js'
 import { RedisSessionStore } from './state/session-store-redis.js'
 import { MemorySessionStore } from './state/session-store-memory.js'
 import type { SessionStore } from './state/session-store.js'
@@ -74,6 +78,8 @@ export interface GatewayOptions {
   hub?: MemoryBusHub
   /** Memory mode: apps sharing one store and log act as replicas of one gateway (tests). */
   memory?: { store: MemorySessionStore, eventLog: MemoryEventLog, limiter?: MemoryRateLimiter, quotas?: MemorySessionQuotas }
+  /** The task store (tests: apps acting as replicas share one); a memory store of its own when absent. */
+  tasks?: TaskStore
 }
 
 export interface Gateway {
@@ -293,6 +299,14 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
   })
   // Calls parked between input_required rounds (2026-07-28).
   const parked = new ParkedCalls({ replicaId, ttlMs: PARKED_CALL_TTL_MS })
+  // The records of tasks the gateway hosts, read by every replica.
+  const taskStore = options.tasks ?? new MemoryTaskStore()
+  const modernTasks = new ModernTasks({
+    store: taskStore,
+    peers: { replicaId, send: async (replica, envelope) => { await router.sendEnvelope(replica, envelope) }, isAlive: async replica => await router.isAlive(replica) },
+    hosting: server => serverConfigOf(live, server)?.tasks,
+    warn: (err, msg) => { log.warn({ err }, msg) }
+  })
   const modern = new ModernFace({
     upstream,
     pool,
@@ -303,8 +317,10 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
     keepAliveMs: config.http.keepAliveMs,
     listenRegistry: services.store,
     kinds: new StatelessKinds({ live, pool, aggregates: new StatelessAggregates({ live, pool, toolPolicy, metrics, log }) }),
+    tasks: modernTasks,
     log
   })
+  router.onReplicaGone(replica => { modernTasks.replicaGone(replica).catch(err => { log.warn({ err }, 'hosted tasks of a lost replica not failed') }) })
   router.onModernEnvelope(envelope => {
     modern.onEnvelope(envelope)
     if (envelope.kind === 'listen-event') router.poolEvent(envelope.server, envelope.tenant, envelope.message, true)
@@ -431,6 +447,7 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
     await metricsApp?.close()
     await adminApp?.close()
     await services.close()
+    if (options.tasks === undefined) await taskStore.close()
     // Spans still buffered are exported before the process goes.
     if (config.tracing !== undefined) await stopTracing()
   })

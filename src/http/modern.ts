@@ -34,13 +34,14 @@ import {
   trimOws, type ModernHeaders
 } from './modern-rules.js'
 import { clientHeaders, header, replyHeaders } from './request.js'
-import { ModernResponse, RemoteResponse, type Peers } from './modern-response.js'
+import { ModernResponse, RemoteResponse, type Peers, type ResponseSink } from './modern-response.js'
 import { Exchange, modernError } from './modern-exchange.js'
 import type { UpstreamLookup } from '../routing/upstream/ports.js'
 import { finalResponse, modernRequestHeaders, relayModern } from '../backends/modern-http.js'
 import type { HttpServerConfig } from '../config/schema.js'
 import { upstreamBaseHeaders } from '../backends/http-base.js'
 import { MAX_BODY_BYTES, readText } from '../backends/http-io.js'
+import { withTasksExtension, type ModernTasks } from './modern-tasks.js'
 
 export type { Peers } from './modern-response.js'
 export { MAX_PARKED_PER_PRINCIPAL } from './modern-exchange.js'
@@ -66,6 +67,8 @@ export interface ModernFaceOptions {
   listenRegistry: Pick<SessionStore, 'addListener' | 'listeners'>
   /** What each server is to a request without a session (pooled, relayed, aggregate). */
   kinds: StatelessKinds
+  /** The Tasks extension's tasks the gateway hosts (modern-tasks.ts). */
+  tasks: ModernTasks
   log: Logger
 }
 
@@ -143,10 +146,15 @@ export class ModernFace {
     const upstream = await relayModern(server, config, headers, JSON.stringify(message), abort.signal)
     const contentType = String(upstream.headers['content-type'] ?? 'application/json')
     const policy = message.method === 'tools/list' ? this.#options.toolPolicy?.(req.principal.tenant, server) ?? null : null
-    if (policy !== null) {
+    // A backend without tasks of its own, whose calls the gateway hosts as tasks, offers the extension.
+    const offersTasks = message.method === 'server/discover' && this.#options.tasks.hosts(server)
+    if (policy !== null || offersTasks) {
       let answer = finalResponse(await readText(upstream.body, MAX_BODY_BYTES))
-      if (answer === null) throw new GW_ERR_BACKEND_UNAVAILABLE(server, 'no readable answer to tools/list')
-      if ('result' in answer && isRecord(answer.result)) answer = { ...answer, result: filterToolsList(answer.result, policy) }
+      if (answer === null) throw new GW_ERR_BACKEND_UNAVAILABLE(server, `no readable answer to ${message.method}`)
+      if ('result' in answer && isRecord(answer.result)) {
+        const result = answer.result
+        answer = { ...answer, result: policy !== null ? filterToolsList(result, policy) : { ...result, capabilities: withTasksExtension(isRecord(result.capabilities) ? result.capabilities : {}) } }
+      }
       reply.code(upstream.statusCode).type('application/json').send(answer)
       return
     }
@@ -183,6 +191,9 @@ export class ModernFace {
       }
       case 'listen-event':
         this.#deliverEvent(envelope.server, envelope.tenant, envelope.message)
+        return
+      case 'task-cancel':
+        this.#options.tasks.onEnvelope(envelope)
     }
   }
 
@@ -396,6 +407,12 @@ export class ModernFace {
       reply.type('application/json').send(refusal)
       return
     }
+    // A task the gateway holds is answered from the task store, whatever the server's backend is.
+    const task = await this.#options.tasks.answer(message, server, envelope, req.principal)
+    if (task !== null) {
+      reply.code(task.status).type('application/json').send(task.body)
+      return
+    }
     const target = this.#options.kinds.of(server)
     const relayTo = await target.relayTo(config => upstreamBaseHeaders(config, this.#options.upstream?.(tenant, server), clientHeaders(req)))
     if (relayTo !== null) {
@@ -407,7 +424,7 @@ export class ModernFace {
       return
     }
     if (message.method === 'server/discover') {
-      reply.type('application/json').send({ jsonrpc: '2.0', id: message.id, result: await this.#discover(target, tenant) })
+      reply.type('application/json').send({ jsonrpc: '2.0', id: message.id, result: await this.#discover(target, tenant, this.#options.tasks.hosts(server)) })
       return
     }
     // Answered here (an aggregate's merged lists), or run on a pool: the server's own, or that of
@@ -423,6 +440,8 @@ export class ModernFace {
       }
       return
     }
+    const sink = (res: ModernResponse): ResponseSink => this.#options.tasks.host(res, message, envelope, { server, tenant, subjectDigest: req.principal.subjectDigest },
+      state => { try { this.#options.parked.take(state, req.principal.key).onExpire() } catch {} })
     server = plan.server
     const outgoingParams = plan.params
     const shownServerInfo = plan.serverInfo
@@ -437,7 +456,7 @@ export class ModernFace {
     const parked = params.requestState !== undefined ? this.#takeParked(message, params, req.principal.key) : null
     const info = await this.#options.pool.info(server, tenant)
     reply.hijack()
-    const out = new ModernResponse(reply.raw, replyHeaders(reply), this.#options.keepAliveMs)
+    const out = sink(new ModernResponse(reply.raw, replyHeaders(reply), this.#options.keepAliveMs))
     // inputResponses on a first call (no requestState) answer the backend's asks by key as they come.
     const preAnswers = parked === null && isRecord(params.inputResponses) ? params.inputResponses : {}
     const exchange = new Exchange(this.#options.parked, out, message, envelope, server, req.principal.key, shownServerInfo ?? info.serverInfo, preAnswers)
@@ -474,11 +493,12 @@ export class ModernFace {
     return parked
   }
 
-  async #discover (target: StatelessServer, tenant: string | null): Promise<Record<string, unknown>> {
+  async #discover (target: StatelessServer, tenant: string | null, hostsTasks: boolean): Promise<Record<string, unknown>> {
     const info = await target.info(tenant)
+    const capabilities = modernCapabilities(info.capabilities)
     const result: Record<string, unknown> = {
       supportedVersions: [...MODERN_VERSIONS],
-      capabilities: modernCapabilities(info.capabilities),
+      capabilities: hostsTasks ? withTasksExtension(capabilities) : capabilities,
       ...(info.instructions !== undefined ? { instructions: info.instructions } : {})
     }
     return completeResult('server/discover', result, info.serverInfo)

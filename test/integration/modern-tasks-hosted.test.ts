@@ -1,0 +1,106 @@
+// Tasks the gateway hosts for 2026-07-28 clients (docs/behaviour.md "2026-07-28 Tasks"): a
+// tools/call of a client that declared io.modelcontextprotocol/tasks and that has not answered after
+// `tasks.hostAfterMs` becomes a task handle; tasks/get answers its status and, once done, its
+// result; tasks/cancel cancels the backend call; another tenant naming the id gets "unknown task".
+import t from 'tap'
+import { startGateway, stdioFixture } from '../helpers/gateway.js'
+import { bearer, newKey, PUBLIC_URL } from '../helpers/auth.js'
+import { eventually } from '../helpers/wait.js'
+import { envelope, last, modernPost, resultOf } from '../helpers/modern.js'
+
+const TASKS = { extensions: { 'io.modelcontextprotocol/tasks': {} } }
+const withTasks = envelope(TASKS)
+
+t.test('hosted tasks on a pooled stdio server (memory mode)', async t => {
+  const gw = await startGateway(t, {
+    servers: {
+      tools: stdioFixture('full-server', [], { sessions: 'pooled', poolSize: 1, poolMax: 1, tasks: { hostAfterMs: 200, ttlMs: 60_000, pollIntervalMs: 250 } }),
+      plain: stdioFixture('full-server', [], { sessions: 'pooled', poolSize: 1 })
+    }
+  })
+  const url = `${gw.url}/mcp/tools`
+
+  const discover = resultOf(await modernPost(url, 'server/discover', { _meta: withTasks }))
+  t.same((discover.capabilities as Record<string, unknown>).extensions, { 'io.modelcontextprotocol/tasks': {} }, 'a hosting server offers the extension')
+  const plain = resultOf(await modernPost(`${gw.url}/mcp/plain`, 'server/discover', { _meta: withTasks }))
+  t.notOk((plain.capabilities as Record<string, unknown>).extensions, 'a server without hosting does not')
+
+  const fast = resultOf(await modernPost(url, 'tools/call', { name: 'slow', arguments: { ms: 10 }, _meta: withTasks }))
+  t.equal(fast.resultType, 'complete', 'a call that answers in time is answered as it is')
+
+  const noExt = resultOf(await modernPost(url, 'tools/call', { name: 'slow', arguments: { ms: 600 }, _meta: envelope() }))
+  t.equal(noExt.resultType, 'complete', 'a client without the extension never gets a task')
+
+  const started = Date.now()
+  const created = resultOf(await modernPost(url, 'tools/call', { name: 'slow', arguments: { ms: 1200 }, _meta: withTasks }))
+  t.equal(created.resultType, 'task', 'a slow call becomes a task')
+  t.ok(Date.now() - started < 1000, 'the handle comes after hostAfterMs, not at the end of the call')
+  t.match(created, { status: 'working', ttlMs: 60_000, pollIntervalMs: 250, taskId: /^gwt-[A-Za-z0-9_-]{32}$/ })
+  const taskId = created.taskId as string
+
+  const working = resultOf(await modernPost(url, 'tasks/get', { taskId, _meta: withTasks }))
+  t.match(working, { resultType: 'complete', taskId, status: 'working' }, 'tasks/get right after the handle finds the task')
+  t.notOk('result' in working, 'a working task has no result')
+
+  const done = await eventually('the task completed', async () => {
+    const r = resultOf(await modernPost(url, 'tasks/get', { taskId, _meta: withTasks }))
+    return r.status === 'completed' ? r : undefined
+  })
+  t.match(done.result, { content: [{ type: 'text', text: 'slept 1200 ms' }] }, 'the completed task carries the call\'s result inline')
+
+  const refused = last(await modernPost(url, 'tasks/get', { taskId, _meta: envelope() }))
+  t.equal((refused.error as { code: number }).code, -32021, 'tasks/get without the extension: missing capability')
+  t.match((refused.error as { data: unknown }).data, { requiredCapabilities: TASKS })
+
+  const unknown = last(await modernPost(url, 'tasks/get', { taskId: 'gwt-nope', _meta: withTasks }))
+  t.equal((unknown.error as { code: number }).code, -32602, 'an unknown id: -32602')
+  const elsewhere = last(await modernPost(`${gw.url}/mcp/plain`, 'tasks/get', { taskId, _meta: withTasks }))
+  t.equal((elsewhere.error as { code: number }).code, -32602, 'the id on another server is unknown there')
+
+  const failing = last(await modernPost(url, 'tools/call', { name: 'throw', arguments: {}, _meta: withTasks }))
+  t.ok(failing.error, 'a call that fails at once is its error, not a task')
+
+  // Cancel: the backend call is cancelled (the child records the cancellation).
+  const long = resultOf(await modernPost(url, 'tools/call', { name: 'slow', arguments: { ms: 30_000 }, _meta: withTasks }))
+  t.equal(long.resultType, 'task')
+  const ack = resultOf(await modernPost(url, 'tasks/cancel', { taskId: long.taskId, _meta: withTasks }))
+  t.same(ack, { resultType: 'complete' }, 'tasks/cancel: an empty ack')
+  const cancelled = resultOf(await modernPost(url, 'tasks/get', { taskId: long.taskId, _meta: withTasks }))
+  t.equal(cancelled.status, 'cancelled', 'the task is cancelled')
+  const again = resultOf(await modernPost(url, 'tasks/cancel', { taskId: long.taskId, _meta: withTasks }))
+  t.same(again, { resultType: 'complete' }, 'cancelling a cancelled task: the same ack')
+  // poolMax 1: this call runs on the child that ran the cancelled one, once it is free again.
+  const seen = resultOf(await modernPost(url, 'tools/call', { name: 'cancelled-requests', arguments: {}, _meta: withTasks }))
+  t.equal(JSON.parse((seen.content as Array<{ text: string }>)[0]!.text).length, 1, 'the backend saw its call cancelled')
+
+  const removed = last(await modernPost(url, 'tasks/result', { taskId, _meta: withTasks }))
+  t.equal((removed.error as { code: number }).code, -32601, 'tasks/result is not a method of this era')
+})
+
+t.test('hosted tasks belong to their tenant and subject', async t => {
+  const a = newKey('a')
+  const b = newKey('b')
+  const a2 = newKey('a2')
+  const server = stdioFixture('full-server', [], { sessions: 'pooled', tasks: { hostAfterMs: 100 } })
+  const gw = await startGateway(t, {
+    servers: { tools: server },
+    auth: { publicUrl: PUBLIC_URL },
+    tenants: {
+      a: { apiKeys: [a.entry, a2.entry], servers: { tools: {} } },
+      b: { apiKeys: [b.entry], servers: { tools: {} } }
+    }
+  })
+  const url = `${gw.url}/mcp/tools`
+  const created = resultOf(await modernPost(url, 'tools/call', { name: 'slow', arguments: { ms: 2000 }, _meta: withTasks }, 1, bearer(a.key)))
+  t.equal(created.resultType, 'task')
+  const mine = resultOf(await modernPost(url, 'tasks/get', { taskId: created.taskId, _meta: withTasks }, 2, bearer(a.key)))
+  t.equal(mine.status, 'working', 'its owner reads it')
+  for (const [who, key] of [['another tenant', b.key], ['another subject of the tenant', a2.key]] as const) {
+    const got = last(await modernPost(url, 'tasks/get', { taskId: created.taskId, _meta: withTasks }, 3, bearer(key)))
+    t.equal((got.error as { code: number }).code, -32602, `${who}: unknown task`)
+    const cancel = last(await modernPost(url, 'tasks/cancel', { taskId: created.taskId, _meta: withTasks }, 4, bearer(key)))
+    t.equal((cancel.error as { code: number }).code, -32602, `${who} cannot cancel it`)
+  }
+  const still = resultOf(await modernPost(url, 'tasks/get', { taskId: created.taskId, _meta: withTasks }, 5, bearer(a.key)))
+  t.not(still.status, 'cancelled', 'nobody else cancelled it')
+})
