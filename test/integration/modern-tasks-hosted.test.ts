@@ -6,6 +6,8 @@ import t from 'tap'
 import { startGateway, stdioFixture } from '../helpers/gateway.js'
 import { bearer, newKey, PUBLIC_URL } from '../helpers/auth.js'
 import { eventually } from '../helpers/wait.js'
+import { randomPrefix, startRedis } from '../helpers/redis-server.js'
+import { MemoryTaskStore } from '../../src/state/task-store-memory.js'
 import { envelope, last, modernPost, resultOf } from '../helpers/modern.js'
 
 const TASKS = { extensions: { 'io.modelcontextprotocol/tasks': {} } }
@@ -103,4 +105,47 @@ t.test('hosted tasks belong to their tenant and subject', async t => {
   }
   const still = resultOf(await modernPost(url, 'tasks/get', { taskId: created.taskId, _meta: withTasks }, 5, bearer(a.key)))
   t.not(still.status, 'cancelled', 'nobody else cancelled it')
+})
+
+t.test('two replicas on one Redis: a task made on A is read and cancelled on B; a lost replica\'s task ends failed', async t => {
+  const redis = await startRedis(t)
+  // The task store is shared as a Redis one would be: both apps here get the same store.
+  const store = new MemoryTaskStore()
+  t.teardown(async () => { await store.close() })
+  const raw = {
+    redis: { url: redis.url, keyPrefix: randomPrefix(), leaseMs: 1500, connectTimeoutMs: 2000 },
+    servers: { tools: stdioFixture('full-server', [], { sessions: 'pooled', poolSize: 1, poolMax: 1, tasks: { hostAfterMs: 150 } }) }
+  }
+  const a = await startGateway(t, raw, { replicaId: 'A', tasks: store })
+  const b = await startGateway(t, raw, { replicaId: 'B', tasks: store })
+  const at = (gw: typeof a): string => `${gw.url}/mcp/tools`
+
+  const created = resultOf(await modernPost(at(a), 'tools/call', { name: 'slow', arguments: { ms: 800 }, _meta: withTasks }))
+  t.equal(created.resultType, 'task', 'created on A')
+  const onB = resultOf(await modernPost(at(b), 'tasks/get', { taskId: created.taskId, _meta: withTasks }))
+  t.equal(onB.status, 'working', 'B reads it at once')
+  const done = await eventually('completed, read on B', async () => {
+    const r = resultOf(await modernPost(at(b), 'tasks/get', { taskId: created.taskId, _meta: withTasks }))
+    return r.status === 'completed' ? r : undefined
+  })
+  t.match(done.result, { content: [{ text: 'slept 800 ms' }] }, "B answers with A's result")
+
+  const long = resultOf(await modernPost(at(a), 'tools/call', { name: 'slow', arguments: { ms: 30_000 }, _meta: withTasks }))
+  t.equal(long.resultType, 'task')
+  t.same(resultOf(await modernPost(at(b), 'tasks/cancel', { taskId: long.taskId, _meta: withTasks })), { resultType: 'complete' }, 'cancelled on B')
+  t.equal(resultOf(await modernPost(at(a), 'tasks/get', { taskId: long.taskId, _meta: withTasks })).status, 'cancelled', 'A sees it cancelled')
+  // A's only child ran the call: it is free again once the cancel reached A over the bus.
+  const seen = resultOf(await modernPost(at(a), 'tools/call', { name: 'cancelled-requests', arguments: {}, _meta: withTasks }))
+  t.equal(JSON.parse((seen.content as Array<{ text: string }>)[0]!.text).length, 1, "the backend on A saw its call cancelled by B's tasks/cancel")
+
+  // A task whose replica has no heartbeat (it died without its shutdown path) ends failed.
+  const now = Date.now()
+  const at0 = new Date(now).toISOString()
+  await store.create({
+    id: 'gwt-orphan', tenant: null, subjectDigest: 'anonymous', sessionId: null, server: 'tools', replica: 'gone-replica', connectionId: null, backendTaskId: null,
+    task: { taskId: 'gwt-orphan', status: 'working', createdAt: at0, lastUpdatedAt: at0, ttlMs: 60_000, pollIntervalMs: 1000 }, createdAt: now, expiresAt: now + 60_000
+  })
+  const lost = resultOf(await modernPost(at(b), 'tasks/get', { taskId: 'gwt-orphan', _meta: withTasks }))
+  t.equal(lost.status, 'failed', 'a task of a lost replica is failed')
+  t.equal((lost.error as { code: number }).code, -32007, 'with the backend-lost error')
 })
