@@ -108,7 +108,8 @@ export class ModernTasks {
       return this.hosts(server) ? { status: 400, body: missingTasksCapability(request.id) } : null
     }
     let record = taskId === '' ? null : await this.#options.store.get(taskId)
-    if (record === null || record.backendTaskId !== null || record.sessionId !== null) return record === null && this.hosts(server) ? unknown(request, taskId) : null
+    // Not a task the gateway hosts: a 2026-07-28 backend's own (relayed), or unknown (the server's kind says so).
+    if (record === null || record.backendTaskId !== null || record.sessionId !== null) return null
     // Another caller's task, or another server's, is unknown to this one (never "forbidden").
     if (record.server !== server || !ownsTask(record, { ...caller, sessionId: null })) return unknown(request, taskId)
     if (!isTerminalStatus(record.task.status) && !await this.#runs(record)) record = await this.#lost(record) ?? record

@@ -31,7 +31,7 @@ import type { Envelope } from '../state/bus.js'
 import type { SessionStore } from '../state/session-store.js'
 import {
   checkModernNotification, checkModernRequest, completeResult, envelopeOf, legacyParams, META_SUBSCRIPTION_ID, MODERN_VERSIONS,
-  trimOws, type ModernHeaders
+  trimOws, type ModernHeaders, type RequestEnvelope
 } from './modern-rules.js'
 import { clientHeaders, header, replyHeaders } from './request.js'
 import { ModernResponse, RemoteResponse, type Peers, type ResponseSink } from './modern-response.js'
@@ -42,6 +42,7 @@ import type { HttpServerConfig } from '../config/schema.js'
 import { upstreamBaseHeaders } from '../backends/http-base.js'
 import { MAX_BODY_BYTES, readText } from '../backends/http-io.js'
 import { withTasksExtension, type ModernTasks } from './modern-tasks.js'
+import { relayHostable } from './modern-task-relay.js'
 
 export type { Peers } from './modern-response.js'
 export { MAX_PARKED_PER_PRINCIPAL } from './modern-exchange.js'
@@ -137,9 +138,11 @@ export class ModernFace {
    * upstream request, which is the cancellation (M-11). Under a tool policy a tools/list answer is
    * read whole and filtered.
    */
-  async #relay (req: FastifyRequest, reply: FastifyReply, server: string, config: HttpServerConfig, message: JsonRpcRequest): Promise<void> {
+  async #relay (req: FastifyRequest, reply: FastifyReply, server: string, config: HttpServerConfig, message: JsonRpcRequest, envelope: RequestEnvelope): Promise<void> {
     const fromClient = clientHeaders(req)
     const headers = { ...upstreamBaseHeaders(config, this.#options.upstream?.(req.principal.tenant, server), fromClient), ...modernRequestHeaders(fromClient) }
+    const { tasks, keepAliveMs } = this.#options
+    if (await relayHostable(reply, { tasks, keepAliveMs, server, config, headers, message, envelope, caller: req.principal })) return
     const abort = new AbortController()
     const res = reply.raw
     res.on('close', () => { if (!res.writableFinished) abort.abort() })
@@ -416,7 +419,7 @@ export class ModernFace {
     const target = this.#options.kinds.of(server)
     const relayTo = await target.relayTo(config => upstreamBaseHeaders(config, this.#options.upstream?.(tenant, server), clientHeaders(req)))
     if (relayTo !== null) {
-      await this.#relay(req, reply, server, relayTo, message)
+      await this.#relay(req, reply, server, relayTo, message, envelope)
       return
     }
     if (message.method === 'subscriptions/listen') {
