@@ -305,6 +305,8 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
     store: taskStore,
     peers: { replicaId, send: async (replica, envelope) => { await router.sendEnvelope(replica, envelope) }, isAlive: async replica => await router.isAlive(replica) },
     hosting: server => serverConfigOf(live, server)?.tasks,
+    parked,
+    inputWaitMs: PARKED_CALL_TTL_MS,
     warn: (err, msg) => { log.warn({ err }, msg) }
   })
   const modern = new ModernFace({

@@ -3,13 +3,16 @@
 // sink as to the client's response; while the call answers within `hostAfterMs` it passes straight
 // through. Past that, the task's record is written first (a task handle is returned only once any
 // replica's tasks/get finds it), the client gets the handle (`resultType: "task"`), and the call
-// goes on here: its answer, or error, becomes the record's outcome.
+// goes on here: its answer, or error, becomes the record's outcome. A pooled call whose backend asks
+// the client for input after that makes the task `input_required` with the asks as its
+// `inputRequests`; tasks/update answers them (ModernTasks resumes the parked call into this sink).
 import { randomBytes } from 'node:crypto'
 import { toJsonRpcError, type GatewayError } from '../core/errors.js'
-import { isRecord, type JsonRpcMessage, type RequestId } from '../core/jsonrpc.js'
+import { isRecord, type JsonRpcMessage, type JsonRpcRequest, type RequestId } from '../core/jsonrpc.js'
 import type { TaskHostingConfig } from '../config/schema.js'
 import type { TaskOutcome, TaskRecord } from '../state/task-store.js'
 import type { ResponseSink } from './modern-response.js'
+import type { RequestEnvelope } from './modern-rules.js'
 
 /** What the host needs to know of the request and of the gateway around it. */
 export interface HostedRequest {
@@ -17,10 +20,16 @@ export interface HostedRequest {
   server: string
   tenant: string | null
   subjectDigest: string | null
-  requestId: RequestId
+  /** The principal's key: what a parked call of the request is bound to. */
+  principal: string
+  request: JsonRpcRequest
+  envelope: RequestEnvelope
   settings: TaskHostingConfig
-  /** A parked call (an input_required round after the handle went out) has nobody to ask: dropped. */
-  dropParked: (requestState: unknown) => void
+  /**
+   * Whether an input_required round after the handle went out can be answered with tasks/update
+   * (a pooled call, parked here); else the task fails.
+   */
+  resumable: boolean
 }
 
 /** What the host asks of the task registry (ModernTasks). */
@@ -32,6 +41,10 @@ export interface HostRegistry {
   running (taskId: string, cancel: () => void): void
   /** The call ended: its outcome is stored, the task leaves this replica's table. */
   ended (taskId: string, outcome: TaskOutcome, task: Record<string, unknown>): void
+  /** The call is parked under `requestState` until tasks/update answers its asks. */
+  waiting (taskId: string, requestState: unknown, task: Record<string, unknown>, sink: HostingSink): void
+  /** A parked call that cannot be resumed (see HostedRequest.resumable): dropped. */
+  drop (requestState: unknown, principal: string): void
   warn (err: unknown, msg: string): void
 }
 
@@ -41,6 +54,7 @@ export const mintTaskId = (): string => `gwt-${randomBytes(24).toString('base64u
 /** The task as the client sees it (2026-07-28 `Task`), with `status` and an updated stamp. */
 export function taskWith (task: Record<string, unknown>, status: string, statusMessage?: string): Record<string, unknown> {
   const next: Record<string, unknown> = { ...task, status, lastUpdatedAt: new Date().toISOString() }
+  if (status !== 'input_required') delete next.inputRequests
   if (statusMessage !== undefined) next.statusMessage = statusMessage
   else delete next.statusMessage
   return next
@@ -50,7 +64,7 @@ export class HostingSink implements ResponseSink {
   readonly #out: ResponseSink
   readonly #request: HostedRequest
   readonly #registry: HostRegistry
-  #state: 'direct' | 'creating' | 'hosted' | 'ended' = 'direct'
+  #state: 'direct' | 'creating' | 'hosted' | 'waiting' | 'ended' = 'direct'
   #timer: NodeJS.Timeout | undefined
   #task: Record<string, unknown> | undefined
   /** The answer that came while the record was being written. */
@@ -68,7 +82,15 @@ export class HostingSink implements ResponseSink {
   }
 
   get done (): boolean {
-    return this.#state === 'direct' || this.#state === 'creating' ? this.#out.done : this.#state === 'ended'
+    return this.#state === 'direct' || this.#state === 'creating' ? this.#out.done : this.#state !== 'hosted'
+  }
+
+  /** The request the task was made of (a resumed exchange answers for it). */
+  get hosted (): HostedRequest { return this.#request }
+
+  /** tasks/update resumes the parked call into this sink. */
+  rearm (): void {
+    if (this.#state === 'waiting') this.#state = 'hosted'
   }
 
   notify (message: JsonRpcMessage): void {
@@ -130,7 +152,7 @@ export class HostingSink implements ResponseSink {
       this.#state = 'ended'
       this.onClientGone?.()
     })
-    this.#out.finish({ jsonrpc: '2.0', id: this.#request.requestId, result: { resultType: 'task', ...task } })
+    this.#out.finish({ jsonrpc: '2.0', id: this.#request.request.id, result: { resultType: 'task', ...task } })
     const early = this.#early
     if (early !== undefined) this.#settle(early)
   }
@@ -146,10 +168,17 @@ export class HostingSink implements ResponseSink {
     }
     if (!('result' in message)) return
     const result = isRecord(message.result) ? { ...message.result } : {}
+    if (result.resultType === 'input_required' && this.#request.resumable) {
+      // The backend asks the client something: the task says so, tasks/update answers.
+      this.#state = 'waiting'
+      this.#task = { ...taskWith(task, 'input_required'), inputRequests: isRecord(result.inputRequests) ? result.inputRequests : {} }
+      this.#registry.waiting(String(task.taskId), result.requestState, this.#task, this)
+      return
+    }
     if (result.resultType === 'input_required') {
-      // The backend asks the client something, and the client holds a task handle, not this call.
-      this.#request.dropParked(result.requestState)
-      const error = { code: -32603, message: 'the tool asked for client input after the gateway made the call a task; input is not relayed to hosted tasks' }
+      // A 2026-07-28 backend's round: its state is the backend's, no tasks/update can carry it.
+      this.#registry.drop(result.requestState, this.#request.principal)
+      const error = { code: -32603, message: "the tool asked for client input after the gateway made the call a task; a 2026-07-28 backend's input rounds are not relayed to hosted tasks" }
       this.#registry.ended(String(task.taskId), { error }, taskWith(task, 'failed', error.message))
       return
     }

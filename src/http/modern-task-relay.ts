@@ -56,7 +56,7 @@ export interface HostedRelay {
   headers: Record<string, string>
   message: JsonRpcRequest
   envelope: RequestEnvelope
-  caller: TaskCaller
+  caller: TaskCaller & { principal: string }
 }
 
 /**
@@ -70,8 +70,7 @@ export async function relayHostable (reply: FastifyReply, relay: HostedRelay): P
   if (await offersTasks(server, config, headers)) return false
   reply.hijack()
   const abort = new AbortController()
-  // An input_required round after the handle went out has no parked call here: the backend holds it.
-  const sink = tasks.host(new ModernResponse(reply.raw, replyHeaders(reply), relay.keepAliveMs), message, envelope, { ...relay.caller, server }, () => {})
+  const sink = tasks.host(new ModernResponse(reply.raw, replyHeaders(reply), relay.keepAliveMs), message, envelope, { ...relay.caller, server, resumable: false })
   sink.onClientGone = () => { abort.abort() }
   try {
     const upstream = await relayModern(server, config, headers, JSON.stringify(message), abort.signal)

@@ -6,14 +6,17 @@
 // - host(): a tools/call that may become a hosted task (modern-task-host.ts).
 // - answer(): tasks/get, tasks/update, tasks/cancel naming a task the gateway holds, on any replica,
 //   from the task store. A task of another tenant or subject is unknown (-32602). A task whose
-//   replica is gone ends failed. tasks/cancel reaches the replica running the call over the bus.
+//   replica is gone ends failed. tasks/cancel and tasks/update reach the replica running the call
+//   over the bus; tasks/update answers the inputRequests of a pooled call the backend made wait.
 // Tasks of a 2026-07-28 backend are not the gateway's: their requests are relayed as they are.
 import { GW_ERR_BACKEND_LOST, GW_ERR_MISSING_CAPABILITY, toJsonRpcError, withData } from '../core/errors.js'
 import { errorResponse, isRecord, JSONRPC_INVALID_PARAMS, type JsonRpcRequest, type JsonRpcResponse } from '../core/jsonrpc.js'
 import type { TaskHostingConfig } from '../config/schema.js'
 import type { Envelope } from '../state/bus.js'
 import { isTerminalStatus, ownsTask, type TaskOutcome, type TaskRecord, type TaskStore } from '../state/task-store.js'
-import { HostingSink, taskWith, type HostedRequest, type HostRegistry } from './modern-task-host.js'
+import type { ParkedCalls } from '../routing/upstream/mrtr.js'
+import { Exchange } from './modern-exchange.js'
+import { HostingSink, taskWith, type HostRegistry } from './modern-task-host.js'
 import type { Peers, ResponseSink } from './modern-response.js'
 import type { RequestEnvelope } from './modern-rules.js'
 
@@ -48,12 +51,32 @@ export interface TaskCaller {
   subjectDigest: string | null
 }
 
+/** Who makes a call that may become a task, where. */
+export interface HostCaller extends TaskCaller {
+  server: string
+  /** The principal's key (a parked call is bound to it). */
+  principal: string
+  /** Whether the backend's later input rounds can be answered by tasks/update (a pooled call). */
+  resumable: boolean
+}
+
 export interface ModernTasksOptions {
   store: TaskStore
   peers: Peers
   /** A server's task hosting as configured now (live reload); undefined when off. */
   hosting: (server: string) => TaskHostingConfig | undefined
+  /** Calls parked between input rounds (a hosted task's wait for tasks/update is one). */
+  parked: ParkedCalls
+  /** How long a task waits for tasks/update before it fails (the parked call's own lifetime). */
+  inputWaitMs: number
   warn: (err: unknown, msg: string) => void
+}
+
+/** A hosted task whose call waits, parked here, for tasks/update. */
+interface Waiting {
+  sink: HostingSink
+  requestState: unknown
+  timer: NodeJS.Timeout
 }
 
 /** An answer the face writes as it is. */
@@ -66,6 +89,7 @@ export class ModernTasks {
   readonly #options: ModernTasksOptions
   /** Hosted calls running on this replica, by task id: what cancels each. */
   readonly #running = new Map<string, () => void>()
+  readonly #waiting = new Map<string, Waiting>()
   readonly #registry: HostRegistry
 
   constructor (options: ModernTasksOptions) {
@@ -79,6 +103,8 @@ export class ModernTasks {
         this.#running.delete(taskId)
         this.#store(taskId, outcome, task)
       },
+      waiting: (taskId, requestState, task, sink) => { this.#wait(taskId, requestState, task, sink) },
+      drop: (requestState, principal) => { try { options.parked.take(requestState, principal).onExpire() } catch {} },
       warn
     }
   }
@@ -89,10 +115,10 @@ export class ModernTasks {
   }
 
   /** The sink a pooled call writes to: `out` itself, or a host that may make the call a task. */
-  host (out: ResponseSink, request: JsonRpcRequest, envelope: RequestEnvelope, caller: TaskCaller & { server: string }, dropParked: HostedRequest['dropParked']): ResponseSink {
+  host (out: ResponseSink, request: JsonRpcRequest, envelope: RequestEnvelope, caller: HostCaller): ResponseSink {
     const settings = this.#options.hosting(caller.server)
     if (settings === undefined || request.method !== 'tools/call' || !declaresTasks(envelope)) return out
-    return new HostingSink(out, { ...caller, requestId: request.id, settings, dropParked }, this.#registry)
+    return new HostingSink(out, { ...caller, request, envelope, settings }, this.#registry)
   }
 
   /**
@@ -119,15 +145,21 @@ export class ModernTasks {
       case 'tasks/cancel':
         if (!isTerminalStatus(record.task.status)) await this.#cancel(record)
         return ack(request)
-      default:
-        // Hosted tasks never ask for input: every inputResponses key is one not outstanding (ignored).
+      default: {
+        // Keys not outstanding are ignored (SEP-2663): only a task waiting for input takes answers.
+        const answers = params.inputResponses
+        if (record.task.status !== 'input_required' || !isRecord(answers)) return ack(request)
+        if (record.replica === this.#options.peers.replicaId) this.#resumeHere(record.id, answers)
+        else await this.#options.peers.send(record.replica, { kind: 'task-update', taskId: record.id, inputResponses: answers }).catch(err => { this.#options.warn(err, 'task update not sent to the replica running it') })
         return ack(request)
+      }
     }
   }
 
   /** A bus envelope for this face (router.onModernEnvelope). */
   onEnvelope (envelope: Envelope): void {
     if (envelope.kind === 'task-cancel') this.#cancelHere(envelope.taskId)
+    if (envelope.kind === 'task-update') this.#resumeHere(envelope.taskId, envelope.inputResponses)
   }
 
   /**
@@ -165,7 +197,46 @@ export class ModernTasks {
     await peers.send(record.replica, { kind: 'task-cancel', taskId: record.id }).catch(err => { warn(err, 'task cancel not sent to the replica running it') })
   }
 
+  #wait (taskId: string, requestState: unknown, task: Record<string, unknown>, sink: HostingSink): void {
+    const timer = setTimeout(() => {
+      if (this.#waiting.get(taskId)?.sink !== sink) return
+      this.#waiting.delete(taskId)
+      this.#running.delete(taskId)
+      // The parked call is cancelled by its own expiry (ParkedCalls) at about this time.
+      const error = { code: -32603, message: `no tasks/update answered the task's input requests within ${this.#options.inputWaitMs} ms` }
+      this.#store(taskId, { error }, taskWith(task, 'failed', error.message))
+    }, this.#options.inputWaitMs)
+    timer.unref()
+    this.#waiting.set(taskId, { sink, requestState, timer })
+    this.#options.store.update(taskId, { task }).catch(err => { this.#options.warn(err, 'hosted task status not stored') })
+  }
+
+  /** tasks/update for a task whose call is parked here: its answers go to the backend, the call goes on. */
+  #resumeHere (taskId: string, inputResponses: Record<string, unknown>): void {
+    const waiting = this.#waiting.get(taskId)
+    if (waiting === undefined) return
+    this.#waiting.delete(taskId)
+    clearTimeout(waiting.timer)
+    const { sink, requestState } = waiting
+    const hosted = sink.hosted
+    const { store, parked, warn } = this.#options
+    store.get(taskId).then(async record => {
+      if (record === null || record.task.status !== 'input_required') return
+      await store.update(taskId, { task: taskWith(record.task, 'working') })
+      const call = parked.take(requestState, hosted.principal)
+      sink.rearm()
+      new Exchange(parked, sink, hosted.request, hosted.envelope, call.server, hosted.principal, call.serverInfo, {}).resume(call, inputResponses)
+    }).catch(err => { warn(err, 'hosted task not resumed') })
+  }
+
   #cancelHere (taskId: string): void {
+    const waiting = this.#waiting.get(taskId)
+    if (waiting !== undefined) {
+      // A parked call: taken and cancelled (its exchange is not listening).
+      this.#waiting.delete(taskId)
+      clearTimeout(waiting.timer)
+      this.#registry.drop(waiting.requestState, waiting.sink.hosted.principal)
+    }
     const cancel = this.#running.get(taskId)
     this.#running.delete(taskId)
     cancel?.()

@@ -142,7 +142,7 @@ export class ModernFace {
     const fromClient = clientHeaders(req)
     const headers = { ...upstreamBaseHeaders(config, this.#options.upstream?.(req.principal.tenant, server), fromClient), ...modernRequestHeaders(fromClient) }
     const { tasks, keepAliveMs } = this.#options
-    if (await relayHostable(reply, { tasks, keepAliveMs, server, config, headers, message, envelope, caller: req.principal })) return
+    if (await relayHostable(reply, { tasks, keepAliveMs, server, config, headers, message, envelope, caller: { ...req.principal, principal: req.principal.key } })) return
     const abort = new AbortController()
     const res = reply.raw
     res.on('close', () => { if (!res.writableFinished) abort.abort() })
@@ -196,6 +196,7 @@ export class ModernFace {
         this.#deliverEvent(envelope.server, envelope.tenant, envelope.message)
         return
       case 'task-cancel':
+      case 'task-update':
         this.#options.tasks.onEnvelope(envelope)
     }
   }
@@ -443,8 +444,7 @@ export class ModernFace {
       }
       return
     }
-    const sink = (res: ModernResponse): ResponseSink => this.#options.tasks.host(res, message, envelope, { server, tenant, subjectDigest: req.principal.subjectDigest },
-      state => { try { this.#options.parked.take(state, req.principal.key).onExpire() } catch {} })
+    const sink = (res: ModernResponse): ResponseSink => this.#options.tasks.host(res, message, envelope, { server, tenant, subjectDigest: req.principal.subjectDigest, principal: req.principal.key, resumable: true })
     server = plan.server
     const outgoingParams = plan.params
     const shownServerInfo = plan.serverInfo
@@ -473,6 +473,8 @@ export class ModernFace {
         const outgoing: Record<string, unknown> = { ...base }
         delete outgoing.inputResponses
         delete outgoing.requestState
+        // The 2025 era's task augmentation is no field of this era: ignored (SEP-2663), never sent on.
+        delete outgoing.task
         const meta = isRecord(outgoing._meta) ? { ...outgoing._meta } : undefined
         if (meta?.progressToken !== undefined) outgoing._meta = { ...meta, progressToken: key }
         return { jsonrpc: '2.0', id: key, method: message.method, params: outgoing }

@@ -407,6 +407,7 @@ export class Router {
       case 'mrtr-cancel':
       case 'listen-event':
       case 'task-cancel':
+      case 'task-update':
         this.#modernEnvelopes?.(envelope)
         return
       case 'admin-reload':

@@ -114,7 +114,10 @@ t.test('two replicas on one Redis: a task made on A is read and cancelled on B; 
   t.teardown(async () => { await store.close() })
   const raw = {
     redis: { url: redis.url, keyPrefix: randomPrefix(), leaseMs: 1500, connectTimeoutMs: 2000 },
-    servers: { tools: stdioFixture('full-server', [], { sessions: 'pooled', poolSize: 1, poolMax: 1, tasks: { hostAfterMs: 150 } }) }
+    servers: {
+      tools: stdioFixture('full-server', [], { sessions: 'pooled', poolSize: 1, poolMax: 1, tasks: { hostAfterMs: 150 } }),
+      asks: stdioFixture('slow-tools-server', [], { sessions: 'pooled', poolSize: 1, tasks: { hostAfterMs: 100 } })
+    }
   }
   const a = await startGateway(t, raw, { replicaId: 'A', tasks: store })
   const b = await startGateway(t, raw, { replicaId: 'B', tasks: store })
@@ -138,6 +141,23 @@ t.test('two replicas on one Redis: a task made on A is read and cancelled on B; 
   const seen = resultOf(await modernPost(at(a), 'tools/call', { name: 'cancelled-requests', arguments: {}, _meta: withTasks }))
   t.equal(JSON.parse((seen.content as Array<{ text: string }>)[0]!.text).length, 1, "the backend on A saw its call cancelled by B's tasks/cancel")
 
+  // Input asked on A, answered through B.
+  const ext = envelope({ elicitation: {}, extensions: { 'io.modelcontextprotocol/tasks': {} } })
+  const asks = (gw: typeof a): string => `${gw.url}/mcp/asks`
+  const asking = resultOf(await modernPost(asks(a), 'tools/call', { name: 'slow_confirm', arguments: { ms: 300 }, _meta: ext }))
+  t.equal(asking.resultType, 'task')
+  const waiting = await eventually('input required, seen on B', async () => {
+    const r = resultOf(await modernPost(asks(b), 'tasks/get', { taskId: asking.taskId, _meta: ext }))
+    return r.status === 'input_required' && Object.keys(r.inputRequests as object).length === 2 ? r : undefined
+  })
+  const answers = Object.fromEntries(Object.keys(waiting.inputRequests as object).map((k, i) => [k, { action: 'accept', content: { value: `b${i}` } }]))
+  t.same(resultOf(await modernPost(asks(b), 'tasks/update', { taskId: asking.taskId, inputResponses: answers, _meta: ext })), { resultType: 'complete' }, 'tasks/update on B')
+  const answered = await eventually('completed, read on A', async () => {
+    const r = resultOf(await modernPost(asks(a), 'tasks/get', { taskId: asking.taskId, _meta: ext }))
+    return r.status === 'completed' ? r : undefined
+  })
+  t.match(answered.result, { content: [{ text: 'answers [{"value":"b0"},{"value":"b1"}]' }] }, "B's tasks/update reached the call parked on A")
+
   // A task whose replica has no heartbeat (it died without its shutdown path) ends failed.
   const now = Date.now()
   const at0 = new Date(now).toISOString()
@@ -148,4 +168,36 @@ t.test('two replicas on one Redis: a task made on A is read and cancelled on B; 
   const lost = resultOf(await modernPost(at(b), 'tasks/get', { taskId: 'gwt-orphan', _meta: withTasks }))
   t.equal(lost.status, 'failed', 'a task of a lost replica is failed')
   t.equal((lost.error as { code: number }).code, -32007, 'with the backend-lost error')
+})
+
+t.test("a hosted task whose backend asks for input: input_required with the asks, answered with tasks/update (in parts)", async t => {
+  const gw = await startGateway(t, {
+    servers: { tools: stdioFixture('slow-tools-server', [], { sessions: 'pooled', poolSize: 1, tasks: { hostAfterMs: 100 } }) }
+  })
+  const url = `${gw.url}/mcp/tools`
+  const ext = envelope({ elicitation: {}, extensions: { 'io.modelcontextprotocol/tasks': {} } })
+  const legacyHint = resultOf(await modernPost(url, 'tools/call', { name: 'greet', arguments: { name: 'x' }, task: { ttl: 1000 }, _meta: ext }))
+  t.match(legacyHint, { resultType: 'complete', content: [{ text: 'Hello, x!' }] }, "the 2025 era's task param is ignored, not sent on")
+  const created = resultOf(await modernPost(url, 'tools/call', { name: 'slow_confirm', arguments: { ms: 400 }, _meta: ext }))
+  t.equal(created.resultType, 'task')
+  const asking = await eventually('the task waits for input', async () => {
+    const r = resultOf(await modernPost(url, 'tasks/get', { taskId: created.taskId, _meta: ext }))
+    return r.status === 'input_required' && Object.keys(r.inputRequests as object).length === 2 ? r : undefined
+  })
+  const keys = Object.keys(asking.inputRequests as Record<string, unknown>)
+  t.match(Object.values(asking.inputRequests as Record<string, unknown>), [{ method: 'elicitation/create' }, { method: 'elicitation/create' }], 'both asks are the task\'s inputRequests')
+  const accept = (value: string): Record<string, unknown> => ({ action: 'accept', content: { value } })
+  t.same(resultOf(await modernPost(url, 'tasks/update', { taskId: created.taskId, inputResponses: { [keys[0]!]: accept('one'), nope: accept('x') }, _meta: ext })), { resultType: 'complete' }, 'a partial update is acked')
+  const rest = await eventually('one ask is left', async () => {
+    const r = resultOf(await modernPost(url, 'tasks/get', { taskId: created.taskId, _meta: ext }))
+    return r.status === 'input_required' && Object.keys(r.inputRequests as object).length === 1 ? r : undefined
+  })
+  t.same(Object.keys(rest.inputRequests as object), [keys[1]], 'only the unanswered ask is left')
+  await modernPost(url, 'tasks/update', { taskId: created.taskId, inputResponses: { [keys[1]!]: accept('two') }, _meta: ext })
+  const done = await eventually('the task completed', async () => {
+    const r = resultOf(await modernPost(url, 'tasks/get', { taskId: created.taskId, _meta: ext }))
+    return r.status === 'completed' ? r : undefined
+  })
+  t.match(done.result, { content: [{ text: 'answers [{"value":"one"},{"value":"two"}]' }] }, 'the backend got both answers')
+  t.notOk('inputRequests' in done, 'a completed task has no inputRequests')
 })
