@@ -307,6 +307,7 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
     hosting: server => serverConfigOf(live, server)?.tasks,
     parked,
     inputWaitMs: PARKED_CALL_TTL_MS,
+    notify: (server, tenant, message) => { modern.onServerEvent(server, tenant, message) },
     warn: (err, msg) => { log.warn({ err }, msg) }
   })
   const modern = new ModernFace({

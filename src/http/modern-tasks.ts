@@ -10,7 +10,7 @@
 //   over the bus; tasks/update answers the inputRequests of a pooled call the backend made wait.
 // Tasks of a 2026-07-28 backend are not the gateway's: their requests are relayed as they are.
 import { GW_ERR_BACKEND_LOST, GW_ERR_MISSING_CAPABILITY, toJsonRpcError, withData } from '../core/errors.js'
-import { errorResponse, isRecord, JSONRPC_INVALID_PARAMS, type JsonRpcRequest, type JsonRpcResponse } from '../core/jsonrpc.js'
+import { errorResponse, isRecord, JSONRPC_INVALID_PARAMS, type JsonRpcNotification, type JsonRpcRequest, type JsonRpcResponse } from '../core/jsonrpc.js'
 import type { TaskHostingConfig } from '../config/schema.js'
 import type { Envelope } from '../state/bus.js'
 import { isTerminalStatus, ownsTask, type TaskOutcome, type TaskRecord, type TaskStore } from '../state/task-store.js'
@@ -69,8 +69,13 @@ export interface ModernTasksOptions {
   parked: ParkedCalls
   /** How long a task waits for tasks/update before it fails (the parked call's own lifetime). */
   inputWaitMs: number
+  /** A hosted task's new state, for the listen streams that named it (any replica's). */
+  notify: (server: string, tenant: string | null, message: JsonRpcNotification) => void
   warn: (err: unknown, msg: string) => void
 }
+
+/** Most task ids one listen stream may name. */
+const MAX_LISTEN_TASKS = 100
 
 /** A hosted task whose call waits, parked here, for tasks/update. */
 interface Waiting {
@@ -156,6 +161,20 @@ export class ModernTasks {
     }
   }
 
+  /**
+   * The task ids of a listen request's `notifications.taskIds` that name the caller's hosted tasks
+   * of `server` (others are left out of the acknowledgement). Naming any without the extension
+   * declared is -32021 (SEP-2663).
+   */
+  async listenable (server: string, wanted: unknown, envelope: RequestEnvelope, caller: TaskCaller): Promise<string[]> {
+    if (!Array.isArray(wanted) || wanted.length === 0) return []
+    if (!declaresTasks(envelope)) throw withData(new GW_ERR_MISSING_CAPABILITY(TASKS_EXTENSION), { requiredCapabilities: { extensions: { [TASKS_EXTENSION]: {} } } })
+    const ids = [...new Set(wanted.filter((id): id is string => typeof id === 'string' && id.length <= 200))].slice(0, MAX_LISTEN_TASKS)
+    const records = await Promise.all(ids.map(async id => await this.#options.store.get(id)))
+    return records.filter((r): r is TaskRecord => r !== null && r.backendTaskId === null && r.sessionId === null && r.server === server && ownsTask(r, { ...caller, sessionId: null }))
+      .map(r => r.id)
+  }
+
   /** A bus envelope for this face (router.onModernEnvelope). */
   onEnvelope (envelope: Envelope): void {
     if (envelope.kind === 'task-cancel') this.#cancelHere(envelope.taskId)
@@ -182,14 +201,20 @@ export class ModernTasks {
 
   async #lost (record: TaskRecord): Promise<TaskRecord | null> {
     const err = toJsonRpcError(new GW_ERR_BACKEND_LOST(record.server, `replica ${record.replica} running the task is gone`), null).error
-    return await this.#options.store.update(record.id, { task: taskWith(record.task, 'failed', err.message), outcome: { error: err } })
+    return this.#published(await this.#options.store.update(record.id, { task: taskWith(record.task, 'failed', err.message), outcome: { error: err } }))
+  }
+
+  /** A changed record's task to the listen streams that named it (SEP-2663 notifications/tasks). */
+  #published (record: TaskRecord | null): TaskRecord | null {
+    if (record !== null) this.#options.notify(record.server, record.tenant, { jsonrpc: '2.0', method: 'notifications/tasks', params: detailed(record) })
+    return record
   }
 
   async #cancel (record: TaskRecord): Promise<void> {
     const { store, peers, warn } = this.#options
     // The status first: a tasks/get on any replica sees `cancelled` from the ack on, and the call's
     // late answer cannot change it (a terminal status is kept).
-    await store.update(record.id, { task: taskWith(record.task, 'cancelled', 'cancelled by the client') })
+    this.#published(await store.update(record.id, { task: taskWith(record.task, 'cancelled', 'cancelled by the client') }))
     if (record.replica === peers.replicaId) {
       this.#cancelHere(record.id)
       return
@@ -208,7 +233,7 @@ export class ModernTasks {
     }, this.#options.inputWaitMs)
     timer.unref()
     this.#waiting.set(taskId, { sink, requestState, timer })
-    this.#options.store.update(taskId, { task }).catch(err => { this.#options.warn(err, 'hosted task status not stored') })
+    this.#options.store.update(taskId, { task }).then(r => this.#published(r)).catch(err => { this.#options.warn(err, 'hosted task status not stored') })
   }
 
   /** tasks/update for a task whose call is parked here: its answers go to the backend, the call goes on. */
@@ -222,7 +247,7 @@ export class ModernTasks {
     const { store, parked, warn } = this.#options
     store.get(taskId).then(async record => {
       if (record === null || record.task.status !== 'input_required') return
-      await store.update(taskId, { task: taskWith(record.task, 'working') })
+      this.#published(await store.update(taskId, { task: taskWith(record.task, 'working') }))
       const call = parked.take(requestState, hosted.principal)
       sink.rearm()
       new Exchange(parked, sink, hosted.request, hosted.envelope, call.server, hosted.principal, call.serverInfo, {}).resume(call, inputResponses)
@@ -243,7 +268,7 @@ export class ModernTasks {
   }
 
   #store (taskId: string, outcome: TaskOutcome, task: Record<string, unknown>): void {
-    this.#options.store.update(taskId, { task, outcome }).catch(err => { this.#options.warn(err, 'hosted task outcome not stored') })
+    this.#options.store.update(taskId, { task, outcome }).then(r => this.#published(r)).catch(err => { this.#options.warn(err, 'hosted task outcome not stored') })
   }
 }
 

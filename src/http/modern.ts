@@ -96,7 +96,7 @@ const LIST_CHANGED: Record<string, { method: string, capability: string }> = {
 }
 
 /** Every method a listen stream can ask for: nothing else is worth a store read or a bus send. */
-const LISTENABLE = new Set([...Object.values(LIST_CHANGED).map(kind => kind.method), 'notifications/resources/updated'])
+const LISTENABLE = new Set([...Object.values(LIST_CHANGED).map(kind => kind.method), 'notifications/resources/updated', 'notifications/tasks'])
 
 /** One open `subscriptions/listen` stream (M-9). */
 interface Listener {
@@ -107,6 +107,8 @@ interface Listener {
   methods: Set<string>
   /** The resources whose notifications/resources/updated it asked for. */
   uris: Set<string>
+  /** The hosted tasks whose notifications/tasks it asked for (its caller's own). */
+  taskIds: Set<string>
   send: (message: JsonRpcMessage) => void
   /** Graceful end (shutdown): a complete result tagged with the subscription id, then the end. */
   end: () => void
@@ -303,6 +305,7 @@ export class ModernFace {
     for (const listener of this.#listeners.get(serverTenantKey(server, tenant)) ?? []) {
       if (!listener.methods.has(message.method)) continue
       if (uri !== undefined && !(typeof uri === 'string' && listener.uris.has(uri))) continue
+      if (message.method === 'notifications/tasks' && !listener.taskIds.has(String(isRecord(message.params) ? message.params.taskId : ''))) continue
       listener.send(message)
     }
   }
@@ -322,7 +325,7 @@ export class ModernFace {
   }
 
   /** `subscriptions/listen`: the acknowledgement first, then the notifications the filter names. */
-  async #listen (req: FastifyRequest, reply: FastifyReply, server: string, target: StatelessServer, request: JsonRpcRequest): Promise<void> {
+  async #listen (req: FastifyRequest, reply: FastifyReply, server: string, target: StatelessServer, request: JsonRpcRequest, envelope: RequestEnvelope): Promise<void> {
     const tenant = req.principal.tenant
     const info = await target.info(tenant)
     const params = isRecord(request.params) ? request.params : {}
@@ -343,6 +346,12 @@ export class ModernFace {
     if (uris.length > 0) {
       honoured.resourceSubscriptions = uris
       methods.add('notifications/resources/updated')
+    }
+    // The caller's hosted tasks it names (SEP-2663): their status changes come as notifications/tasks.
+    const taskIds = await this.#options.tasks.listenable(server, filter.taskIds, envelope, req.principal)
+    if (taskIds.length > 0) {
+      honoured.taskIds = taskIds
+      methods.add('notifications/tasks')
     }
     const release = await target.holdForListen(tenant, uris)
     const subscriptionId = request.id
@@ -368,6 +377,7 @@ export class ModernFace {
       id: subscriptionId,
       methods,
       uris: new Set(uris),
+      taskIds: new Set(taskIds),
       send: message => { write(tag(message)) },
       end: () => {
         if (res.writableEnded) return
@@ -424,7 +434,7 @@ export class ModernFace {
       return
     }
     if (message.method === 'subscriptions/listen') {
-      await this.#listen(req, reply, server, target, message)
+      await this.#listen(req, reply, server, target, message, envelope)
       return
     }
     if (message.method === 'server/discover') {

@@ -8,7 +8,8 @@ import { bearer, newKey, PUBLIC_URL } from '../helpers/auth.js'
 import { eventually } from '../helpers/wait.js'
 import { randomPrefix, startRedis } from '../helpers/redis-server.js'
 import { MemoryTaskStore } from '../../src/state/task-store-memory.js'
-import { envelope, last, modernPost, resultOf } from '../helpers/modern.js'
+import { createParser } from 'eventsource-parser'
+import { envelope, last, modernFetch, modernPost, resultOf } from '../helpers/modern.js'
 
 const TASKS = { extensions: { 'io.modelcontextprotocol/tasks': {} } }
 const withTasks = envelope(TASKS)
@@ -200,4 +201,37 @@ t.test("a hosted task whose backend asks for input: input_required with the asks
   })
   t.match(done.result, { content: [{ text: 'answers [{"value":"one"},{"value":"two"}]' }] }, 'the backend got both answers')
   t.notOk('inputRequests' in done, 'a completed task has no inputRequests')
+})
+
+t.test('notifications/tasks: a listen stream that names a hosted task hears its changes (across replicas)', async t => {
+  const redis = await startRedis(t)
+  const store = new MemoryTaskStore()
+  t.teardown(async () => { await store.close() })
+  const raw = {
+    redis: { url: redis.url, keyPrefix: randomPrefix(), leaseMs: 1500, connectTimeoutMs: 2000 },
+    servers: { tools: stdioFixture('full-server', [], { sessions: 'pooled', poolSize: 1, tasks: { hostAfterMs: 100 } }) }
+  }
+  const a = await startGateway(t, raw, { replicaId: 'A', tasks: store })
+  const b = await startGateway(t, raw, { replicaId: 'B', tasks: store })
+  const created = resultOf(await modernPost(`${a.url}/mcp/tools`, 'tools/call', { name: 'slow', arguments: { ms: 2500 }, _meta: withTasks }))
+  t.equal(created.resultType, 'task')
+
+  const refused = last(await modernPost(`${b.url}/mcp/tools`, 'subscriptions/listen', { notifications: { taskIds: [created.taskId] }, _meta: envelope() }))
+  t.equal((refused.error as { code: number }).code, -32021, 'naming tasks without the extension: missing capability')
+
+  const abort = new AbortController()
+  t.teardown(() => { abort.abort() })
+  const res = await modernFetch(`${b.url}/mcp/tools`, 'subscriptions/listen', { notifications: { taskIds: [created.taskId, 'gwt-not-mine'] }, _meta: withTasks }, 7, {}, abort.signal)
+  const events: Array<Record<string, unknown>> = []
+  const parser = createParser({ onEvent: e => { if (e.data !== '') events.push(JSON.parse(e.data) as Record<string, unknown>) } })
+  const reading = (async () => {
+    const decoder = new TextDecoder()
+    for await (const chunk of res.body as unknown as AsyncIterable<Uint8Array>) parser.feed(decoder.decode(chunk, { stream: true }))
+  })().catch(() => {})
+  const ack = await eventually('the acknowledgement', () => events.find(e => e.method === 'notifications/subscriptions/acknowledged'))
+  t.same((ack.params as { notifications: unknown }).notifications, { taskIds: [created.taskId] }, 'only the caller\'s own hosted task is honoured')
+  const done = await eventually('notifications/tasks: completed', () => events.find(e => e.method === 'notifications/tasks' && (e.params as { status?: string }).status === 'completed'))
+  t.match(done.params, { taskId: created.taskId, status: 'completed', result: { content: [{ text: 'slept 2500 ms' }] } }, 'the task ended on A; B\'s listen stream heard it, result inline')
+  abort.abort()
+  await reading
 })
