@@ -46,6 +46,7 @@ import { StatelessKinds } from './routing/kinds/stateless.js'
 import { ParkedCalls } from './routing/upstream/mrtr.js'
 import { ModernFace } from './http/modern.js'
 import { ModernTasks } from './http/modern-tasks.js'
+import { TaskBridge } from './http/modern-task-bridge.js'
 import { MemoryTaskStore } from './state/task-store-memory.js'
 import type { TaskStore } from './state/task-store.js'
 import { serverConfigOf } from './config/server-kind.js'
@@ -321,6 +322,7 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
     listenRegistry: services.store,
     kinds: new StatelessKinds({ live, pool, aggregates: new StatelessAggregates({ live, pool, toolPolicy, metrics, log }) }),
     tasks: modernTasks,
+    bridge: new TaskBridge({ pool, parked, tasks: modernTasks }),
     log
   })
   router.onReplicaGone(replica => { modernTasks.replicaGone(replica).catch(err => { log.warn({ err }, 'hosted tasks of a lost replica not failed') }) })

@@ -30,6 +30,8 @@ export interface HostedRequest {
    * (a pooled call, parked here); else the task fails.
    */
   resumable: boolean
+  /** What else a cancel stops (a bridged call: the backend's own task). */
+  onCancel?: () => void
 }
 
 /** What the host asks of the task registry (ModernTasks). */
@@ -47,6 +49,8 @@ export interface HostRegistry {
   drop (requestState: unknown, principal: string): void
   warn (err: unknown, msg: string): void
 }
+
+const RELATED_TASK = 'io.modelcontextprotocol/related-task'
 
 /** An unguessable task id (SEP-2663: ids may serve as bearer handles). */
 export const mintTaskId = (): string => `gwt-${randomBytes(24).toString('base64url')}`
@@ -151,6 +155,7 @@ export class HostingSink implements ResponseSink {
     this.#registry.running(id, () => {
       this.#state = 'ended'
       this.onClientGone?.()
+      this.#request.onCancel?.()
     })
     this.#out.finish({ jsonrpc: '2.0', id: this.#request.request.id, result: { resultType: 'task', ...task } })
     const early = this.#early
@@ -181,6 +186,11 @@ export class HostingSink implements ResponseSink {
       const error = { code: -32603, message: "the tool asked for client input after the gateway made the call a task; a 2026-07-28 backend's input rounds are not relayed to hosted tasks" }
       this.#registry.ended(String(task.taskId), { error }, taskWith(task, 'failed', error.message))
       return
+    }
+    // A 2025 backend's task result names its task; the 2026-07-28 task carries its id at the top.
+    if (isRecord(result._meta) && RELATED_TASK in result._meta) {
+      const { [RELATED_TASK]: _, ...meta } = result._meta
+      result._meta = meta
     }
     this.#registry.ended(String(task.taskId), { result }, taskWith(task, 'completed'))
   }

@@ -120,10 +120,15 @@ export class ModernTasks {
   }
 
   /** The sink a pooled call writes to: `out` itself, or a host that may make the call a task. */
-  host (out: ResponseSink, request: JsonRpcRequest, envelope: RequestEnvelope, caller: HostCaller): ResponseSink {
-    const settings = this.#options.hosting(caller.server)
+  host (out: ResponseSink, request: JsonRpcRequest, envelope: RequestEnvelope, caller: HostCaller, bridged?: TaskHostingConfig, onCancel?: () => void): ResponseSink {
+    const settings = bridged ?? this.#options.hosting(caller.server)
     if (settings === undefined || request.method !== 'tools/call' || !declaresTasks(envelope)) return out
-    return new HostingSink(out, { ...caller, request, envelope, settings }, this.#registry)
+    return new HostingSink(out, { ...caller, request, envelope, settings, ...(onCancel !== undefined ? { onCancel } : {}) }, this.#registry)
+  }
+
+  /** The server's task hosting as configured now (undefined: off). */
+  settings (server: string): TaskHostingConfig | undefined {
+    return this.#options.hosting(server)
   }
 
   /**
@@ -261,6 +266,7 @@ export class ModernTasks {
       this.#waiting.delete(taskId)
       clearTimeout(waiting.timer)
       this.#registry.drop(waiting.requestState, waiting.sink.hosted.principal)
+      waiting.sink.hosted.onCancel?.()
     }
     const cancel = this.#running.get(taskId)
     this.#running.delete(taskId)

@@ -34,7 +34,7 @@ import {
   trimOws, type ModernHeaders, type RequestEnvelope
 } from './modern-rules.js'
 import { clientHeaders, header, replyHeaders } from './request.js'
-import { ModernResponse, RemoteResponse, type Peers, type ResponseSink } from './modern-response.js'
+import { ModernResponse, RemoteResponse, type Peers } from './modern-response.js'
 import { Exchange, modernError } from './modern-exchange.js'
 import type { UpstreamLookup } from '../routing/upstream/ports.js'
 import { finalResponse, modernRequestHeaders, relayModern } from '../backends/modern-http.js'
@@ -43,6 +43,7 @@ import { upstreamBaseHeaders } from '../backends/http-base.js'
 import { MAX_BODY_BYTES, readText } from '../backends/http-io.js'
 import { withTasksExtension, type ModernTasks } from './modern-tasks.js'
 import { relayHostable } from './modern-task-relay.js'
+import type { TaskBridge } from './modern-task-bridge.js'
 
 export type { Peers } from './modern-response.js'
 export { MAX_PARKED_PER_PRINCIPAL } from './modern-exchange.js'
@@ -68,8 +69,9 @@ export interface ModernFaceOptions {
   listenRegistry: Pick<SessionStore, 'addListener' | 'listeners'>
   /** What each server is to a request without a session (pooled, relayed, aggregate). */
   kinds: StatelessKinds
-  /** The Tasks extension's tasks the gateway hosts (modern-tasks.ts). */
+  /** The Tasks extension's tasks the gateway hosts (modern-tasks.ts) and bridges (modern-task-bridge.ts). */
   tasks: ModernTasks
+  bridge: TaskBridge
   log: Logger
 }
 
@@ -454,7 +456,8 @@ export class ModernFace {
       }
       return
     }
-    const sink = (res: ModernResponse): ResponseSink => this.#options.tasks.host(res, message, envelope, { server, tenant, subjectDigest: req.principal.subjectDigest, principal: req.principal.key, resumable: true })
+    const caller = { server, tenant, subjectDigest: req.principal.subjectDigest, principal: req.principal.key, resumable: true }
+    const addressed = server
     server = plan.server
     const outgoingParams = plan.params
     const shownServerInfo = plan.serverInfo
@@ -469,7 +472,14 @@ export class ModernFace {
     const parked = params.requestState !== undefined ? this.#takeParked(message, params, req.principal.key) : null
     const info = await this.#options.pool.info(server, tenant)
     reply.hijack()
-    const out = sink(new ModernResponse(reply.raw, replyHeaders(reply), this.#options.keepAliveMs))
+    const response = new ModernResponse(reply.raw, replyHeaders(reply), this.#options.keepAliveMs)
+    // A tool the backend runs as a task of its own (2025-11-25 Tasks) is bridged (not through an aggregate).
+    if (parked === null && server === addressed && bridgeable(info.capabilities)) {
+      const bridged = await this.#options.bridge.serve({ out: response, request: message, envelope, caller, serverInfo: shownServerInfo ?? info.serverInfo })
+        .catch(err => { response.fail(isGatewayError(err) ? err : new GW_ERR_INTERNAL('task not bridged', { cause: err }), message.id); return true })
+      if (bridged) return
+    }
+    const out = this.#options.tasks.host(response, message, envelope, caller)
     // inputResponses on a first call (no requestState) answer the backend's asks by key as they come.
     const preAnswers = parked === null && isRecord(params.inputResponses) ? params.inputResponses : {}
     const exchange = new Exchange(this.#options.parked, out, message, envelope, server, req.principal.key, shownServerInfo ?? info.serverInfo, preAnswers)
@@ -522,8 +532,17 @@ export class ModernFace {
 
 /**
  * A legacy server's capabilities as a modern server states them: the same (its `resources.subscribe`
- * means listen streams can name resources; the gateway subscribes upstream for them).
+ * means listen streams can name resources; the gateway subscribes upstream for them), but its
+ * 2025-11-25 `tasks` slot, which this era replaced with the Tasks extension: offered when its
+ * tools/call may be a task (bridged, modern-task-bridge.ts).
  */
 function modernCapabilities (legacy: Record<string, unknown>): Record<string, unknown> {
-  return { ...legacy }
+  const { tasks: _, ...rest } = legacy
+  return bridgeable(legacy) ? withTasksExtension(rest) : rest
+}
+
+/** Whether a 2025-era backend's tools/call may be task-augmented (2025-11-25 `tasks.requests.tools.call`). */
+function bridgeable (capabilities: Record<string, unknown>): boolean {
+  const tasks = capabilities.tasks
+  return isRecord(tasks) && isRecord(tasks.requests) && isRecord(tasks.requests.tools) && isRecord(tasks.requests.tools.call)
 }
