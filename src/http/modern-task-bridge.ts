@@ -15,7 +15,7 @@ import type { ParkedCalls } from '../routing/upstream/mrtr.js'
 import { Exchange } from './modern-exchange.js'
 import type { ResponseSink } from './modern-response.js'
 import { legacyParams, type RequestEnvelope } from './modern-rules.js'
-import { declaresTasks, missingTasksCapability, type HostCaller, type ModernTasks } from './modern-tasks.js'
+import { declaresTasks, missingTasksCapability, withTasksExtension, type HostCaller, type ModernTasks } from './modern-tasks.js'
 
 /** How long a server's tool list is trusted for its tools' task support. */
 const TOOLS_TTL_MS = 30_000
@@ -125,4 +125,21 @@ export class TaskBridge {
     }
     return true
   }
+}
+
+/**
+ * A legacy server's capabilities as a modern server states them: the same (its `resources.subscribe`
+ * means listen streams can name resources; the gateway subscribes upstream for them), but its
+ * 2025-11-25 `tasks` slot, which this era replaced with the Tasks extension: offered when its
+ * tools/call may be a task (bridged, above).
+ */
+export function modernCapabilities (legacy: Record<string, unknown>): Record<string, unknown> {
+  const { tasks: _, ...rest } = legacy
+  return bridgeable(legacy) ? withTasksExtension(rest) : rest
+}
+
+/** Whether a 2025-era backend's tools/call may be task-augmented (2025-11-25 `tasks.requests.tools.call`). */
+export function bridgeable (capabilities: Record<string, unknown>): boolean {
+  const tasks = capabilities.tasks
+  return isRecord(tasks) && isRecord(tasks.requests) && isRecord(tasks.requests.tools) && isRecord(tasks.requests.tools.call)
 }

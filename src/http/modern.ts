@@ -20,8 +20,8 @@
 // modern-response.ts (where answers are written), modern-exchange.ts (one pooled call and its rounds).
 import type { FastifyReply, FastifyRequest } from 'fastify'
 import type { Logger } from 'pino'
-import { filterToolsList, refusedCall, type ToolPolicyLookup } from '../auth/tool-policy.js'
-import { GW_ERR_BACKEND_LOST, GW_ERR_BACKEND_UNAVAILABLE, GW_ERR_INVALID_PARAMS, GW_ERR_INTERNAL, isGatewayError } from '../core/errors.js'
+import { refusedCall, type ToolPolicyLookup } from '../auth/tool-policy.js'
+import { GW_ERR_BACKEND_LOST, GW_ERR_INVALID_PARAMS, GW_ERR_INTERNAL, isGatewayError } from '../core/errors.js'
 import { isNotification, isRecord, isRequest, type JsonRpcMessage, type JsonRpcRequest, type RequestId } from '../core/jsonrpc.js'
 import { LISTEN_REGISTRATION_MS, listenTopic, type ConnectionPool } from '../routing/upstream/pool.js'
 import { serverTenantKey } from '../routing/upstream/ports.js'
@@ -37,13 +37,10 @@ import { clientHeaders, header, replyHeaders } from './request.js'
 import { ModernResponse, RemoteResponse, type Peers } from './modern-response.js'
 import { Exchange, modernError } from './modern-exchange.js'
 import type { UpstreamLookup } from '../routing/upstream/ports.js'
-import { finalResponse, modernRequestHeaders, relayModern } from '../backends/modern-http.js'
-import type { HttpServerConfig } from '../config/schema.js'
 import { upstreamBaseHeaders } from '../backends/http-base.js'
-import { MAX_BODY_BYTES, readText } from '../backends/http-io.js'
 import { withTasksExtension, type ModernTasks } from './modern-tasks.js'
-import { relayHostable } from './modern-task-relay.js'
-import type { TaskBridge } from './modern-task-bridge.js'
+import { relayToModern } from './modern-relay.js'
+import { bridgeable, modernCapabilities, type TaskBridge } from './modern-task-bridge.js'
 
 export type { Peers } from './modern-response.js'
 export { MAX_PARKED_PER_PRINCIPAL } from './modern-exchange.js'
@@ -134,42 +131,6 @@ export class ModernFace {
     this.#options = options
     this.#tick = setInterval(() => { this.#renewRegistrations() }, LISTEN_REGISTRATION_MS / 3)
     this.#tick.unref()
-  }
-
-  /**
-   * A modern backend: the request goes upstream as it is and its response streams back (JSON or
-   * SSE, input_required and listen streams included). The client closing the response aborts the
-   * upstream request, which is the cancellation (M-11). Under a tool policy a tools/list answer is
-   * read whole and filtered.
-   */
-  async #relay (req: FastifyRequest, reply: FastifyReply, server: string, config: HttpServerConfig, message: JsonRpcRequest, envelope: RequestEnvelope): Promise<void> {
-    const fromClient = clientHeaders(req)
-    const headers = { ...upstreamBaseHeaders(config, this.#options.upstream?.(req.principal.tenant, server), fromClient), ...modernRequestHeaders(fromClient) }
-    const { tasks, keepAliveMs } = this.#options
-    if (await relayHostable(reply, { tasks, keepAliveMs, server, config, headers, message, envelope, caller: { ...req.principal, principal: req.principal.key } })) return
-    const abort = new AbortController()
-    const res = reply.raw
-    res.on('close', () => { if (!res.writableFinished) abort.abort() })
-    const upstream = await relayModern(server, config, headers, JSON.stringify(message), abort.signal)
-    const contentType = String(upstream.headers['content-type'] ?? 'application/json')
-    const policy = message.method === 'tools/list' ? this.#options.toolPolicy?.(req.principal.tenant, server) ?? null : null
-    // A backend without tasks of its own, whose calls the gateway hosts as tasks, offers the extension.
-    const offersTasks = message.method === 'server/discover' && this.#options.tasks.hosts(server)
-    if (policy !== null || offersTasks) {
-      let answer = finalResponse(await readText(upstream.body, MAX_BODY_BYTES))
-      if (answer === null) throw new GW_ERR_BACKEND_UNAVAILABLE(server, `no readable answer to ${message.method}`)
-      if ('result' in answer && isRecord(answer.result)) {
-        const result = answer.result
-        answer = { ...answer, result: policy !== null ? filterToolsList(result, policy) : { ...result, capabilities: withTasksExtension(isRecord(result.capabilities) ? result.capabilities : {}) } }
-      }
-      reply.code(upstream.statusCode).type('application/json').send(answer)
-      return
-    }
-    reply.hijack()
-    const sse = contentType.includes('text/event-stream')
-    res.writeHead(upstream.statusCode, { ...replyHeaders(reply), 'content-type': contentType, ...(sse ? { 'cache-control': 'no-cache, no-transform', 'x-accel-buffering': 'no' } : {}) })
-    upstream.body.on('error', () => { res.destroy() })
-    upstream.body.pipe(res)
   }
 
   /** The face's bus envelopes (router.onModernEnvelope). */
@@ -432,7 +393,7 @@ export class ModernFace {
     const target = this.#options.kinds.of(server)
     const relayTo = await target.relayTo(config => upstreamBaseHeaders(config, this.#options.upstream?.(tenant, server), clientHeaders(req)))
     if (relayTo !== null) {
-      await this.#relay(req, reply, server, relayTo, message, envelope)
+      await relayToModern(req, reply, server, relayTo, message, envelope, this.#options)
       return
     }
     if (message.method === 'subscriptions/listen') {
@@ -528,21 +489,4 @@ export class ModernFace {
     }
     return completeResult('server/discover', result, info.serverInfo)
   }
-}
-
-/**
- * A legacy server's capabilities as a modern server states them: the same (its `resources.subscribe`
- * means listen streams can name resources; the gateway subscribes upstream for them), but its
- * 2025-11-25 `tasks` slot, which this era replaced with the Tasks extension: offered when its
- * tools/call may be a task (bridged, modern-task-bridge.ts).
- */
-function modernCapabilities (legacy: Record<string, unknown>): Record<string, unknown> {
-  const { tasks: _, ...rest } = legacy
-  return bridgeable(legacy) ? withTasksExtension(rest) : rest
-}
-
-/** Whether a 2025-era backend's tools/call may be task-augmented (2025-11-25 `tasks.requests.tools.call`). */
-function bridgeable (capabilities: Record<string, unknown>): boolean {
-  const tasks = capabilities.tasks
-  return isRecord(tasks) && isRecord(tasks.requests) && isRecord(tasks.requests.tools) && isRecord(tasks.requests.tools.call)
 }

@@ -14,7 +14,7 @@ const EVERYTHING = fileURLToPath(new URL('../../../node_modules/@modelcontextpro
 const ext = envelope({ elicitation: {}, extensions: { 'io.modelcontextprotocol/tasks': {} } })
 
 t.test("a 2025-11-25 backend's task tool, bridged", async t => {
-  const gw = await startGateway(t, { servers: { every: { transport: 'stdio', command: process.execPath, args: [EVERYTHING, 'stdio'], sessions: 'pooled', poolSize: 1 } } })
+  const gw = await startGateway(t, { servers: { every: { transport: 'stdio', command: process.execPath, args: [EVERYTHING, 'stdio'], sessions: 'pooled', poolSize: 1, poolWaitMs: 30_000 } } })
   const url = `${gw.url}/mcp/every`
   const discover = resultOf(await modernPost(url, 'server/discover', { _meta: ext }))
   const capabilities = discover.capabilities as Record<string, unknown>
@@ -30,14 +30,14 @@ t.test("a 2025-11-25 backend's task tool, bridged", async t => {
   const asking = await eventually('the backend asks for a clarification', async () => {
     const r = resultOf(await modernPost(url, 'tasks/get', { taskId: created.taskId, _meta: ext }))
     return r.status === 'input_required' ? r : undefined
-  }, 20_000)
+  }, 45_000)
   const [key, input] = Object.entries(asking.inputRequests as Record<string, { method: string }>)[0]!
   t.equal(input.method, 'elicitation/create', "the backend's elicitation is the task's input request")
   t.same(resultOf(await modernPost(url, 'tasks/update', { taskId: created.taskId, inputResponses: { [key]: { action: 'accept', content: { interpretation: 'technical' } } }, _meta: ext })), { resultType: 'complete' })
   const done = await eventually('the task completed', async () => {
     const r = resultOf(await modernPost(url, 'tasks/get', { taskId: created.taskId, _meta: ext }))
     return r.status === 'completed' ? r : undefined
-  }, 20_000)
+  }, 45_000)
   const text = (done.result as { content: Array<{ text: string }> }).content[0]!.text
   t.match(text, /Research Report: gateways \(technical\)/, "the backend's result inline, with the clarification the client gave")
   t.notOk(JSON.stringify(done.result).includes('related-task'), "the 2025 related-task _meta is not carried over")

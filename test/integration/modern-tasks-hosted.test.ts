@@ -2,7 +2,7 @@
 // tools/call of a client that declared io.modelcontextprotocol/tasks and that has not answered after
 // `tasks.hostAfterMs` becomes a task handle; tasks/get answers its status and, once done, its
 // result; tasks/cancel cancels the backend call; another tenant naming the id gets "unknown task".
-import t from 'tap'
+import t, { type Test } from 'tap'
 import { startGateway, stdioFixture } from '../helpers/gateway.js'
 import { bearer, newKey, PUBLIC_URL } from '../helpers/auth.js'
 import { eventually } from '../helpers/wait.js'
@@ -10,6 +10,14 @@ import { randomPrefix, startRedis } from '../helpers/redis-server.js'
 import { MemoryTaskStore } from '../../src/state/task-store-memory.js'
 import { createParser } from 'eventsource-parser'
 import { envelope, last, modernFetch, modernPost, resultOf } from '../helpers/modern.js'
+
+/** A Redis of the test's own for two apps, and the task store they share (as a Redis one would be). */
+async function onRedis (t: Test, servers: Record<string, unknown>): Promise<{ store: MemoryTaskStore, raw: Record<string, unknown> }> {
+  const redis = await startRedis(t)
+  const store = new MemoryTaskStore()
+  t.teardown(async () => { await store.close() })
+  return { store, raw: { redis: { url: redis.url, keyPrefix: randomPrefix(), leaseMs: 1500, connectTimeoutMs: 2000 }, servers } }
+}
 
 const TASKS = { extensions: { 'io.modelcontextprotocol/tasks': {} } }
 const withTasks = envelope(TASKS)
@@ -109,17 +117,10 @@ t.test('hosted tasks belong to their tenant and subject', async t => {
 })
 
 t.test('two replicas on one Redis: a task made on A is read and cancelled on B; a lost replica\'s task ends failed', async t => {
-  const redis = await startRedis(t)
-  // The task store is shared as a Redis one would be: both apps here get the same store.
-  const store = new MemoryTaskStore()
-  t.teardown(async () => { await store.close() })
-  const raw = {
-    redis: { url: redis.url, keyPrefix: randomPrefix(), leaseMs: 1500, connectTimeoutMs: 2000 },
-    servers: {
-      tools: stdioFixture('full-server', [], { sessions: 'pooled', poolSize: 1, poolMax: 1, tasks: { hostAfterMs: 150 } }),
-      asks: stdioFixture('slow-tools-server', [], { sessions: 'pooled', poolSize: 1, tasks: { hostAfterMs: 100 } })
-    }
-  }
+  const { store, raw } = await onRedis(t, {
+    tools: stdioFixture('full-server', [], { sessions: 'pooled', poolSize: 1, poolMax: 1, tasks: { hostAfterMs: 150 } }),
+    asks: stdioFixture('slow-tools-server', [], { sessions: 'pooled', poolSize: 1, tasks: { hostAfterMs: 100 } })
+  })
   const a = await startGateway(t, raw, { replicaId: 'A', tasks: store })
   const b = await startGateway(t, raw, { replicaId: 'B', tasks: store })
   const at = (gw: typeof a): string => `${gw.url}/mcp/tools`
@@ -204,16 +205,10 @@ t.test("a hosted task whose backend asks for input: input_required with the asks
 })
 
 t.test('notifications/tasks: a listen stream that names a hosted task hears its changes (across replicas)', async t => {
-  const redis = await startRedis(t)
-  const store = new MemoryTaskStore()
-  t.teardown(async () => { await store.close() })
-  const raw = {
-    redis: { url: redis.url, keyPrefix: randomPrefix(), leaseMs: 1500, connectTimeoutMs: 2000 },
-    servers: { tools: stdioFixture('full-server', [], { sessions: 'pooled', poolSize: 1, tasks: { hostAfterMs: 100 } }) }
-  }
+  const { store, raw } = await onRedis(t, { tools: stdioFixture('full-server', [], { sessions: 'pooled', poolSize: 1, tasks: { hostAfterMs: 100 } }) })
   const a = await startGateway(t, raw, { replicaId: 'A', tasks: store })
   const b = await startGateway(t, raw, { replicaId: 'B', tasks: store })
-  const created = resultOf(await modernPost(`${a.url}/mcp/tools`, 'tools/call', { name: 'slow', arguments: { ms: 2500 }, _meta: withTasks }))
+  const created = resultOf(await modernPost(`${a.url}/mcp/tools`, 'tools/call', { name: 'slow', arguments: { ms: 30_000 }, _meta: withTasks }))
   t.equal(created.resultType, 'task')
 
   const refused = last(await modernPost(`${b.url}/mcp/tools`, 'subscriptions/listen', { notifications: { taskIds: [created.taskId] }, _meta: envelope() }))
@@ -230,8 +225,10 @@ t.test('notifications/tasks: a listen stream that names a hosted task hears its 
   })().catch(() => {})
   const ack = await eventually('the acknowledgement', () => events.find(e => e.method === 'notifications/subscriptions/acknowledged'))
   t.same((ack.params as { notifications: unknown }).notifications, { taskIds: [created.taskId] }, 'only the caller\'s own hosted task is honoured')
-  const done = await eventually('notifications/tasks: completed', () => events.find(e => e.method === 'notifications/tasks' && (e.params as { status?: string }).status === 'completed'))
-  t.match(done.params, { taskId: created.taskId, status: 'completed', result: { content: [{ text: 'slept 2500 ms' }] } }, 'the task ended on A; B\'s listen stream heard it, result inline')
+  // Cancelled through A (where the call runs): the change is made there, and heard here.
+  await modernPost(`${a.url}/mcp/tools`, 'tasks/cancel', { taskId: created.taskId, _meta: withTasks })
+  const heard = await eventually('notifications/tasks: cancelled', () => events.find(e => e.method === 'notifications/tasks' && (e.params as { status?: string }).status === 'cancelled'))
+  t.match(heard.params, { taskId: created.taskId, status: 'cancelled', ttlMs: 3_600_000 }, "the change made on A reached B's listen stream, the whole task")
   abort.abort()
   await reading
 })

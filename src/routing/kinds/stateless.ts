@@ -84,8 +84,9 @@ export class StatelessKinds {
 
 /**
  * The methods of the 2026-07-28 Tasks extension that name a task. The tasks the gateway hosts are
- * answered before a request gets here (http/modern-tasks.ts); a 2025-era backend's own tasks are
- * not bridged to this era, so here every other task id is unknown.
+ * answered before a request gets here (http/modern-tasks.ts), and so are a 2025-era backend's own
+ * tasks, which reach this era only bridged into tasks the gateway holds: here every other task id is
+ * unknown.
  */
 const TASK_METHODS = new Set(['tasks/get', 'tasks/update', 'tasks/cancel'])
 
