@@ -8,6 +8,7 @@ import { bearer, newKey, PUBLIC_URL } from '../helpers/auth.js'
 import { eventually } from '../helpers/wait.js'
 import { randomPrefix, startRedis } from '../helpers/redis-server.js'
 import { MemoryTaskStore } from '../../src/state/task-store-memory.js'
+import { parseConfig } from '../../src/config/load.js'
 import { createParser } from 'eventsource-parser'
 import { envelope, last, modernFetch, modernPost, resultOf } from '../helpers/modern.js'
 
@@ -231,4 +232,17 @@ t.test('notifications/tasks: a listen stream that names a hosted task hears its 
   t.match(heard.params, { taskId: created.taskId, status: 'cancelled', ttlMs: 3_600_000 }, "the change made on A reached B's listen stream, the whole task")
   abort.abort()
   await reading
+})
+
+t.test('a reload turns hosting on and off for new calls', async t => {
+  const server = (extra: Record<string, unknown>): Record<string, unknown> => ({ servers: { tools: stdioFixture('full-server', [], { sessions: 'pooled', poolSize: 1, ...extra }) } })
+  const gw = await startGateway(t, server({}))
+  const url = `${gw.url}/mcp/tools`
+  const call = async (): Promise<Record<string, unknown>> => resultOf(await modernPost(url, 'tools/call', { name: 'slow', arguments: { ms: 400 }, _meta: withTasks }))
+  t.equal((await call()).resultType, 'complete', 'off: the slow call is answered as it is')
+  await gw.gateway.live.apply(parseConfig({ listen: { host: '127.0.0.1', port: 0 }, log: { level: 'silent' }, ...server({ tasks: { hostAfterMs: 100 } }) }))
+  t.same((resultOf(await modernPost(url, 'server/discover', { _meta: withTasks })).capabilities as Record<string, unknown>).extensions, { 'io.modelcontextprotocol/tasks': {} }, 'on after the reload: offered')
+  t.equal((await call()).resultType, 'task', 'on after the reload: hosted')
+  await gw.gateway.live.apply(parseConfig({ listen: { host: '127.0.0.1', port: 0 }, log: { level: 'silent' }, ...server({}) }))
+  t.equal((await call()).resultType, 'complete', 'off again')
 })
