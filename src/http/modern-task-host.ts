@@ -2,7 +2,7 @@
 // io.modelcontextprotocol/tasks, docs/behaviour.md "2026-07-28 Tasks"): the exchange writes to this
 // sink as to the client's response; while the call answers within `hostAfterMs` it passes straight
 // through. Past that, the task's record is written first (a task handle is returned only once any
-// replica's tasks/get finds it), the client gets the handle (`resultType: "task"`), and the call
+// replica's tasks/get finds it, M-19), the client gets the handle (`resultType: "task"`), and the call
 // goes on here: its answer, or error, becomes the record's outcome. A pooled call whose backend asks
 // the client for input after that makes the task `input_required` with the asks as its
 // `inputRequests`; tasks/update answers them (ModernTasks resumes the parked call into this sink).

@@ -1,4 +1,5 @@
-// The 2026-07-28 Tasks extension (io.modelcontextprotocol/tasks, SEP-2663) on the gateway's face:
+// The 2026-07-28 Tasks extension (io.modelcontextprotocol/tasks, SEP-2663; docs/spec-rules.md M-18 to
+// M-21) on the gateway's face:
 // the tasks the gateway hosts itself (docs/behaviour.md "2026-07-28 Tasks"). A request declares the
 // extension in its `_meta` client capabilities; a server offers it in `server/discover` when it
 // hosts tasks (config `tasks`) or its 2026-07-28 backend offers its own.
