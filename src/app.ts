@@ -45,6 +45,9 @@ import { StatelessAggregates } from './routing/aggregate/stateless.js'
 import { StatelessKinds } from './routing/kinds/stateless.js'
 import { ParkedCalls } from './routing/upstream/mrtr.js'
 import { ModernFace } from './http/modern.js'
+import { ModernTasks } from './http/modern-tasks.js'
+import { TaskBridge } from './http/modern-task-bridge.js'
+import { serverConfigOf } from './config/server-kind.js'
 import { RedisSessionStore } from './state/session-store-redis.js'
 import { MemorySessionStore } from './state/session-store-memory.js'
 import type { SessionStore } from './state/session-store.js'
@@ -321,6 +324,17 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
   })
   // Calls parked between input_required rounds (2026-07-28).
   const parked = new ParkedCalls({ replicaId, ttlMs: PARKED_CALL_TTL_MS })
+  // The records of tasks the gateway hosts, read by every replica.
+  const taskStore = services.tasks
+  const modernTasks = new ModernTasks({
+    store: taskStore,
+    peers: { replicaId, send: async (replica, envelope) => { await router.sendEnvelope(replica, envelope) }, isAlive: async replica => await router.isAlive(replica) },
+    hosting: server => serverConfigOf(live, server)?.tasks,
+    parked,
+    inputWaitMs: PARKED_CALL_TTL_MS,
+    notify: (server, tenant, message) => { modern.onServerEvent(server, tenant, message) },
+    warn: (err, msg) => { log.warn({ err }, msg) }
+  })
   const modern = new ModernFace({
     upstream,
     pool,
@@ -331,8 +345,11 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
     keepAliveMs: config.http.keepAliveMs,
     listenRegistry: services.store,
     kinds: new StatelessKinds({ live, pool, aggregates: new StatelessAggregates({ live, pool, toolPolicy, metrics, log }) }),
+    tasks: modernTasks,
+    bridge: new TaskBridge({ pool, parked, tasks: modernTasks }),
     log
   })
+  router.onReplicaGone(replica => { modernTasks.replicaGone(replica).catch(err => { log.warn({ err }, 'hosted tasks of a lost replica not failed') }) })
   router.onModernEnvelope(envelope => {
     modern.onEnvelope(envelope)
     if (envelope.kind === 'listen-event') router.poolEvent(envelope.server, envelope.tenant, envelope.message, true)

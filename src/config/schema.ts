@@ -27,6 +27,24 @@ const restartSchema = {
  */
 const onOwnerLossSchema = { enum: ['carry-on', 'end'], default: 'carry-on' } as const
 
+/**
+ * Tasks the gateway hosts for a server (2026-07-28 Tasks extension, io.modelcontextprotocol/tasks):
+ * a tools/call of a client that declared the extension and has not answered after `hostAfterMs`
+ * gets a task handle; the call goes on, and its answer is kept for `tasks/get`. Absent: off.
+ */
+const taskHostingSchema = {
+  type: 'object',
+  additionalProperties: false,
+  required: ['hostAfterMs'],
+  properties: {
+    hostAfterMs: { type: 'integer', minimum: 0, maximum: 600_000 },
+    /** How long a hosted task (and its result) stays readable after it was created. */
+    ttlMs: { type: 'integer', minimum: 1000, maximum: 604_800_000, default: 3_600_000 },
+    /** The polling interval suggested to the client. */
+    pollIntervalMs: { type: 'integer', minimum: 100, maximum: 600_000, default: 1000 }
+  }
+} as const
+
 const stdioServerSchema = {
   type: 'object',
   additionalProperties: false,
@@ -63,7 +81,8 @@ const stdioServerSchema = {
      */
     childIdleMs: { type: 'integer', minimum: 0, default: 300_000 },
     restart: restartSchema,
-    onOwnerLoss: onOwnerLossSchema
+    onOwnerLoss: onOwnerLossSchema,
+    tasks: taskHostingSchema
   }
 } as const
 
@@ -97,6 +116,8 @@ const httpServerSchema = {
     protocol: { enum: ['legacy', 'modern', 'auto'], default: 'auto' },
     /** Legacy `sse` upstreams only (a Streamable HTTP backend session outlives any replica). */
     onOwnerLoss: onOwnerLossSchema,
+    /** Tasks the gateway hosts (a 2025-era backend, or a 2026-07-28 one that offers no tasks). */
+    tasks: taskHostingSchema,
     reconnect: {
       type: 'object',
       additionalProperties: false,
@@ -492,11 +513,13 @@ type Defaulted<T, Opt extends keyof T = never> = Required<Omit<T, Opt>> & Partia
 
 type RawStdio = FromSchema<typeof stdioServerSchema>
 type RawHttp = FromSchema<typeof httpServerSchema>
-export type StdioServerConfig = Defaulted<Omit<RawStdio, 'restart'>, 'cwd' | 'onOwnerLoss' | 'poolSize' | 'poolMax' | 'poolWaitMs' | 'sessions' | 'childIdleMs'> & { restart: Required<NonNullable<RawStdio['restart']>> }
-export type HttpServerConfig = Defaulted<Omit<RawHttp, 'reconnect'>, 'onOwnerLoss' | 'poolSize' | 'poolMax' | 'poolWaitMs' | 'protocol'> & { reconnect: Required<NonNullable<RawHttp['reconnect']>> }
+export type StdioServerConfig = Defaulted<Omit<RawStdio, 'restart'>, 'cwd' | 'onOwnerLoss' | 'poolSize' | 'poolMax' | 'poolWaitMs' | 'sessions' | 'childIdleMs' | 'tasks'> & { restart: Required<NonNullable<RawStdio['restart']>> }
+export type HttpServerConfig = Defaulted<Omit<RawHttp, 'reconnect'>, 'onOwnerLoss' | 'poolSize' | 'poolMax' | 'poolWaitMs' | 'protocol' | 'tasks'> & { reconnect: Required<NonNullable<RawHttp['reconnect']>> }
 type RawAggregate = FromSchema<typeof aggregateServerSchema>
 export type AggregateMemberConfig = RawAggregate['members'][number]
-export type AggregateServerConfig = Defaulted<RawAggregate> & { poolSize?: undefined, poolMax?: undefined, poolWaitMs?: undefined }
+export type AggregateServerConfig = Defaulted<RawAggregate> & { poolSize?: undefined, poolMax?: undefined, poolWaitMs?: undefined, tasks?: undefined }
+/** `tasks` of a server: tasks the gateway hosts for it (defaults applied). */
+export type TaskHostingConfig = Required<FromSchema<typeof taskHostingSchema>>
 export type ServerConfig = StdioServerConfig | HttpServerConfig | AggregateServerConfig
 /** A server a client session's backend connection can be opened to (not an aggregate). */
 export type BackendServerConfig = StdioServerConfig | HttpServerConfig

@@ -20,8 +20,8 @@
 // modern-response.ts (where answers are written), modern-exchange.ts (one pooled call and its rounds).
 import type { FastifyReply, FastifyRequest } from 'fastify'
 import type { Logger } from 'pino'
-import { filterToolsList, refusedCall, type ToolPolicyLookup } from '../auth/tool-policy.js'
-import { GW_ERR_BACKEND_LOST, GW_ERR_BACKEND_UNAVAILABLE, GW_ERR_INVALID_PARAMS, GW_ERR_INTERNAL, isGatewayError } from '../core/errors.js'
+import { refusedCall, type ToolPolicyLookup } from '../auth/tool-policy.js'
+import { GW_ERR_BACKEND_LOST, GW_ERR_INVALID_PARAMS, GW_ERR_INTERNAL, isGatewayError } from '../core/errors.js'
 import { isNotification, isRecord, isRequest, type JsonRpcMessage, type JsonRpcRequest, type RequestId } from '../core/jsonrpc.js'
 import { LISTEN_REGISTRATION_MS, listenTopic, type ConnectionPool } from '../routing/upstream/pool.js'
 import { serverTenantKey } from '../routing/upstream/ports.js'
@@ -31,16 +31,16 @@ import type { Envelope } from '../state/bus.js'
 import type { SessionStore } from '../state/session-store.js'
 import {
   checkModernNotification, checkModernRequest, completeResult, envelopeOf, legacyParams, META_SUBSCRIPTION_ID, MODERN_VERSIONS,
-  trimOws, type ModernHeaders
+  trimOws, type ModernHeaders, type RequestEnvelope
 } from './modern-rules.js'
 import { clientHeaders, header, replyHeaders } from './request.js'
 import { ModernResponse, RemoteResponse, type Peers } from './modern-response.js'
 import { Exchange, modernError } from './modern-exchange.js'
 import type { UpstreamLookup } from '../routing/upstream/ports.js'
-import { finalResponse, modernRequestHeaders, relayModern } from '../backends/modern-http.js'
-import type { HttpServerConfig } from '../config/schema.js'
 import { upstreamBaseHeaders } from '../backends/http-base.js'
-import { MAX_BODY_BYTES, readText } from '../backends/http-io.js'
+import { withTasksExtension, type ModernTasks } from './modern-tasks.js'
+import { relayToModern } from './modern-relay.js'
+import { bridgeable, modernCapabilities, type TaskBridge } from './modern-task-bridge.js'
 
 export type { Peers } from './modern-response.js'
 export { MAX_PARKED_PER_PRINCIPAL } from './modern-exchange.js'
@@ -66,6 +66,9 @@ export interface ModernFaceOptions {
   listenRegistry: Pick<SessionStore, 'addListener' | 'listeners'>
   /** What each server is to a request without a session (pooled, relayed, aggregate). */
   kinds: StatelessKinds
+  /** The Tasks extension's tasks the gateway hosts (modern-tasks.ts) and bridges (modern-task-bridge.ts). */
+  tasks: ModernTasks
+  bridge: TaskBridge
   log: Logger
 }
 
@@ -92,7 +95,7 @@ const LIST_CHANGED: Record<string, { method: string, capability: string }> = {
 }
 
 /** Every method a listen stream can ask for: nothing else is worth a store read or a bus send. */
-const LISTENABLE = new Set([...Object.values(LIST_CHANGED).map(kind => kind.method), 'notifications/resources/updated'])
+const LISTENABLE = new Set([...Object.values(LIST_CHANGED).map(kind => kind.method), 'notifications/resources/updated', 'notifications/tasks'])
 
 /** One open `subscriptions/listen` stream (M-9). */
 interface Listener {
@@ -103,6 +106,8 @@ interface Listener {
   methods: Set<string>
   /** The resources whose notifications/resources/updated it asked for. */
   uris: Set<string>
+  /** The hosted tasks whose notifications/tasks it asked for (its caller's own). */
+  taskIds: Set<string>
   send: (message: JsonRpcMessage) => void
   /** Graceful end (shutdown): a complete result tagged with the subscription id, then the end. */
   end: () => void
@@ -126,35 +131,6 @@ export class ModernFace {
     this.#options = options
     this.#tick = setInterval(() => { this.#renewRegistrations() }, LISTEN_REGISTRATION_MS / 3)
     this.#tick.unref()
-  }
-
-  /**
-   * A modern backend: the request goes upstream as it is and its response streams back (JSON or
-   * SSE, input_required and listen streams included). The client closing the response aborts the
-   * upstream request, which is the cancellation (M-11). Under a tool policy a tools/list answer is
-   * read whole and filtered.
-   */
-  async #relay (req: FastifyRequest, reply: FastifyReply, server: string, config: HttpServerConfig, message: JsonRpcRequest): Promise<void> {
-    const fromClient = clientHeaders(req)
-    const headers = { ...upstreamBaseHeaders(config, this.#options.upstream?.(req.principal.tenant, server), fromClient), ...modernRequestHeaders(fromClient) }
-    const abort = new AbortController()
-    const res = reply.raw
-    res.on('close', () => { if (!res.writableFinished) abort.abort() })
-    const upstream = await relayModern(server, config, headers, JSON.stringify(message), abort.signal)
-    const contentType = String(upstream.headers['content-type'] ?? 'application/json')
-    const policy = message.method === 'tools/list' ? this.#options.toolPolicy?.(req.principal.tenant, server) ?? null : null
-    if (policy !== null) {
-      let answer = finalResponse(await readText(upstream.body, MAX_BODY_BYTES))
-      if (answer === null) throw new GW_ERR_BACKEND_UNAVAILABLE(server, 'no readable answer to tools/list')
-      if ('result' in answer && isRecord(answer.result)) answer = { ...answer, result: filterToolsList(answer.result, policy) }
-      reply.code(upstream.statusCode).type('application/json').send(answer)
-      return
-    }
-    reply.hijack()
-    const sse = contentType.includes('text/event-stream')
-    res.writeHead(upstream.statusCode, { ...replyHeaders(reply), 'content-type': contentType, ...(sse ? { 'cache-control': 'no-cache, no-transform', 'x-accel-buffering': 'no' } : {}) })
-    upstream.body.on('error', () => { res.destroy() })
-    upstream.body.pipe(res)
   }
 
   /** The face's bus envelopes (router.onModernEnvelope). */
@@ -183,6 +159,10 @@ export class ModernFace {
       }
       case 'listen-event':
         this.#deliverEvent(envelope.server, envelope.tenant, envelope.message)
+        return
+      case 'task-cancel':
+      case 'task-update':
+        this.#options.tasks.onEnvelope(envelope)
     }
   }
 
@@ -288,6 +268,7 @@ export class ModernFace {
     for (const listener of this.#listeners.get(serverTenantKey(server, tenant)) ?? []) {
       if (!listener.methods.has(message.method)) continue
       if (uri !== undefined && !(typeof uri === 'string' && listener.uris.has(uri))) continue
+      if (message.method === 'notifications/tasks' && !listener.taskIds.has(String(isRecord(message.params) ? message.params.taskId : ''))) continue
       listener.send(message)
     }
   }
@@ -307,7 +288,7 @@ export class ModernFace {
   }
 
   /** `subscriptions/listen`: the acknowledgement first, then the notifications the filter names. */
-  async #listen (req: FastifyRequest, reply: FastifyReply, server: string, target: StatelessServer, request: JsonRpcRequest): Promise<void> {
+  async #listen (req: FastifyRequest, reply: FastifyReply, server: string, target: StatelessServer, request: JsonRpcRequest, envelope: RequestEnvelope): Promise<void> {
     const tenant = req.principal.tenant
     const info = await target.info(tenant)
     const params = isRecord(request.params) ? request.params : {}
@@ -328,6 +309,12 @@ export class ModernFace {
     if (uris.length > 0) {
       honoured.resourceSubscriptions = uris
       methods.add('notifications/resources/updated')
+    }
+    // The caller's hosted tasks it names (SEP-2663): their status changes come as notifications/tasks.
+    const taskIds = await this.#options.tasks.listenable(server, filter.taskIds, envelope, req.principal)
+    if (taskIds.length > 0) {
+      honoured.taskIds = taskIds
+      methods.add('notifications/tasks')
     }
     const release = await target.holdForListen(tenant, uris)
     const subscriptionId = request.id
@@ -353,6 +340,7 @@ export class ModernFace {
       id: subscriptionId,
       methods,
       uris: new Set(uris),
+      taskIds: new Set(taskIds),
       send: message => { write(tag(message)) },
       end: () => {
         if (res.writableEnded) return
@@ -396,18 +384,24 @@ export class ModernFace {
       reply.type('application/json').send(refusal)
       return
     }
+    // A task the gateway holds is answered from the task store, whatever the server's backend is.
+    const task = await this.#options.tasks.answer(message, server, envelope, req.principal)
+    if (task !== null) {
+      reply.code(task.status).type('application/json').send(task.body)
+      return
+    }
     const target = this.#options.kinds.of(server)
     const relayTo = await target.relayTo(config => upstreamBaseHeaders(config, this.#options.upstream?.(tenant, server), clientHeaders(req)))
     if (relayTo !== null) {
-      await this.#relay(req, reply, server, relayTo, message)
+      await relayToModern(req, reply, server, relayTo, message, envelope, this.#options)
       return
     }
     if (message.method === 'subscriptions/listen') {
-      await this.#listen(req, reply, server, target, message)
+      await this.#listen(req, reply, server, target, message, envelope)
       return
     }
     if (message.method === 'server/discover') {
-      reply.type('application/json').send({ jsonrpc: '2.0', id: message.id, result: await this.#discover(target, tenant) })
+      reply.type('application/json').send({ jsonrpc: '2.0', id: message.id, result: await this.#discover(target, tenant, this.#options.tasks.hosts(server)) })
       return
     }
     // Answered here (an aggregate's merged lists), or run on a pool: the server's own, or that of
@@ -423,6 +417,8 @@ export class ModernFace {
       }
       return
     }
+    const caller = { server, tenant, subjectDigest: req.principal.subjectDigest, principal: req.principal.key, resumable: true }
+    const addressed = server
     server = plan.server
     const outgoingParams = plan.params
     const shownServerInfo = plan.serverInfo
@@ -437,7 +433,14 @@ export class ModernFace {
     const parked = params.requestState !== undefined ? this.#takeParked(message, params, req.principal.key) : null
     const info = await this.#options.pool.info(server, tenant)
     reply.hijack()
-    const out = new ModernResponse(reply.raw, replyHeaders(reply), this.#options.keepAliveMs)
+    const response = new ModernResponse(reply.raw, replyHeaders(reply), this.#options.keepAliveMs)
+    // A tool the backend runs as a task of its own (2025-11-25 Tasks) is bridged (not through an aggregate).
+    if (parked === null && server === addressed && bridgeable(info.capabilities)) {
+      const bridged = await this.#options.bridge.serve({ out: response, request: message, envelope, caller, serverInfo: shownServerInfo ?? info.serverInfo })
+        .catch(err => { response.fail(isGatewayError(err) ? err : new GW_ERR_INTERNAL('task not bridged', { cause: err }), message.id); return true })
+      if (bridged) return
+    }
+    const out = this.#options.tasks.host(response, message, envelope, caller)
     // inputResponses on a first call (no requestState) answer the backend's asks by key as they come.
     const preAnswers = parked === null && isRecord(params.inputResponses) ? params.inputResponses : {}
     const exchange = new Exchange(this.#options.parked, out, message, envelope, server, req.principal.key, shownServerInfo ?? info.serverInfo, preAnswers)
@@ -451,6 +454,8 @@ export class ModernFace {
         const outgoing: Record<string, unknown> = { ...base }
         delete outgoing.inputResponses
         delete outgoing.requestState
+        // The 2025 era's task augmentation is no field of this era: ignored (SEP-2663), never sent on.
+        delete outgoing.task
         const meta = isRecord(outgoing._meta) ? { ...outgoing._meta } : undefined
         if (meta?.progressToken !== undefined) outgoing._meta = { ...meta, progressToken: key }
         return { jsonrpc: '2.0', id: key, method: message.method, params: outgoing }
@@ -474,21 +479,14 @@ export class ModernFace {
     return parked
   }
 
-  async #discover (target: StatelessServer, tenant: string | null): Promise<Record<string, unknown>> {
+  async #discover (target: StatelessServer, tenant: string | null, hostsTasks: boolean): Promise<Record<string, unknown>> {
     const info = await target.info(tenant)
+    const capabilities = modernCapabilities(info.capabilities)
     const result: Record<string, unknown> = {
       supportedVersions: [...MODERN_VERSIONS],
-      capabilities: modernCapabilities(info.capabilities),
+      capabilities: hostsTasks ? withTasksExtension(capabilities) : capabilities,
       ...(info.instructions !== undefined ? { instructions: info.instructions } : {})
     }
     return completeResult('server/discover', result, info.serverInfo)
   }
-}
-
-/**
- * A legacy server's capabilities as a modern server states them: the same (its `resources.subscribe`
- * means listen streams can name resources; the gateway subscribes upstream for them).
- */
-function modernCapabilities (legacy: Record<string, unknown>): Record<string, unknown> {
-  return { ...legacy }
 }

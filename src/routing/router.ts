@@ -86,6 +86,7 @@ export class Router {
   #stopping = false
   /** Envelopes of the 2026-07-28 face (MRTR retries across replicas), handed to it as they come. */
   #modernEnvelopes: ((envelope: Envelope) => void) | undefined
+  #replicaGone: ((replica: string) => void) | undefined
   /** The admin API's envelopes (a reload asked on another replica). */
   #adminEnvelopes: ((envelope: Envelope) => void) | undefined
 
@@ -159,6 +160,7 @@ export class Router {
       kindOf: server => this.#kinds.of(server),
       failOrphans: async (sid, server, reason) => { await this.#delivery.failOrphans(sid, server, reason) },
       sweepSessions: () => { this.#sessions.sweep() },
+      replicaGone: replica => { this.#replicaGone?.(replica) },
       endSession
     })
   }
@@ -182,6 +184,11 @@ export class Router {
 
   /** Whether an envelope sent after a log write reaches its replica only once that write is applied (Bus.ordered). */
   get busOrdered (): boolean { return this.#services.bus.ordered }
+
+  /** The heartbeat watch found a replica gone (what the 2026-07-28 face hosted there is settled). */
+  onReplicaGone (handler: (replica: string) => void): void {
+    this.#replicaGone = handler
+  }
 
   /** The 2026-07-28 face's own envelopes (mrtr-*) go to this handler. */
   onModernEnvelope (handler: (envelope: Envelope) => void): void {
@@ -414,6 +421,8 @@ export class Router {
       case 'mrtr-out':
       case 'mrtr-cancel':
       case 'listen-event':
+      case 'task-cancel':
+      case 'task-update':
         this.#modernEnvelopes?.(envelope)
         return
       case 'admin-reload':

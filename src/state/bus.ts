@@ -31,6 +31,10 @@ export type Envelope =
   | { kind: 'mrtr-cancel', ticket: string }
   /** A backend's session-level notification seen by another replica's pool, for listen streams here. */
   | { kind: 'listen-event', server: string, tenant: string | null, message: JsonRpcMessage }
+  /** 2026-07-28: a client cancelled a task the gateway hosts on the receiving replica: its call is cancelled. */
+  | { kind: 'task-cancel', taskId: string }
+  /** 2026-07-28: tasks/update answers for a hosted task whose call waits, parked, on the receiving replica. */
+  | { kind: 'task-update', taskId: string, inputResponses: Record<string, unknown> }
   /** An operator asked (admin API, replica `from`) that every replica re-read its config file. */
   | { kind: 'admin-reload', from: string }
 

@@ -35,7 +35,7 @@ const TOOL_NAME = /^[\w./:-]{1,128}$/
 const KNOWN_CODES: ReadonlySet<number> = new Set([-32700, -32600, -32601, -32602, -32603, -32000, -32001, -32002, -32006, -32007, -32042])
 
 export const methodLabel = (method: string): string => KNOWN_METHODS.has(method) ? method : OTHER
-const ENVELOPE_KINDS = new Set(['deliver', 'wake', 'release', 'end-session', 'mrtr-resume', 'mrtr-out', 'mrtr-cancel', 'listen-event', 'admin-reload'])
+const ENVELOPE_KINDS = new Set(['deliver', 'wake', 'release', 'end-session', 'mrtr-resume', 'mrtr-out', 'mrtr-cancel', 'listen-event', 'task-cancel', 'task-update', 'admin-reload'])
 const envelopeKind = (kind: string): string => ENVELOPE_KINDS.has(kind) ? kind : OTHER
 /** MCP task statuses (2025-11-25, "Tasks"): the label values of mcpgw_task_status_transitions_total. */
 const TASK_STATUSES: ReadonlySet<string> = new Set(['working', 'input_required', 'completed', 'failed', 'cancelled'])

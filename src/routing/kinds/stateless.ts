@@ -83,9 +83,10 @@ export class StatelessKinds {
 }
 
 /**
- * The methods of the 2026-07-28 Tasks extension that name a task. A task of this era exists only
- * on a 2026-07-28 backend (relayed as it is): the gateway neither creates tasks on the 2025-era
- * backends it serves such requests from nor bridges theirs yet, so there every task id is unknown.
+ * The methods of the 2026-07-28 Tasks extension that name a task. The tasks the gateway hosts are
+ * answered before a request gets here (http/modern-tasks.ts), and so are a 2025-era backend's own
+ * tasks, which reach this era only bridged into tasks the gateway holds: here every other task id is
+ * unknown.
  */
 const TASK_METHODS = new Set(['tasks/get', 'tasks/update', 'tasks/cancel'])
 

@@ -43,6 +43,8 @@ export interface ReplicaWatchOptions extends ReplicaContext {
   sweepSessions: () => void
   /** Ends a session everywhere (Sessions.end). */
   endSession: (sid: string, reason: string) => Promise<void>
+  /** A replica was found gone: what else it ran (hosted tasks) is settled. */
+  replicaGone?: (replica: string) => void
 }
 
 export class ReplicaWatch {
@@ -141,6 +143,7 @@ export class ReplicaWatch {
         if (replica === this.#replicaId) continue
         if (await store.isAlive(replica)) { servedByLive = true; continue }
         adopting = true
+        this.#services.replicaGone?.(replica)
         // Not awaited: it may take the session over and start its backend, which must not hold
         // up this replica's own heartbeat (a beat skipped for that long would look like a death).
         const key = `${sid} ${replica}`
