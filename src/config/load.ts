@@ -23,6 +23,7 @@ import { GW_ERR_CONFIG_INVALID } from '../core/errors.js'
 import { isLoopbackAddress } from '../core/loopback.js'
 import { trustedProxyProblem } from '../core/ip-address.js'
 import { deepFreeze } from '../core/freeze.js'
+import { checkAllCredentials } from './credentials-check.js'
 
 export type { Config }
 
@@ -424,6 +425,7 @@ function checkSemantics (config: Config, poolSizeGiven: ReadonlySet<string>, pro
     }
   }
   checkAuth(config, problems)
+  checkAllCredentials(config, (path, reason) => { problems.add(path, reason) })
 }
 
 /** An aggregate's members: configured servers, none an aggregate, each once. */

@@ -8,7 +8,7 @@ export interface AuditLog { info: (obj: object, msg: string) => void }
 /** A logger that can make a child with fixed fields (pino's). */
 export interface AuditParent { child: (bindings: Record<string, unknown>) => AuditLog }
 
-export type AuditEvent = 'session.created' | 'session.ended' | 'request.refused' | 'tools.call' | 'admin.action'
+export type AuditEvent = 'session.created' | 'session.ended' | 'request.refused' | 'tools.call' | 'admin.action' | 'credential.issued' | 'credential.failed'
 
 export interface AuditFields {
   tenant?: string | null
@@ -22,7 +22,9 @@ const MESSAGES: Record<AuditEvent, string> = {
   'session.ended': 'audit: session.ended',
   'request.refused': 'audit: request.refused',
   'tools.call': 'audit: tools.call',
-  'admin.action': 'audit: admin.action'
+  'admin.action': 'audit: admin.action',
+  'credential.issued': 'audit: credential.issued',
+  'credential.failed': 'audit: credential.failed'
 }
 
 export function audit (log: AuditLog, event: AuditEvent, fields: AuditFields): void {

@@ -32,7 +32,7 @@ export const OTHER = 'other'
 export const MAX_TOOLS_PER_SERVER = 200
 const TOOL_NAME = /^[\w./:-]{1,128}$/
 /** JSON-RPC error codes kept as `error_type` values (standard ones and the gateway's). */
-const KNOWN_CODES: ReadonlySet<number> = new Set([-32700, -32600, -32601, -32602, -32603, -32000, -32001, -32002, -32006, -32007, -32042])
+const KNOWN_CODES: ReadonlySet<number> = new Set([-32700, -32600, -32601, -32602, -32603, -32000, -32001, -32002, -32006, -32007, -32010, -32011, -32012, -32013, -32014, -32042])
 
 export const methodLabel = (method: string): string => KNOWN_METHODS.has(method) ? method : OTHER
 const ENVELOPE_KINDS = new Set(['deliver', 'wake', 'release', 'end-session', 'mrtr-resume', 'mrtr-out', 'mrtr-cancel', 'listen-event', 'admin-reload'])
