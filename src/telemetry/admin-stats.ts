@@ -168,6 +168,7 @@ export class AdminStatsMetrics implements GatewayMetrics {
   resumeCursorMissing (kind: StreamKind): void { this.inner.resumeCursorMissing(kind) }
   aggregateMemberLeftOut (aggregate: string, member: string, why: 'down' | 'slow' | 'error'): void { this.inner.aggregateMemberLeftOut(aggregate, member, why) }
   upkeepPass (pass: UpkeepPass, seconds: number): void { this.inner.upkeepPass(pass, seconds) }
+  credentialLookup (server: string, source: string, outcome: string, grantSeconds?: number): void { this.inner.credentialLookup(server, source, outcome, grantSeconds) }
   observe (sources: MetricSources): void { this.inner.observe(sources) }
   reconfigure (servers: Iterable<string>, tenants: Iterable<string>): void {
     const s = [...servers]

@@ -110,6 +110,11 @@ export interface GatewayMetrics {
   aggregateMemberLeftOut (aggregate: string, member: string, why: 'down' | 'slow' | 'error'): void
   /** One upkeep pass took `seconds` (wall clock, store round trips included). */
   upkeepPass (pass: UpkeepPass, seconds: number): void
+  /**
+   * One lookup of a caller's backend credential (credentials/): its source and outcome, and how long
+   * the authorization server took when it was asked (`grantSeconds`). Never a subject or token.
+   */
+  credentialLookup (server: string, source: string, outcome: string, grantSeconds?: number): void
   observe (sources: MetricSources): void
   /** Live reload: the configured server and tenant names (the only label values allowed). */
   reconfigure (servers: Iterable<string>, tenants: Iterable<string>): void
@@ -138,6 +143,7 @@ export const NO_METRICS: GatewayMetrics = {
   resumeCursorMissing () {},
   aggregateMemberLeftOut () {},
   upkeepPass () {},
+  credentialLookup () {},
   observe () {},
   reconfigure () {},
   instrumentRedis () {},
@@ -149,6 +155,9 @@ const SESSION_BUCKETS = [1, 10, 60, 300, 900, 1800, 3600, 7200, 14_400, 43_200, 
 const REDIS_BUCKETS = [0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1]
 const UPKEEP_BUCKETS = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30]
 const LAG_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5]
+
+const CREDENTIAL_SOURCES: ReadonlySet<string> = new Set(['static', 'token-exchange', 'client-credentials', 'user-authorization'])
+const CREDENTIAL_OUTCOMES: ReadonlySet<string> = new Set(['cached', 'issued', 'refused', 'refused_cached', 'unavailable', 'missing', 'consent_required', 'rejected'])
 
 type Observe = (value: number) => void
 type Inc = (value?: number) => void
@@ -228,6 +237,8 @@ class PromMetrics implements GatewayMetrics {
   readonly #lost: Counter<string>
   readonly #cursorMissing: Counter<string>
   readonly #memberLeftOut: Counter<string>
+  readonly #credentials: Counter<string>
+  readonly #grants: Histogram<string>
   readonly #upkeep: Bound<Observe>
   readonly #busSent: Bound<Inc>
   readonly #busReceived: Bound<Inc>
@@ -262,6 +273,8 @@ class PromMetrics implements GatewayMetrics {
     this.#started = new Bound(server => { const c = started.labels({ server }); return () => { c.inc() } })
     this.#crashed = new Bound(server => { const c = crashed.labels({ server }); return () => { c.inc() } })
     this.#refusals = new Counter({ name: 'mcpgw_http_refusals_total', help: 'HTTP requests answered with an error status, by status, reason and gateway error code', labelNames: ['status', 'reason', 'code'], registers })
+    this.#credentials = new Counter({ name: 'mcpgw_credential_lookups_total', help: 'Lookups of a caller\'s backend credential, by server, source and outcome (cached, issued, refused, refused_cached, unavailable, missing, consent_required, rejected)', labelNames: ['server', 'source', 'outcome'], registers })
+    this.#grants = new Histogram({ name: 'mcpgw_credential_grant_duration_seconds', help: 'Time an authorization server took to answer a grant (token exchange, client credentials), by server and source', labelNames: ['server', 'source'], buckets: OPERATION_BUCKETS, registers })
     this.#memberLeftOut = new Counter({ name: 'mcpgw_aggregate_member_left_out_total', help: 'Times an aggregate server left a member out: down (not started, gone), slow (a list past memberTimeoutMs) or error (a list failed)', labelNames: ['aggregate', 'member', 'reason'], registers })
     this.#lost = new Counter({ name: 'mcpgw_event_log_lost_total', help: 'Messages trimmed from a client stream\'s bounded log before they were delivered (a slow or absent client lost them)', labelNames: ['stream'], registers })
     this.#cursorMissing = new Counter({ name: 'mcpgw_event_log_resume_cursor_missing_total', help: 'Resumes whose Last-Event-ID was already trimmed from the log (an unknown number of messages lost)', labelNames: ['stream'], registers })
@@ -377,6 +390,11 @@ class PromMetrics implements GatewayMetrics {
     this.#memberLeftOut.inc({ aggregate: this.#server(aggregate), member: this.#server(member), reason: why })
   }
   upkeepPass (pass: UpkeepPass, seconds: number): void { this.#upkeep.get(pass)(seconds) }
+  credentialLookup (server: string, source: string, outcome: string, grantSeconds?: number): void {
+    const labels = { server: this.#server(server), source: CREDENTIAL_SOURCES.has(source) ? source : OTHER }
+    this.#credentials.inc({ ...labels, outcome: CREDENTIAL_OUTCOMES.has(outcome) ? outcome : OTHER })
+    if (grantSeconds !== undefined) this.#grants.observe(labels, grantSeconds)
+  }
   observe (sources: MetricSources): void { this.#sources = sources }
 
   reconfigure (servers: Iterable<string>, tenants: Iterable<string>): void {
