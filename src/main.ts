@@ -4,7 +4,7 @@
 // stops; SIGINT (Ctrl-C) and a second signal skip the drain. shutdown.deadlineMs bounds the stop.
 // SIGHUP re-reads the config file (and so, with reload.watch, does a change on disk): see
 // config/reload.ts.
-import { loadConfig, parseArgs, USAGE } from './config/load.js'
+import { loadConfig, parseArgs, USAGE, vaultKeysFrom } from './config/load.js'
 import type { ConfigReloader } from './config/reload.js'
 import { newReplicaId } from './core/replica.js'
 import { keyCommand } from './auth/key-command.js'
@@ -69,7 +69,8 @@ async function main (): Promise<void> {
     void reloader.reload('SIGHUP')
   })
 
-  const gateway = await buildGateway(config, { log, replicaId })
+  const vaultKeys = vaultKeysFrom()
+  const gateway = await buildGateway(config, { log, replicaId, ...(vaultKeys === undefined ? {} : { vaultKeys }) })
   reloader = new ConfigReloader({ path: configPath, live: gateway.live, log })
   const reloads = reloader
   gateway.setReloader(async trigger => {
