@@ -41,7 +41,7 @@ async function setup (t: Test, credentials: Record<string, unknown> = {}): Promi
 async function clientOf (t: Test, s: Setup, subject: string): Promise<{ client: Client, token: string }> {
   const token = await s.users.mint({ sub: subject })
   const client = new Client({ name: `client-${subject}`, version: '1.0.0' })
-  const transport = new StreamableHTTPClientTransport(new URL(`${s.gw.url}/mcp/api`), { requestInit: { headers: { authorization: `Bearer ${token}`, host: 'gw.example.com' } } })
+  const transport = new StreamableHTTPClientTransport(new URL(`${s.gw.url}/mcp/api`), { requestInit: { headers: { authorization: `Bearer ${token}` } } })
   await client.connect(transport)
   t.teardown(async () => { await client.close().catch(() => {}) })
   return { client, token }
@@ -104,4 +104,17 @@ t.test('a refused exchange is its own error', async t => {
   s.as.refused.add('mallory')
   const err = await clientOf(t, s, 'mallory').catch((e: unknown) => e) as Error
   t.match(String(err.message), /refused a credential for backend 'api': invalid_grant/)
+})
+
+t.test('a token about to expire is exchanged again; the old one is not sent', async t => {
+  const s = await setup(t, { refreshBeforeMs: 1000 })
+  s.as.ttlSeconds = 2
+  const alice = await clientOf(t, s, 'alice')
+  t.equal(textOf(await alice.client.callTool({ name: 'whoami', arguments: {} })), 'alice')
+  const first = exchanges(s)
+  const firstToken = s.backend.seen.at(-1)?.token
+  await new Promise(resolve => setTimeout(resolve, 1200))
+  t.equal(textOf(await alice.client.callTool({ name: 'whoami', arguments: {} })), 'alice')
+  t.equal(exchanges(s), first + 1, 're-exchanged before expiry')
+  t.not(s.backend.seen.at(-1)?.token, firstToken)
 })
