@@ -10,6 +10,7 @@ import { startGateway, type RunningGateway } from '../helpers/gateway.js'
 import { startIssuer, type TestIssuer } from '../helpers/jwks.js'
 import { GATEWAY_CLIENT, startOAuthServer, TOKEN_EXCHANGE, type OAuthServer } from '../helpers/oauth-server.js'
 import { startProtectedUpstream, type ProtectedUpstream } from '../fixtures/protected-upstream.js'
+import { envelope, last, modernPost } from '../helpers/modern.js'
 
 const PUBLIC = 'https://gw.example.com'
 const AUDIENCE = 'https://api.example/mcp'
@@ -31,7 +32,7 @@ async function setup (t: Test, credentials: Record<string, unknown> = {}): Promi
         transport: 'streamable-http',
         url: backend.url,
         protocol: 'legacy',
-        credentials: { source: 'token-exchange', issuer: as.issuer, clientId: GATEWAY_CLIENT.id, clientSecret: GATEWAY_CLIENT.secret, audience: AUDIENCE, timeoutMs: 1000, ...credentials }
+        credentials: Object.fromEntries(Object.entries({ source: 'token-exchange', issuer: as.issuer, clientId: GATEWAY_CLIENT.id, clientSecret: GATEWAY_CLIENT.secret, audience: AUDIENCE, timeoutMs: 1000, ...credentials }).filter(([, v]) => v !== undefined))
       }
     }
   }, { log, vaultKeys: `k1:${randomBytes(32).toString('base64')}` })
@@ -117,4 +118,17 @@ t.test('a token about to expire is exchanged again; the old one is not sent', as
   t.equal(textOf(await alice.client.callTool({ name: 'whoami', arguments: {} })), 'alice')
   t.equal(exchanges(s), first + 1, 're-exchanged before expiry')
   t.not(s.backend.seen.at(-1)?.token, firstToken)
+})
+
+t.test('2026-07-28 requests on the tenant\'s pool: refused for a per-user source, served with client credentials', async t => {
+  const perUser = await setup(t)
+  const token = await perUser.users.mint({ sub: 'alice' })
+  const call = { name: 'whoami', arguments: {}, _meta: envelope() }
+  const refused = await modernPost(`${perUser.gw.url}/mcp/api`, 'tools/call', call, 1, { authorization: `Bearer ${token}` })
+  t.match(last(refused), { error: { code: -32013, data: { code: 'GW_ERR_CREDENTIAL_REQUIRED' } } }, 'a shared connection never carries one user\'s token')
+  t.ok(perUser.backend.seen.every(r => r.token === null), 'the backend got no one\'s token')
+
+  const tenantWide = await setup(t, { source: 'client-credentials', resource: AUDIENCE, audience: undefined })
+  const served = await modernPost(`${tenantWide.gw.url}/mcp/api`, 'tools/call', call, 1, { authorization: `Bearer ${await tenantWide.users.mint({ sub: 'alice' })}` })
+  t.equal((last(served).result as { content: Array<{ text: string }> } | undefined)?.content[0]?.text, GATEWAY_CLIENT.id, 'the tenant\'s own client token')
 })
