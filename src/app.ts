@@ -431,7 +431,7 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
       pools: () => pool.stats(),
       draining: () => draining
     })
-    const adminOptions = { token: config.admin.token, service: admin, failures, addressOf }
+    const adminOptions = { token: config.admin.token, service: admin, failures, addressOf, vault: services.vault }
     if (config.admin.listen === undefined) {
       await app.register(httpAdmin, adminOptions)
     } else {

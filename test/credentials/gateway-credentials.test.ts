@@ -17,7 +17,7 @@ const AUDIENCE = 'https://api.example/mcp'
 
 interface Setup { users: TestIssuer, as: OAuthServer, backend: ProtectedUpstream, gw: RunningGateway, logs: string[] }
 
-async function setup (t: Test, credentials: Record<string, unknown> = {}): Promise<Setup> {
+async function setup (t: Test, credentials: Record<string, unknown> = {}, extra: Record<string, unknown> = {}): Promise<Setup> {
   const users = await startIssuer(t, 'https://users.example', { aud: `${PUBLIC}/mcp/api` })
   const as = await startOAuthServer(t, { keys: users.keys.map(k => k.jwk) }, users.issuer)
   const backend = await startProtectedUpstream({ jwksUri: as.jwksUri, issuer: as.issuer, audience: AUDIENCE })
@@ -25,6 +25,7 @@ async function setup (t: Test, credentials: Record<string, unknown> = {}): Promi
   const logs: string[] = []
   const log = pino({ level: 'debug' }, { write: (line: string) => { logs.push(line) } })
   const gw = await startGateway(t, {
+    ...extra,
     auth: { publicUrl: PUBLIC },
     tenants: { acme: { jwt: [{ issuer: users.issuer, jwksUri: users.jwksUri }], servers: { api: {} } } },
     servers: {
@@ -131,4 +132,18 @@ t.test('2026-07-28 requests on the tenant\'s pool: refused for a per-user source
   const tenantWide = await setup(t, { source: 'client-credentials', resource: AUDIENCE, audience: undefined })
   const served = await modernPost(`${tenantWide.gw.url}/mcp/api`, 'tools/call', call, 1, { authorization: `Bearer ${await tenantWide.users.mint({ sub: 'alice' })}` })
   t.equal((last(served).result as { content: Array<{ text: string }> } | undefined)?.content[0]?.text, GATEWAY_CLIENT.id, 'the tenant\'s own client token')
+})
+
+t.test('the admin API lists what the vault holds, never a token', async t => {
+  const ADMIN = 'admin-token-0123456789-0123456789-01'
+  const s = await setup(t, {}, { admin: { token: ADMIN } })
+  const alice = await clientOf(t, s, 'alice')
+  await alice.client.callTool({ name: 'whoami', arguments: {} })
+  const res = await fetch(`${s.gw.url}/admin/api/credentials?tenant=acme`, { headers: { authorization: `Bearer ${ADMIN}` } })
+  const text = await res.text()
+  const body = JSON.parse(text) as { credentials: Array<Record<string, unknown>> }
+  t.equal(body.credentials.length, 1)
+  t.match(body.credentials[0], { server: 'api', subject: /^[0-9a-f]{32}$/, audience: AUDIENCE, keyId: 'k1' })
+  for (const r of s.backend.seen) if (r.token !== null) t.notMatch(text, r.token)
+  t.equal((await fetch(`${s.gw.url}/admin/api/credentials?tenant=acme`)).status, 401, 'the admin token is required')
 })
