@@ -73,6 +73,11 @@ export class Issuer {
       : c.clientAuth === 'client_secret_post' ? oidc.ClientSecretPost(c.clientSecret) : oidc.ClientSecretBasic(c.clientSecret)
     const timeout = Math.max(1, Math.ceil(c.timeoutMs / 1000))
     const insecure = [c.issuer, c.tokenEndpoint].some(url => url !== undefined && isPlainLoopback(url))
+    // openid-client counts whole seconds; the configured deadline (ms) is held by the fetch's signal.
+    const withDeadline: oidc.CustomFetch = async (url, options) => await fetch(url, {
+      ...options,
+      signal: AbortSignal.any([options.signal, AbortSignal.timeout(c.timeoutMs)].filter((s): s is AbortSignal => s !== undefined))
+    } as RequestInit)
     let configuration: oidc.Configuration
     if (c.tokenEndpoint !== undefined) {
       const metadata: oidc.ServerMetadata = {
@@ -85,12 +90,12 @@ export class Issuer {
     } else {
       configuration = await oidc.discovery(new URL(c.issuer as string), clientId, undefined, auth, {
         timeout,
+        [oidc.customFetch]: withDeadline,
         ...(insecure ? { execute: [oidc.allowInsecureRequests] } : {})
       })
     }
-    // openid-client counts whole seconds; a sub-second deadline is held by the fetch signal below.
     configuration.timeout = timeout
-    configuration[oidc.customFetch] = async (url, options) => await fetch(url, { ...options, signal: AbortSignal.any([options.signal, AbortSignal.timeout(c.timeoutMs)].filter((s): s is AbortSignal => s !== undefined)) } as RequestInit)
+    configuration[oidc.customFetch] = withDeadline
     return configuration
   }
 
