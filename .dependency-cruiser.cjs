@@ -18,6 +18,8 @@ module.exports = {
     { name: 'routing-below-http', severity: 'error', from: { path: '^src/(backends|state|auth|config|core|telemetry)/' }, to: { path: '^src/routing/' } },
     { name: 'core-imports-nothing', severity: 'error', from: { path: '^src/core/' }, to: { path: '^src/', pathNot: '^src/core/' } },
     { name: 'state-below-telemetry', severity: 'error', from: { path: '^src/state/' }, to: { path: '^src/(telemetry|auth|backends)/' } },
+    { name: 'credentials-layer', severity: 'error', comment: 'src/credentials/ may import config, core, state, telemetry only', from: { path: '^src/credentials/' }, to: { path: '^src/(auth|backends|routing)/' } },
+    { name: 'credentials-above-state', severity: 'error', comment: 'only routing, backends, http and app use the credential sources', from: { path: '^src/(state|config|core|telemetry|auth)/' }, to: { path: '^src/credentials/' } },
     below('upstream', []),
     below('aggregate', ['upstream']),
     below('replica', ['upstream']),

@@ -1,4 +1,5 @@
 // The only place services are built and plugins registered, in order.
+import { randomBytes } from 'node:crypto'
 import Fastify, { LogController, type FastifyBaseLogger, type FastifyError, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify'
 import type { Logger } from 'pino'
 import { httpBackendFactory } from './backends/http.js'
@@ -49,6 +50,12 @@ import { ModernTasks } from './http/modern-tasks.js'
 import { TaskBridge } from './http/modern-task-bridge.js'
 import { serverConfigOf } from './config/server-kind.js'
 import { RedisSessionStore } from './state/session-store-redis.js'
+import { parseVaultKeys, VAULT_KEYS_VARIABLE, type VaultKeyRing } from './credentials/cipher.js'
+import { MemoryVault } from './credentials/vault-memory.js'
+import { RedisVault } from './credentials/vault-redis.js'
+import { CredentialSources } from './credentials/sources.js'
+import type { CallerCredential, Vault } from './credentials/types.js'
+import { hasCredentialSources } from './config/credentials-check.js'
 import { MemorySessionStore } from './state/session-store-memory.js'
 import type { SessionStore } from './state/session-store.js'
 import type { SessionTasks } from './state/session-tasks.js'
@@ -83,6 +90,11 @@ export interface GatewayOptions {
   hub?: MemoryBusHub
   /** Memory mode: apps sharing one store and log act as replicas of one gateway (tests). */
   memory?: { store: MemorySessionStore, eventLog: MemoryEventLog, tasks?: MemoryTaskStore, limiter?: MemoryRateLimiter, quotas?: MemorySessionQuotas, sessionTasks?: MemorySessionTasks }
+  /**
+   * The vault's keys (`MCPGW_VAULT_KEYS`: `kid:base64,...`, the first seals; credentials/cipher.ts).
+   * Absent: a key of this process only (tokens obtained are neither shared nor kept across restarts).
+   */
+  vaultKeys?: string
 }
 
 export interface Gateway {
@@ -117,10 +129,12 @@ interface Services {
   /** Tenants' request budgets and session quotas (auth/rate-limit.ts, auth/quotas.ts). */
   limiter: RateLimiter
   quotas: SessionQuotas
+  /** Where backend tokens rest (credentials/), sealed under the vault's keys. */
+  vault: Vault
   close: () => Promise<void>
 }
 
-function memoryServices (config: Readonly<Config>, options: GatewayOptions, metrics: GatewayMetrics): Services {
+function memoryServices (config: Readonly<Config>, options: GatewayOptions, metrics: GatewayMetrics, ring: VaultKeyRing): Services {
   const store = options.memory?.store ?? new MemorySessionStore()
   const eventLog = options.memory?.eventLog ?? new MemoryEventLog(store, config.sessions.eventLogMaxLen)
   const shared = options.memory !== undefined
@@ -133,6 +147,7 @@ function memoryServices (config: Readonly<Config>, options: GatewayOptions, metr
     sessionTasks: options.memory?.sessionTasks ?? new MemorySessionTasks(),
     limiter: options.memory?.limiter ?? new MemoryRateLimiter(),
     quotas: options.memory?.quotas ?? new MemorySessionQuotas(),
+    vault: new MemoryVault(ring),
     close: async () => {
       if (options.memory?.tasks === undefined) await tasks.close()
       if (!shared) await store.close()
@@ -141,7 +156,7 @@ function memoryServices (config: Readonly<Config>, options: GatewayOptions, metr
 }
 
 /** Redis mode: every replica shares sessions, logs and inboxes through one Redis. */
-async function redisServices (config: Readonly<Config>, log: Logger, replicaId: string, metrics: GatewayMetrics): Promise<Services> {
+async function redisServices (config: Readonly<Config>, log: Logger, replicaId: string, metrics: GatewayMetrics, ring: VaultKeyRing): Promise<Services> {
   const settings = config.redis
   if (settings === undefined) throw new Error('redis settings missing')
   const target = { url: settings.url, sentinels: settings.sentinels, name: settings.name, cluster: settings.cluster }
@@ -178,6 +193,7 @@ async function redisServices (config: Readonly<Config>, log: Logger, replicaId: 
     limiter: new RedisRateLimiter(redis, prefix),
     // The sets' TTL only bounds how long an idle tenant's sets linger (quotas.ts prunes by liveness).
     quotas: new RedisSessionQuotas(redis, prefix, Math.max(QUOTA_SET_TTL_MS, config.sessions.idleTimeoutMs * 2)),
+    vault: new RedisVault(redis, ring, prefix),
     close: async () => { closeRedis(beatRedis); closeRedis(redis) }
   }
 }
@@ -259,7 +275,8 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
   // With the admin console: every answered request is also counted for its charts (the last minutes).
   const adminStats = config.admin === undefined ? undefined : new AdminStats()
   const metrics: GatewayMetrics = adminStats === undefined ? prom : new AdminStatsMetrics(prom, adminStats)
-  const services = config.redis === undefined ? memoryServices(config, options, metrics) : await redisServices(config, log, replicaId, metrics)
+  const ring = options.vaultKeys === undefined ? parseVaultKeys(`process:${randomBytes(32).toString('base64')}`) : parseVaultKeys(options.vaultKeys)
+  const services = config.redis === undefined ? memoryServices(config, options, metrics, ring) : await redisServices(config, log, replicaId, metrics, ring)
   // Tracing is per process (the facade in telemetry/tracing.ts); the SDK loads only when configured.
   if (config.tracing !== undefined) await startTracing(config.tracing, replicaId, log)
   // Routing settings (servers, auth, tenants) are read through `live`, which a reload replaces;
@@ -274,6 +291,12 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
   // Looked up per use, so a replaced tenant table (config reload) applies at once.
   const upstream = (tenant: string | null | undefined, server: string): TenantUpstream => tenants.upstream(tenant, server)
   const toolPolicy = toolPolicies(tenants)
+  // Each caller's own credential toward a server (credentials/): read from the live config per use.
+  const credentialSources = new CredentialSources({ vault: services.vault, log, metrics })
+  const credentialsLive = { get servers () { return live.current.servers }, get tenants () { return live.current.tenants } }
+  if (options.vaultKeys === undefined && hasCredentialSources(config)) log.warn(`${VAULT_KEYS_VARIABLE} is not set: backend tokens are sealed with a key of this process only (not shared by replicas, lost on restart)`)
+  const credentials = (tenant: string | null | undefined, subjectDigest: string | undefined, server: string): CallerCredential | undefined =>
+    credentialSources.bind(credentialsLive, { tenant: tenant ?? null, subjectDigest: subjectDigest ?? null }, server)
   // The tenants that may use a server now (everyone is the one anonymous tenant without tenants).
   const tenantsOf = (server: string): Array<string | null> => {
     const all = Object.entries(live.current.tenants ?? {})
@@ -289,6 +312,7 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
     log,
     metrics,
     upstream,
+    credentials,
     toolPolicy,
     onServerEvent: (server, tenant, message) => {
       modern.onServerEvent(server, tenant, message)
@@ -308,6 +332,7 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
     pool,
     sessionTasks: services.sessionTasks,
     upstream,
+    credentials,
     toolPolicy,
     log,
     metrics,
@@ -337,6 +362,7 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
   })
   const modern = new ModernFace({
     upstream,
+    credentials,
     pool,
     parked,
     toolPolicy,
@@ -367,6 +393,7 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
       tenants.replace(change.current)
     }
     metrics.reconfigure(Object.keys(change.current.servers), Object.keys(change.current.tenants ?? {}))
+    credentialSources.reconfigure(change.current)
     await pool.endServers([...change.servers.removed, ...change.servers.changed], 'server removed or changed in the config')
     const ended = await router.endSessionsOf(change.servers.removed, 'server removed from the config')
     if (ended > 0) log.info({ servers: change.servers.removed, sessions: ended }, 'sessions of removed servers ended')
@@ -416,7 +443,17 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
   await app.register(httpGuard, { config })
   // One failed-authentication budget per address for tenants' credentials and the admin token alike.
   const failures = new AuthFailureBudget(services.limiter, config.auth.failures)
-  await app.register(httpAuthenticate, { tenants, jwt: new JwtVerifier(tenants).check, failures, addressOf, live })
+  await app.register(httpAuthenticate, {
+    tenants,
+    jwt: new JwtVerifier(tenants).check,
+    failures,
+    addressOf,
+    live,
+    callerTokens: {
+      wants: (tenant, server) => credentialSources.wantsCallerToken(credentialsLive, tenant, server),
+      remember: (tenant, subjectDigest, token) => { credentialSources.tokens.remember(tenant, subjectDigest, token) }
+    }
+  })
   await app.register(httpOauthMetadata, { tenants })
   let draining = false
   await app.register(httpOps, { router, store: services.store, draining: () => draining, storeGraceMs: config.redis?.readinessGraceMs ?? 0 })
@@ -440,7 +477,7 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
       draining: () => draining,
       sessionTasks: services.sessionTasks
     })
-    const adminOptions = { token: config.admin.token, service: admin, failures, addressOf }
+    const adminOptions = { token: config.admin.token, service: admin, failures, addressOf, vault: services.vault }
     if (config.admin.listen === undefined) {
       await app.register(httpAdmin, adminOptions)
     } else {
@@ -476,6 +513,7 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
   app.addHook('onClose', async () => {
     await metricsApp?.close()
     await adminApp?.close()
+    credentialSources.close()
     await services.close()
     // Spans still buffered are exported before the process goes.
     if (config.tracing !== undefined) await stopTracing()

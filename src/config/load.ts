@@ -23,6 +23,7 @@ import { GW_ERR_CONFIG_INVALID } from '../core/errors.js'
 import { isLoopbackAddress } from '../core/loopback.js'
 import { trustedProxyProblem } from '../core/ip-address.js'
 import { deepFreeze } from '../core/freeze.js'
+import { checkAllCredentials } from './credentials-check.js'
 
 export type { Config }
 
@@ -88,6 +89,12 @@ export function parseArgs (argv: string[], env: NodeJS.ProcessEnv = process.env)
   const configPath = check ?? parsed.values.config ?? (fromEnv === undefined || fromEnv === '' ? DEFAULT_CONFIG_PATH : fromEnv)
   if (configPath === '') throw new GW_ERR_CONFIG_INVALID(`${check !== undefined ? '--check-config' : '--config'} needs a file name\n${USAGE}`)
   return { configPath, help: parsed.values.help === true, version: parsed.values.version === true, checkOnly: check !== undefined }
+}
+
+/** The vault's keys from the environment (`MCPGW_VAULT_KEYS`, credentials/cipher.ts); undefined when unset or empty. */
+export function vaultKeysFrom (env: NodeJS.ProcessEnv = process.env): string | undefined {
+  const text = env.MCPGW_VAULT_KEYS
+  return text === undefined || text.trim() === '' ? undefined : text
 }
 
 /**
@@ -424,6 +431,7 @@ function checkSemantics (config: Config, poolSizeGiven: ReadonlySet<string>, pro
     }
   }
   checkAuth(config, problems)
+  checkAllCredentials(config, (path, reason) => { problems.add(path, reason) })
 }
 
 /** An aggregate's members: configured servers, none an aggregate, each once. */

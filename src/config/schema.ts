@@ -86,6 +86,60 @@ const stdioServerSchema = {
   }
 } as const
 
+
+/**
+ * Where an HTTP server's backend requests get their credential (docs/credentials.md). `static`:
+ * the configured headers only (the default when absent). `token-exchange`: the client's verified
+ * JWT exchanged (RFC 8693) for a token whose audience is the backend, per user. `client-credentials`:
+ * the gateway's own client at the backend's authorization server (RFC 6749 section 4.4), per
+ * tenant. `user-authorization`: each user's consent by URL (authorization code with PKCE), per user.
+ * Which fields each source needs is checked in config/credentials-check.ts.
+ */
+export const credentialsSchema = {
+  type: 'object',
+  additionalProperties: false,
+  required: ['source'],
+  properties: {
+    source: { enum: ['static', 'token-exchange', 'client-credentials', 'user-authorization'] },
+    /** The header the credential goes in. */
+    header: { type: 'string', default: 'authorization' },
+    /** Put before the token in the header's value ("" for the bare token). */
+    scheme: { type: 'string', pattern: '^[!#$%&\'*+.^_`|~0-9A-Za-z-]*$', default: 'Bearer' },
+    /** The authorization server's issuer: its endpoints are read from its metadata (RFC 8414, OpenID discovery). */
+    issuer: { type: 'string', pattern: '^https?://' },
+    /** The token endpoint, instead of discovery from `issuer`. */
+    tokenEndpoint: { type: 'string', pattern: '^https?://' },
+    /** user-authorization: the authorization endpoint, instead of discovery from `issuer`. */
+    authorizationEndpoint: { type: 'string', pattern: '^https?://' },
+    /** The gateway's client id at that authorization server. */
+    clientId: { type: 'string', minLength: 1 },
+    /** Its secret (use a ${ENV} or ${file:PATH} placeholder); absent: a public client (user-authorization only). */
+    clientSecret: { type: 'string', minLength: 1 },
+    /** How the client authenticates at the token endpoint. */
+    clientAuth: { enum: ['client_secret_basic', 'client_secret_post'], default: 'client_secret_basic' },
+    /** Scopes asked for. */
+    scopes: { type: 'array', items: { type: 'string', pattern: '^[\\x21\\x23-\\x5b\\x5d-\\x7e]+$' }, default: [] },
+    /** token-exchange (required) and client-credentials: the `audience` asked for: the backend's identifier at the authorization server. */
+    audience: { type: 'string', minLength: 1 },
+    /** RFC 8707 `resource` asked for (the backend's URL as a resource), besides or instead of audience. */
+    resource: { type: 'string', pattern: '^https?://' },
+    /** token-exchange: the type of the client's token sent as subject_token. */
+    subjectTokenType: { type: 'string', default: 'urn:ietf:params:oauth:token-type:access_token' },
+    /** token-exchange: the token type asked for; absent: the server's choice. */
+    requestedTokenType: { type: 'string', minLength: 1 },
+    /** user-authorization: the gateway's public base URL its callback is served under (`<base>/oauth/callback`). */
+    redirectBaseUrl: { type: 'string', pattern: '^https?://' },
+    /** A token is renewed this long before it expires (no request starts with a token about to lapse). */
+    refreshBeforeMs: { type: 'integer', minimum: 0, maximum: 3_600_000, default: 30_000 },
+    /** How long a token with no `expires_in` is used. */
+    defaultLifetimeMs: { type: 'integer', minimum: 1000, maximum: 86_400_000, default: 300_000 },
+    /** A refused grant is remembered this long per caller: the authorization server is not asked again at once. */
+    refusalCacheMs: { type: 'integer', minimum: 0, maximum: 600_000, default: 10_000 },
+    /** Deadline of one call to the authorization server (metadata, token). */
+    timeoutMs: { type: 'integer', minimum: 100, maximum: 120_000, default: 5000 }
+  }
+} as const
+
 const httpServerSchema = {
   type: 'object',
   additionalProperties: false,
@@ -97,6 +151,8 @@ const httpServerSchema = {
     headers: { type: 'object', additionalProperties: { type: 'string' }, default: {} },
     /** Client request headers passed upstream; none by default (no token passthrough). */
     forwardHeaders: { type: 'array', items: { type: 'string' }, default: [] },
+    /** Each caller's credential toward this backend (docs/credentials.md); absent: `headers` only. */
+    credentials: credentialsSchema,
     maxSessions: { type: 'integer', minimum: 1, default: 1000 },
     /** Initialised backend sessions kept for 2026-07-28 (stateless) requests, per tenant. */
     poolSize: { type: 'integer', minimum: 1, maximum: 64, default: 4 },
@@ -214,7 +270,9 @@ const tenantServerSchema = {
         headers: { type: 'object', additionalProperties: { type: 'string' }, default: {} },
         env: { type: 'object', additionalProperties: { type: 'string' }, default: {} }
       }
-    }
+    },
+    /** This tenant's credential source toward the server: replaces the server's `credentials` for its users. */
+    credentials: credentialsSchema
   }
 } as const
 
@@ -514,7 +572,11 @@ type Defaulted<T, Opt extends keyof T = never> = Required<Omit<T, Opt>> & Partia
 type RawStdio = FromSchema<typeof stdioServerSchema>
 type RawHttp = FromSchema<typeof httpServerSchema>
 export type StdioServerConfig = Defaulted<Omit<RawStdio, 'restart'>, 'cwd' | 'onOwnerLoss' | 'poolSize' | 'poolMax' | 'poolWaitMs' | 'sessions' | 'childIdleMs' | 'tasks'> & { restart: Required<NonNullable<RawStdio['restart']>> }
-export type HttpServerConfig = Defaulted<Omit<RawHttp, 'reconnect'>, 'onOwnerLoss' | 'poolSize' | 'poolMax' | 'poolWaitMs' | 'protocol' | 'tasks'> & { reconnect: Required<NonNullable<RawHttp['reconnect']>> }
+export type HttpServerConfig = Defaulted<Omit<RawHttp, 'reconnect' | 'credentials'>, 'onOwnerLoss' | 'poolSize' | 'poolMax' | 'poolWaitMs' | 'protocol' | 'tasks'> & { reconnect: Required<NonNullable<RawHttp['reconnect']>>, credentials?: CredentialsConfig }
+
+type RawCredentials = FromSchema<typeof credentialsSchema>
+/** A `credentials` block, defaults applied; which optional fields a source needs is checked at load. */
+export type CredentialsConfig = Defaulted<RawCredentials, 'issuer' | 'tokenEndpoint' | 'authorizationEndpoint' | 'clientId' | 'clientSecret' | 'audience' | 'resource' | 'requestedTokenType' | 'redirectBaseUrl'>
 type RawAggregate = FromSchema<typeof aggregateServerSchema>
 export type AggregateMemberConfig = RawAggregate['members'][number]
 export type AggregateServerConfig = Defaulted<RawAggregate> & { poolSize?: undefined, poolMax?: undefined, poolWaitMs?: undefined, tasks?: undefined }
@@ -527,7 +589,7 @@ export type BackendServerConfig = StdioServerConfig | HttpServerConfig
 type RawTenant = FromSchema<typeof tenantSchema>
 type RawTenantServer = FromSchema<typeof tenantServerSchema>
 export type ToolPolicyConfig = FromSchema<typeof toolPolicySchema>
-export type TenantServerConfig = { tools?: ToolPolicyConfig, upstream: { headers: Record<string, string>, env: Record<string, string> } } & Omit<RawTenantServer, 'tools' | 'upstream'>
+export type TenantServerConfig = { tools?: ToolPolicyConfig, upstream: { headers: Record<string, string>, env: Record<string, string> }, credentials?: CredentialsConfig } & Omit<RawTenantServer, 'tools' | 'upstream' | 'credentials'>
 export type TenantJwtConfig = Defaulted<NonNullable<RawTenant['jwt']>[number], 'typ'>
 export type TenantLimitsConfig = NonNullable<RawTenant['limits']>
 export interface TenantConfig {

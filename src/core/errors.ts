@@ -6,6 +6,7 @@
 //   -32000 transport-level rejection (header, media type, size, origin …), as the SDK does
 //   -32001 session not found (the SDK's code for 404)
 //   -32006 backend timeout        -32007 backend connection error (unreachable, exited, overloaded)
+//   -32010..-32014 the caller's own credential toward a backend (credentials/: docs/credentials.md)
 // The 2026-07-28 face (http/modern.ts) also answers with the spec's own codes: -32601 (removed or
 // unknown method, HTTP 404), -32602 (bad `_meta` envelope or requestState), -32020 (a header does not
 // match the body), -32021 (a capability the request did not declare), -32022 (unsupported version).
@@ -66,6 +67,18 @@ export const GW_ERR_STORE_UNAVAILABLE = createError('GW_ERR_STORE_UNAVAILABLE', 
 export const GW_ERR_SHUTTING_DOWN = createError('GW_ERR_SHUTTING_DOWN', 'The gateway is shutting down', 503)
 export const GW_ERR_INTERNAL = createError('GW_ERR_INTERNAL', 'Internal error: %s', 500)
 export const GW_ERR_CONFIG_INVALID = createError('GW_ERR_CONFIG_INVALID', 'Invalid configuration: %s', 500)
+// A caller's credential toward a backend (credentials/). None names a token or a subject; `data`
+// carries the server and, for a refusal, the authorization server's OAuth error code.
+/** The authorization server could not be reached, timed out or answered nonsense; carries retryAfter. */
+export const GW_ERR_CREDENTIAL_ISSUER_UNAVAILABLE = createError('GW_ERR_CREDENTIAL_ISSUER_UNAVAILABLE', "The authorization server for backend '%s' is unavailable: %s", 503)
+/** The authorization server refused the grant (exchange or client credentials): data.oauthError. */
+export const GW_ERR_CREDENTIAL_REFUSED = createError('GW_ERR_CREDENTIAL_REFUSED', "The authorization server refused a credential for backend '%s': %s", 403)
+/** The backend refused the credential (401) again after one fresh one. */
+export const GW_ERR_CREDENTIAL_REJECTED = createError('GW_ERR_CREDENTIAL_REJECTED', "Backend '%s' rejected the credential obtained for this caller (HTTP 401 after one renewal)", 502)
+/** Nothing to obtain a credential from: a token exchange needs the client's JWT on this request. */
+export const GW_ERR_CREDENTIAL_REQUIRED = createError('GW_ERR_CREDENTIAL_REQUIRED', "Backend '%s' needs a credential of the caller's own: %s", 401)
+/** The user must first authorise the gateway at the authorization server: data.authorizationUrl. */
+export const GW_ERR_CREDENTIAL_CONSENT_REQUIRED = createError('GW_ERR_CREDENTIAL_CONSENT_REQUIRED', "Backend '%s' needs this user's consent first: open the authorization URL", 403)
 // The 2026-07-28 face (docs/spec-rules.md §4 and 5.7); each carries the data the spec names in `data`.
 export const GW_ERR_INVALID_PARAMS = createError('GW_ERR_INVALID_PARAMS', 'Invalid params: %s', 400)
 export const GW_ERR_METHOD_NOT_FOUND = createError('GW_ERR_METHOD_NOT_FOUND', 'Method not found: %s', 404)
@@ -111,6 +124,11 @@ export const JSONRPC_CODE: Record<string, number> = {
   GW_ERR_SHUTTING_DOWN: -32000,
   GW_ERR_INTERNAL: -32603,
   GW_ERR_CONFIG_INVALID: -32603,
+  GW_ERR_CREDENTIAL_ISSUER_UNAVAILABLE: -32010,
+  GW_ERR_CREDENTIAL_REFUSED: -32011,
+  GW_ERR_CREDENTIAL_REJECTED: -32012,
+  GW_ERR_CREDENTIAL_REQUIRED: -32013,
+  GW_ERR_CREDENTIAL_CONSENT_REQUIRED: -32014,
   GW_ERR_INVALID_PARAMS: -32602,
   GW_ERR_METHOD_NOT_FOUND: -32601,
   GW_ERR_HEADER_MISMATCH: -32020,
@@ -176,6 +194,31 @@ export function toJsonRpcError (err: GatewayError, id: RequestId | null): JsonRp
   const retryAfter = retryAfterOf(err)
   const retry = retryAfter !== undefined ? { retryAfter } : {}
   return errorResponse(id, jsonRpcCodeOf(err), err.message, { ...err.data, ...retry, source: 'gateway', code: err.code })
+}
+
+const CREDENTIAL_ERRORS: Record<string, new (...args: unknown[]) => GatewayError> = {
+  GW_ERR_CREDENTIAL_ISSUER_UNAVAILABLE,
+  GW_ERR_CREDENTIAL_REFUSED,
+  GW_ERR_CREDENTIAL_REJECTED,
+  GW_ERR_CREDENTIAL_REQUIRED,
+  GW_ERR_CREDENTIAL_CONSENT_REQUIRED
+}
+
+/**
+ * The credential error a JSON-RPC error answer carries (toJsonRpcError's shape: data.source
+ * 'gateway', data.code), made typed again: a request the gateway itself sent (a pool's initialize)
+ * fails with what the client should see, not with a generic backend error.
+ */
+export function credentialErrorOf (error: { message: string, data?: unknown }): GatewayError | undefined {
+  const data = error.data as Record<string, unknown> | undefined
+  if (data?.source !== 'gateway' || typeof data.code !== 'string' || !Object.hasOwn(CREDENTIAL_ERRORS, data.code)) return undefined
+  const Make = CREDENTIAL_ERRORS[data.code] as new (...args: unknown[]) => GatewayError
+  const err = new Make('', '')
+  err.message = error.message
+  const { source: _source, code: _code, retryAfter, ...rest } = data
+  err.data = rest
+  if (typeof retryAfter === 'number') err.retryAfter = retryAfter
+  return err
 }
 
 /** The member that marks a cancelledAnswer (the relay strips it from a backend's answers). */

@@ -36,7 +36,7 @@ import {
 import { clientHeaders, header, replyHeaders } from './request.js'
 import { ModernResponse, RemoteResponse, type Peers } from './modern-response.js'
 import { Exchange, modernError } from './modern-exchange.js'
-import type { UpstreamLookup } from '../routing/upstream/ports.js'
+import type { CredentialLookup, UpstreamLookup } from '../routing/upstream/ports.js'
 import { upstreamBaseHeaders } from '../backends/http-base.js'
 import { withTasksExtension, type ModernTasks } from './modern-tasks.js'
 import { relayToModern } from './modern-relay.js'
@@ -54,6 +54,8 @@ const MAX_LISTEN_URIS = 100
 export interface ModernFaceOptions {
   /** A tenant's upstream headers for a server (modern backends get them with each request). */
   upstream?: UpstreamLookup
+  /** The caller's own credential toward a server (credentials/), set on each relayed request. */
+  credentials?: CredentialLookup
   pool: ConnectionPool
   parked: ParkedCalls
   peers: Peers

@@ -170,6 +170,7 @@ export class AdminStatsMetrics implements GatewayMetrics {
   upkeepPass (pass: UpkeepPass, seconds: number): void { this.inner.upkeepPass(pass, seconds) }
   taskCreated (server: string, tenant: string | null | undefined): void { this.inner.taskCreated(server, tenant) }
   taskStatus (server: string, status: string): void { this.inner.taskStatus(server, status) }
+  credentialLookup (server: string, source: string, outcome: string, grantSeconds?: number): void { this.inner.credentialLookup(server, source, outcome, grantSeconds) }
   observe (sources: MetricSources): void { this.inner.observe(sources) }
   reconfigure (servers: Iterable<string>, tenants: Iterable<string>): void {
     const s = [...servers]

@@ -8,7 +8,7 @@ export interface AuditLog { info: (obj: object, msg: string) => void }
 /** A logger that can make a child with fixed fields (pino's). */
 export interface AuditParent { child: (bindings: Record<string, unknown>) => AuditLog }
 
-export type AuditEvent = 'session.created' | 'session.ended' | 'request.refused' | 'tools.call' | 'admin.action' | 'task.created' | 'task.cancel'
+export type AuditEvent = 'session.created' | 'session.ended' | 'request.refused' | 'tools.call' | 'admin.action' | 'task.created' | 'task.cancel' | 'credential.issued' | 'credential.failed'
 
 export interface AuditFields {
   tenant?: string | null
@@ -24,7 +24,9 @@ const MESSAGES: Record<AuditEvent, string> = {
   'tools.call': 'audit: tools.call',
   'admin.action': 'audit: admin.action',
   'task.created': 'audit: task.created',
-  'task.cancel': 'audit: task.cancel'
+  'task.cancel': 'audit: task.cancel',
+  'credential.issued': 'audit: credential.issued',
+  'credential.failed': 'audit: credential.failed'
 }
 
 export function audit (log: AuditLog, event: AuditEvent, fields: AuditFields): void {

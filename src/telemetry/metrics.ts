@@ -32,7 +32,7 @@ export const OTHER = 'other'
 export const MAX_TOOLS_PER_SERVER = 200
 const TOOL_NAME = /^[\w./:-]{1,128}$/
 /** JSON-RPC error codes kept as `error_type` values (standard ones and the gateway's). */
-const KNOWN_CODES: ReadonlySet<number> = new Set([-32700, -32600, -32601, -32602, -32603, -32000, -32001, -32002, -32006, -32007, -32042])
+const KNOWN_CODES: ReadonlySet<number> = new Set([-32700, -32600, -32601, -32602, -32603, -32000, -32001, -32002, -32006, -32007, -32010, -32011, -32012, -32013, -32014, -32042])
 
 export const methodLabel = (method: string): string => KNOWN_METHODS.has(method) ? method : OTHER
 const ENVELOPE_KINDS = new Set(['deliver', 'wake', 'release', 'end-session', 'mrtr-resume', 'mrtr-out', 'mrtr-cancel', 'listen-event', 'task-cancel', 'task-update', 'admin-reload'])
@@ -116,6 +116,11 @@ export interface GatewayMetrics {
   taskCreated (server: string, tenant: string | null | undefined): void
   /** A task a client was told of moved to `status` (each move once, however often it is polled). */
   taskStatus (server: string, status: string): void
+  /**
+   * One lookup of a caller's backend credential (credentials/): its source and outcome, and how long
+   * the authorization server took when it was asked (`grantSeconds`). Never a subject or token.
+   */
+  credentialLookup (server: string, source: string, outcome: string, grantSeconds?: number): void
   observe (sources: MetricSources): void
   /** Live reload: the configured server and tenant names (the only label values allowed). */
   reconfigure (servers: Iterable<string>, tenants: Iterable<string>): void
@@ -146,6 +151,7 @@ export const NO_METRICS: GatewayMetrics = {
   upkeepPass () {},
   taskCreated () {},
   taskStatus () {},
+  credentialLookup () {},
   observe () {},
   reconfigure () {},
   instrumentRedis () {},
@@ -157,6 +163,9 @@ const SESSION_BUCKETS = [1, 10, 60, 300, 900, 1800, 3600, 7200, 14_400, 43_200, 
 const REDIS_BUCKETS = [0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1]
 const UPKEEP_BUCKETS = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30]
 const LAG_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5]
+
+const CREDENTIAL_SOURCES: ReadonlySet<string> = new Set(['static', 'token-exchange', 'client-credentials', 'user-authorization'])
+const CREDENTIAL_OUTCOMES: ReadonlySet<string> = new Set(['cached', 'issued', 'refused', 'refused_cached', 'unavailable', 'missing', 'consent_required', 'rejected'])
 
 type Observe = (value: number) => void
 type Inc = (value?: number) => void
@@ -236,6 +245,8 @@ class PromMetrics implements GatewayMetrics {
   readonly #lost: Counter<string>
   readonly #cursorMissing: Counter<string>
   readonly #memberLeftOut: Counter<string>
+  readonly #credentials: Counter<string>
+  readonly #grants: Histogram<string>
   readonly #upkeep: Bound<Observe>
   readonly #tasksCreated: Counter<string>
   readonly #taskStatus: Counter<string>
@@ -272,6 +283,8 @@ class PromMetrics implements GatewayMetrics {
     this.#started = new Bound(server => { const c = started.labels({ server }); return () => { c.inc() } })
     this.#crashed = new Bound(server => { const c = crashed.labels({ server }); return () => { c.inc() } })
     this.#refusals = new Counter({ name: 'mcpgw_http_refusals_total', help: 'HTTP requests answered with an error status, by status, reason and gateway error code', labelNames: ['status', 'reason', 'code'], registers })
+    this.#credentials = new Counter({ name: 'mcpgw_credential_lookups_total', help: 'Lookups of a caller\'s backend credential, by server, source and outcome (cached, issued, refused, refused_cached, unavailable, missing, consent_required, rejected)', labelNames: ['server', 'source', 'outcome'], registers })
+    this.#grants = new Histogram({ name: 'mcpgw_credential_grant_duration_seconds', help: 'Time an authorization server took to answer a grant (token exchange, client credentials), by server and source', labelNames: ['server', 'source'], buckets: OPERATION_BUCKETS, registers })
     this.#memberLeftOut = new Counter({ name: 'mcpgw_aggregate_member_left_out_total', help: 'Times an aggregate server left a member out: down (not started, gone), slow (a list past memberTimeoutMs) or error (a list failed)', labelNames: ['aggregate', 'member', 'reason'], registers })
     this.#lost = new Counter({ name: 'mcpgw_event_log_lost_total', help: 'Messages trimmed from a client stream\'s bounded log before they were delivered (a slow or absent client lost them)', labelNames: ['stream'], registers })
     this.#cursorMissing = new Counter({ name: 'mcpgw_event_log_resume_cursor_missing_total', help: 'Resumes whose Last-Event-ID was already trimmed from the log (an unknown number of messages lost)', labelNames: ['stream'], registers })
@@ -396,6 +409,13 @@ class PromMetrics implements GatewayMetrics {
   taskStatus (server: string, status: string): void {
     this.#taskStatus.inc({ server: this.#server(server), status: TASK_STATUSES.has(status) ? status : OTHER })
   }
+
+  credentialLookup (server: string, source: string, outcome: string, grantSeconds?: number): void {
+    const labels = { server: this.#server(server), source: CREDENTIAL_SOURCES.has(source) ? source : OTHER }
+    this.#credentials.inc({ ...labels, outcome: CREDENTIAL_OUTCOMES.has(outcome) ? outcome : OTHER })
+    if (grantSeconds !== undefined) this.#grants.observe(labels, grantSeconds)
+  }
+
   observe (sources: MetricSources): void { this.#sources = sources }
 
   reconfigure (servers: Iterable<string>, tenants: Iterable<string>): void {

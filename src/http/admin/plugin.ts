@@ -13,6 +13,7 @@ import { GW_ERR_ADMIN_UNAUTHORIZED, GW_ERR_AUTH_THROTTLED, GW_ERR_BAD_REQUEST, G
 import { audit } from '../../telemetry/audit.js'
 import type { AdminService } from './service.js'
 import type { AddressOf } from '../client-address.js'
+import type { Vault } from '../../credentials/types.js'
 
 export interface HttpAdminOptions {
   token: string
@@ -20,6 +21,8 @@ export interface HttpAdminOptions {
   failures?: AuthFailureBudget | undefined
   /** The client's address (http/client-address.ts), for the budget and the audit lines. */
   addressOf: AddressOf
+  /** The backend tokens at rest (credentials/): listed by tenant, metadata only. */
+  vault?: Pick<Vault, 'list'>
 }
 
 export const ADMIN_CSP = "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
@@ -123,6 +126,14 @@ export default async function httpAdmin (app: FastifyInstance, opts: HttpAdminOp
       audit(req.log, 'admin.action', { action: 'session.end', session, found: ended !== null, tenant: ended?.tenant ?? null, ...(ended !== null ? { server: ended.server } : {}), address: addressOf(req) })
       if (ended === null) throw new GW_ERR_SESSION_NOT_FOUND()
       return { ended: session, ...ended }
+    })
+    // What the vault holds for a tenant: whose, toward which server and audience, until when, under
+    // which key (rotation progress). Never a token.
+    api.get('/credentials', async req => {
+      const q = req.query as Record<string, unknown>
+      const server = optionalName(q.server, 'server')
+      const entries = await opts.vault?.list({ tenant: optionalName(q.tenant, 'tenant') ?? null, ...(server === undefined ? {} : { server }) }) ?? []
+      return { credentials: entries.map(e => ({ server: e.key.server, subject: e.key.subjectDigest, audience: e.key.audience ?? null, expiresAt: e.expiresAt, keyId: e.keyId })) }
     })
     api.post('/reload', async req => {
       const outcome = await service.reloadAll()

@@ -1,0 +1,130 @@
+// The checks of `credentials` blocks the schema cannot say (docs/credentials.md): which fields
+// each source needs, where a block may stand, and which servers can carry a per-user credential.
+// Like every config check, a problem names the path only, never the value (a secret may sit there).
+import { isLoopbackAddress } from '../core/loopback.js'
+import type { Config, CredentialsConfig, ServerConfig } from './schema.js'
+
+export type AddProblem = (path: string, reason: string) => void
+
+const pointer = (base: string, key: string): string => `${base}/${key.replaceAll('~', '~0').replaceAll('/', '~1')}`
+const TOKEN = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/
+// Headers the backend connection sets itself; the credential cannot take their place.
+const MANAGED = new Set(['connection', 'keep-alive', 'proxy-connection', 'transfer-encoding', 'te', 'trailer', 'upgrade',
+  'content-length', 'host', 'content-type', 'accept', 'mcp-session-id', 'mcp-protocol-version', 'last-event-id', 'mcp-method', 'mcp-name'])
+
+/** Sources whose credential belongs to one user (not to the tenant). */
+export function isPerUserSource (config: CredentialsConfig | undefined): boolean {
+  return config?.source === 'token-exchange' || config?.source === 'user-authorization'
+}
+
+type Field = 'issuer' | 'tokenEndpoint' | 'authorizationEndpoint' | 'clientId' | 'clientSecret' | 'audience' | 'resource' | 'requestedTokenType' | 'redirectBaseUrl'
+
+// The optional fields each source reads; any other one set is a mistake worth saying.
+const FIELDS: Record<CredentialsConfig['source'], readonly Field[]> = {
+  static: [],
+  'token-exchange': ['issuer', 'tokenEndpoint', 'clientId', 'clientSecret', 'audience', 'resource', 'requestedTokenType'],
+  'client-credentials': ['issuer', 'tokenEndpoint', 'clientId', 'clientSecret', 'audience', 'resource'],
+  'user-authorization': ['issuer', 'tokenEndpoint', 'authorizationEndpoint', 'clientId', 'clientSecret', 'resource', 'redirectBaseUrl']
+}
+const ALL_FIELDS: readonly Field[] = ['issuer', 'tokenEndpoint', 'authorizationEndpoint', 'clientId', 'clientSecret', 'audience', 'resource', 'requestedTokenType', 'redirectBaseUrl']
+
+/** One `credentials` block at `path`, for `server` (its config). */
+export function checkCredentials (path: string, credentials: CredentialsConfig, server: ServerConfig, add: AddProblem): void {
+  const { source } = credentials
+  if (server.transport === 'stdio' || server.transport === 'aggregate') {
+    add(path, server.transport === 'stdio'
+      ? 'applies to HTTP servers only (a stdio child gets its credential through env)'
+      : 'applies to the members (set it on the member servers)')
+    return
+  }
+  if (!TOKEN.test(credentials.header)) add(`${path}/header`, 'is not a valid header name')
+  else if (MANAGED.has(credentials.header.toLowerCase())) add(`${path}/header`, 'is set by the gateway and cannot carry a credential')
+  for (const field of ALL_FIELDS) {
+    if (credentials[field] !== undefined && !FIELDS[source].includes(field)) add(`${path}/${field}`, `is not used by source ${source}`)
+  }
+  for (const field of ['issuer', 'tokenEndpoint', 'authorizationEndpoint', 'resource', 'redirectBaseUrl'] as const) {
+    const problem = urlProblem(credentials[field])
+    if (problem !== undefined) add(`${path}/${field}`, problem)
+  }
+  const need = (field: Field, why: string): void => {
+    if (credentials[field] === undefined) add(`${path}/${field}`, `is required for source ${source} (${why})`)
+  }
+  switch (source) {
+    case 'static':
+      return
+    case 'token-exchange':
+      needEndpoint(path, credentials, add)
+      need('clientId', 'the gateway authenticates its exchanges')
+      need('clientSecret', 'the gateway authenticates its exchanges')
+      if (credentials.audience === undefined && credentials.resource === undefined) add(`${path}/audience`, 'is required for source token-exchange (or resource): the token asked for must name the backend')
+      break
+    case 'client-credentials':
+      needEndpoint(path, credentials, add)
+      need('clientId', 'the gateway is that client')
+      need('clientSecret', 'a client credentials grant needs a confidential client')
+      break
+    case 'user-authorization':
+      if (credentials.issuer === undefined && (credentials.authorizationEndpoint === undefined || credentials.tokenEndpoint === undefined)) {
+        add(`${path}/issuer`, 'is required for source user-authorization (or both authorizationEndpoint and tokenEndpoint)')
+      }
+      need('clientId', 'the user consents to the gateway as that client')
+      need('redirectBaseUrl', 'the authorization server sends the user back there')
+      break
+  }
+  // A legacy SSE session's backend connection lives on one replica, but each request's client
+  // token arrives wherever its POST lands: a per-user credential could not follow it.
+  if (isPerUserSource(credentials) && server.transport === 'sse') add(`${path}/source`, `${source} needs a streamable-http server (a legacy SSE connection cannot take each user's credential per request)`)
+}
+
+function needEndpoint (path: string, credentials: CredentialsConfig, add: AddProblem): void {
+  if (credentials.issuer === undefined && credentials.tokenEndpoint === undefined) add(`${path}/issuer`, `is required for source ${credentials.source} (or tokenEndpoint)`)
+}
+
+/** https, or http to a loopback host only: tokens and client secrets travel there. */
+function urlProblem (text: string | undefined): string | undefined {
+  if (text === undefined) return undefined
+  let url: URL
+  try { url = new URL(text) } catch { return 'must be a valid URL' }
+  if (url.hostname === '') return 'must be a valid URL'
+  if (url.protocol === 'http:' && !isLoopbackAddress(url.hostname.replace(/^\[|\]$/g, ''))) return 'must be https (http only for a loopback host)'
+  return undefined
+}
+
+/** Every `credentials` block of the config: servers' and tenants' own. */
+export function checkAllCredentials (config: Config, add: AddProblem): void {
+  for (const [name, server] of Object.entries(config.servers)) {
+    if (server.transport === 'stdio' || server.transport === 'aggregate' || server.credentials === undefined) continue
+    const path = `${pointer('/servers', name)}/credentials`
+    checkCredentials(path, server.credentials, server, add)
+    // Without tenants every caller is the one anonymous principal: there is no user to act for.
+    if (config.tenants === undefined && server.credentials.source !== 'static') add(`${path}/source`, `${server.credentials.source} needs tenants (callers with an identity)`)
+  }
+  for (const [tenant, settings] of Object.entries(config.tenants ?? {})) {
+    for (const [name, entry] of Object.entries(settings.servers)) {
+      const server = Object.hasOwn(config.servers, name) ? config.servers[name] : undefined
+      if (server === undefined || entry.credentials === undefined) continue
+      checkCredentials(`${pointer(`${pointer('/tenants', tenant)}/servers`, name)}/credentials`, entry.credentials, server, add)
+    }
+  }
+}
+
+/**
+ * The credentials config that applies to `tenant`'s users of `server`: the tenant's own block,
+ * else the server's; undefined means static (configured headers only).
+ */
+export function credentialsConfigOf (config: Pick<Config, 'servers' | 'tenants'>, tenant: string | null, server: string): CredentialsConfig | undefined {
+  const tenantConfig = tenant !== null && config.tenants !== undefined && Object.hasOwn(config.tenants, tenant) ? config.tenants[tenant] : undefined
+  const own = tenantConfig !== undefined && Object.hasOwn(tenantConfig.servers, server) ? tenantConfig.servers[server]?.credentials : undefined
+  if (own !== undefined) return own
+  const serverConfig = Object.hasOwn(config.servers, server) ? config.servers[server] : undefined
+  return serverConfig === undefined || serverConfig.transport === 'stdio' || serverConfig.transport === 'aggregate' ? undefined : serverConfig.credentials
+}
+
+/** Whether any server or tenant has a credential source beyond static. */
+export function hasCredentialSources (config: Pick<Config, 'servers' | 'tenants'>): boolean {
+  const blocks = [
+    ...Object.values(config.servers).map(s => s.transport === 'stdio' || s.transport === 'aggregate' ? undefined : s.credentials),
+    ...Object.values(config.tenants ?? {}).flatMap(t => Object.values(t.servers).map(s => s.credentials))
+  ]
+  return blocks.some(b => b !== undefined && b.source !== 'static')
+}
