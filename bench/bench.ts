@@ -49,7 +49,6 @@
 // The table goes to stdout, progress to stderr. Everything started (redis-server on a free port,
 // gateway processes, upstreams, the proxy, stdio children) is stopped at the end, on error and
 // on SIGINT.
-import { execFileSync } from 'node:child_process'
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs'
 import { mkdtemp, rm } from 'node:fs/promises'
 import { cpus, loadavg, tmpdir, totalmem } from 'node:os'
@@ -58,7 +57,7 @@ import { fileURLToPath } from 'node:url'
 import { runIdle, runStreams, streamsFit, type IdleResult, type StreamsResult } from './idle.js'
 import { runSequential, runThroughput, type SequentialResult, type ThroughputResult } from './measure.js'
 import {
-  Cleanup, log, memAvailableKiB, startGatewayProcess, startHttpUpstream, startIdleUpstream, startLoopControl, startRedisServer, type RunningProcess
+  Cleanup, gitCommit, log, memAvailableKiB, startGatewayProcess, startHttpUpstream, startIdleUpstream, startLoopControl, startRedisServer, type RunningProcess
 } from './procs.js'
 import { report, type RunHeader, type TargetResult } from './report.js'
 import { openSessions } from './sessions.js'
@@ -121,16 +120,6 @@ const knobs = {
   phases: listEnv('BENCH_PHASES', PHASES, PHASES),
   compareMain: compareMain ?? null,
   logLevel: process.env.BENCH_LOG_LEVEL === '' ? undefined : process.env.BENCH_LOG_LEVEL
-}
-
-function gitCommit (cwd: string): string | null {
-  try {
-    const commit = execFileSync('git', ['rev-parse', '--short', 'HEAD'], { cwd, encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).trim()
-    const dirty = execFileSync('git', ['status', '--porcelain', '--untracked-files=no'], { cwd, encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).trim() !== ''
-    return dirty ? `${commit}+dirty` : commit
-  } catch {
-    return null
-  }
 }
 
 function sdkVersion (): string | null {

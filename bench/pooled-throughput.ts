@@ -12,18 +12,21 @@
 // Knobs (env, defaults in brackets): BENCH_TP_ROUNDS [5], BENCH_TP_WARMUP [1], BENCH_SESSIONS [50],
 // BENCH_CALLS [100], BENCH_CONNECT_CONCURRENCY [8], BENCH_WARMUP [4000] sequential warm-up calls
 // per target, BENCH_ROUNDS [100] sequential rounds of BENCH_BLOCK [10] calls per target,
-// BENCH_POOL_MAX [16] (the shipped default), BENCH_OUT (default bench/results/<date>-pooled-throughput.json).
-import { mkdirSync, writeFileSync } from 'node:fs'
+// BENCH_POOL_MAX [16] (the shipped default), BENCH_OUT (default bench/results/<date>-pooled-throughput.json),
+// BENCH_COMPARE_MAIN (absolute path of another build's dist/src/main.js: its pooled and dedicated
+// gateways run as `<name>@compare` in the same shuffled rounds, and this build's figures are printed
+// over theirs, as bench.ts does).
+import { existsSync, mkdirSync, writeFileSync } from 'node:fs'
 import { mkdtemp, rm } from 'node:fs/promises'
 import { cpus, loadavg, tmpdir } from 'node:os'
 import { dirname, join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { mcpProxyTarget } from './mcp-proxy.js'
 import { runSequential, runThroughput } from './measure.js'
-import { childrenOf, Cleanup, log } from './procs.js'
+import { childrenOf, Cleanup, gitCommit, log } from './procs.js'
 import { openSessions } from './sessions.js'
 import { fmt, median, ratio, round, table } from './stats.js'
-import { gatewayTarget, type Target, type TargetContext } from './targets.js'
+import { COMPARE_SUFFIX, gatewayTarget, type Target, type TargetContext } from './targets.js'
 
 const REPO = fileURLToPath(new URL('../../', import.meta.url))
 const POOLED = 'gateway-pooled'
@@ -52,10 +55,21 @@ const knobs = {
   poolMax: intEnv('BENCH_POOL_MAX', 16)
 }
 
+const compareMain = process.env.BENCH_COMPARE_MAIN === undefined || process.env.BENCH_COMPARE_MAIN === '' ? undefined : process.env.BENCH_COMPARE_MAIN
+if (compareMain !== undefined && !existsSync(compareMain)) throw new Error(`BENCH_COMPARE_MAIN: ${compareMain} does not exist`)
+
+const pooledConfig = { servers: { bench: { sessions: 'pooled', poolMax: knobs.poolMax } } }
+const dedicatedConfig = { servers: { bench: { sessions: 'dedicated' } } }
 const specs = [
-  gatewayTarget(POOLED, { config: { servers: { bench: { sessions: 'pooled', poolMax: knobs.poolMax } } }, compareTo: DEDICATED }),
-  gatewayTarget(DEDICATED, { config: { servers: { bench: { sessions: 'dedicated' } } } }),
-  mcpProxyTarget(PROXY)
+  gatewayTarget(POOLED, { config: pooledConfig, compareTo: DEDICATED }),
+  gatewayTarget(DEDICATED, { config: dedicatedConfig }),
+  mcpProxyTarget(PROXY),
+  ...(compareMain === undefined
+    ? []
+    : [
+        gatewayTarget(`${POOLED}${COMPARE_SUFFIX}`, { config: pooledConfig, main: compareMain }),
+        gatewayTarget(`${DEDICATED}${COMPARE_SUFFIX}`, { config: dedicatedConfig, main: compareMain })
+      ])
 ]
 
 /** The most children each target's serving process had at once, sampled while `during` runs. */
@@ -112,7 +126,7 @@ async function main (): Promise<void> {
     const proxy = of(PROXY)
     // Each round's pooled pass over the other target's pass of the same round (passes next to each
     // other in time): steadier than a ratio of medians when other load comes and goes.
-    const paired = (other: string): number => median((tp.result.get(POOLED)?.rounds ?? []).map((r, i) => ratio(r.callsPerSec, tp.result.get(other)?.rounds[i]?.callsPerSec)))
+    const paired = (other: string, mine = POOLED): number => median((tp.result.get(mine)?.rounds ?? []).map((r, i) => ratio(r.callsPerSec, tp.result.get(other)?.rounds[i]?.callsPerSec)))
     const cpuPerCall = (name: string): number => {
       const r = tp.result.get(name)
       return r === undefined ? NaN : (r.cpuUsPerCall.serving ?? 0) + r.cpuUsPerCall.backend
@@ -134,6 +148,19 @@ async function main (): Promise<void> {
         seqP50VsDedicated: '<= 1.05'
       }
     }
+    // This build over BENCH_COMPARE_MAIN's, target by target (the same rounds, interleaved).
+    const compare = compareMain === undefined
+      ? undefined
+      : Object.fromEntries([POOLED, DEDICATED].map(name => {
+        const twin = `${name}${COMPARE_SUFFIX}`
+        return [name, {
+          callsPerSec: round(ratio(tp.result.get(name)?.callsPerSec, tp.result.get(twin)?.callsPerSec)),
+          callsPerSecPairedMedian: round(paired(twin, name)),
+          cpuPerCall: round(ratio(cpuPerCall(name), cpuPerCall(twin))),
+          seqP50: round(ratio(seq.get(name)?.latency.p50, seq.get(twin)?.latency.p50)),
+          seqP99: round(ratio(seq.get(name)?.latency.p99, seq.get(twin)?.latency.p99))
+        }]
+      }))
     const rows = [['target', 'calls/s', 'rounds min-max', 'cpu us/call (serving+children)', 'seq p50 ms', 'seq p99 ms', 'children (max)', 'errors']]
     for (const t of targets) {
       const r = tp.result.get(t.name)
@@ -150,6 +177,12 @@ async function main (): Promise<void> {
     process.stdout.write(`calls/s pooled / dedicated   ${fmt(figures.callsPerSecPooledOverDedicated)}x medians, ${fmt(figures.callsPerSecPooledOverDedicatedPairedMedian)}x median of rounds (goal >= 1.0); CPU per call ${fmt(figures.cpuPerCallPooledOverDedicated)}x\n`)
     process.stdout.write(`children pooled              ${pooled.children} (goal <= poolMax ${knobs.poolMax}); dedicated ${dedicated.children}, mcp-proxy ${proxy.children}\n`)
     process.stdout.write(`seq p50 pooled / dedicated   ${fmt(figures.seqP50PooledOverDedicated, 3)}x  (goal <= 1.05)\n`)
+    if (compare !== undefined) {
+      process.stdout.write(`\nThis build over BENCH_COMPARE_MAIN (${compareMain ?? ''}, commit ${gitCommit(dirname(compareMain ?? '.')) ?? '?'}):\n`)
+      for (const [name, c] of Object.entries(compare)) {
+        process.stdout.write(`  ${name} / ${name}${COMPARE_SUFFIX}: calls/s ${fmt(c.callsPerSec)}x medians, ${fmt(c.callsPerSecPairedMedian)}x median of rounds; CPU per call ${fmt(c.cpuPerCall)}x; seq p50 ${fmt(c.seqP50)}x, p99 ${fmt(c.seqP99)}x\n`)
+      }
+    }
 
     const date = started.toISOString().slice(0, 10)
     const out = process.env.BENCH_OUT ?? join(REPO, 'bench', 'results', `${date}-pooled-throughput.json`)
@@ -159,6 +192,8 @@ async function main (): Promise<void> {
       // The 1-minute load average at the end: this machine is shared, and other work moves absolute figures.
       machine: { cpus: cpus().length, loadavg: loadavg() },
       knobs,
+      gitCommit: gitCommit(REPO),
+      ...(compareMain === undefined ? {} : { compareMain, compareCommit: gitCommit(dirname(compareMain)), compare }),
       figures,
       throughput: Object.fromEntries(tp.result),
       sequential: Object.fromEntries([...seq].map(([name, s]) => [name, { latency: s.latency, errors: s.errors, firstError: s.firstError }]))

@@ -357,3 +357,14 @@ export function streamsThatFit (requested: number, gatewayPid: number, margin: n
   }
   return { count, limitedBy }
 }
+
+/** The short commit of the checkout at `cwd` (`+dirty` with uncommitted changes), or null outside git. */
+export function gitCommit (cwd: string): string | null {
+  try {
+    const commit = execFileSync('git', ['rev-parse', '--short', 'HEAD'], { cwd, encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).trim()
+    const dirty = execFileSync('git', ['status', '--porcelain', '--untracked-files=no'], { cwd, encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).trim() !== ''
+    return dirty ? `${commit}+dirty` : commit
+  } catch {
+    return null
+  }
+}

@@ -45,8 +45,9 @@ export class RoutedKind implements SessionKind {
     return await this.#services.ownership.open(record, { direct: false, isOwner: true, takeOver, lease: OWNER_LEASE, ...(forwardedHeaders !== undefined ? { forwardedHeaders } : {}) })
   }
 
-  async admit (record: SessionRecord, ownerRead: Promise<string | null> | undefined): Promise<Route> {
-    return await this.routeOf(record, ownerRead)
+  // routeOf's own promise, not an async wrapper around it: one frame and one await less per POST.
+  admit (record: SessionRecord, ownerRead: Promise<string | null> | undefined): Promise<Route> {
+    return this.routeOf(record, ownerRead)
   }
 
   prefetchOwner (sid: string): Promise<string | null> | undefined {
