@@ -106,6 +106,8 @@ export interface VaultListing {
   expiresAt: number | null
   /** Id of the encryption key the entry was sealed with (rotation progress). */
   keyId: string
+  /** Granted scopes, when the authorization server reported them. */
+  scope?: string
 }
 
 /** Encrypted storage of backend tokens: a memory twin and a Redis twin (credentials/vault-*.ts). */

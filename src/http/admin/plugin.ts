@@ -12,6 +12,8 @@ import type { AuthFailureBudget } from '../../auth/failure-budget.js'
 import { GW_ERR_ADMIN_UNAUTHORIZED, GW_ERR_AUTH_THROTTLED, GW_ERR_BAD_REQUEST, GW_ERR_SESSION_NOT_FOUND, withRetryAfter } from '../../core/errors.js'
 import { audit } from '../../telemetry/audit.js'
 import type { AdminService } from './service.js'
+import type { ConsentAdmin } from '../../credentials/consent-admin.js'
+import { consentRoutes } from './consents.js'
 import type { AddressOf } from '../client-address.js'
 
 export interface HttpAdminOptions {
@@ -20,6 +22,8 @@ export interface HttpAdminOptions {
   failures?: AuthFailureBudget | undefined
   /** The client's address (http/client-address.ts), for the budget and the audit lines. */
   addressOf: AddressOf
+  /** Users' consents to user-authorization sources (consents.ts); absent: no such routes. */
+  consents?: ConsentAdmin | undefined
 }
 
 export const ADMIN_CSP = "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
@@ -123,6 +127,7 @@ export default async function httpAdmin (app: FastifyInstance, opts: HttpAdminOp
       audit(req.log, 'admin.action', { action: 'config.reload', ok: outcome.local.ok, replicas: outcome.notified.length + 1, address: addressOf(req) })
       return outcome
     })
+    if (opts.consents !== undefined) consentRoutes(api, opts.consents, addressOf)
   }, { prefix: '/admin/api' })
 }
 
