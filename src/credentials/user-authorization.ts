@@ -10,10 +10,11 @@ import { setTimeout as sleep } from 'node:timers/promises'
 import { GW_ERR_CREDENTIAL_CONSENT_REQUIRED, isGatewayError, withData, type GatewayError } from '../core/errors.js'
 import { audit } from '../telemetry/audit.js'
 import { AuthorizationClient, redirectUriOf } from './authorization-client.js'
+import { issuerUnavailable } from './issuer.js'
 import type { ConsentLink, ConsentStore, PendingAuthorization } from './consent-store.js'
 import type { SourceDeps } from './granting-source.js'
 import type { Grant } from './issuer.js'
-import type { SourceFactory } from './sources.js'
+import type { CredentialSources, CredentialsLive, SourceFactory } from './sources.js'
 import type { Credential, CredentialCaller, CredentialSource, CredentialTarget, CredentialsConfig, VaultEntry, VaultKey } from './types.js'
 import { entryName } from './vault.js'
 
@@ -21,6 +22,10 @@ import { entryName } from './vault.js'
 export const CONSENT_TTL_MS = 600_000
 /** Where consent links are served, under the gateway's public base. */
 export const CONSENT_PATH = '/oauth/consent/'
+/** A link is handed out again only while it has at least this long to live. */
+const LINK_REUSE_MARGIN_MS = 120_000
+/** Links remembered at most (one per user waiting for consent on this replica). */
+const MAX_LINKS = 10_000
 /** A refresh another replica holds is awaited this often, up to the config's timeoutMs. */
 const LOCK_POLL_MS = 50
 
@@ -29,6 +34,17 @@ export interface ConsentDeps { consents: ConsentStore }
 /** The factory CredentialSources.register('user-authorization', …) takes. */
 export function userAuthorizationFactory (deps: ConsentDeps): SourceFactory {
   return ({ tenant, server, config, deps: sourceDeps }) => new UserAuthorizationSource(tenant, server, config, sourceDeps, deps.consents)
+}
+
+/**
+ * The user-authorization source of (tenant, server) under the live config, or undefined when that
+ * pair has another source now: what the consent routes and the admin API look sources up with.
+ */
+export function userAuthorizationOf (sources: Pick<CredentialSources, 'sourceFor'>, live: CredentialsLive): (tenant: string | null, server: string) => UserAuthorizationSource | undefined {
+  return (tenant, server) => {
+    const bound = sources.sourceFor(live, tenant, server)
+    return bound?.source instanceof UserAuthorizationSource ? bound.source : undefined
+  }
 }
 
 const opaque = (): string => randomBytes(24).toString('base64url')
@@ -44,6 +60,8 @@ export class UserAuthorizationSource implements CredentialSource {
   readonly #now: () => number
   readonly #hot = new Map<string, { credential: Credential, usableUntil: number }>()
   readonly #inFlight = new Map<string, Promise<Credential>>()
+  /** The consent link last handed to each user, by entry name. */
+  readonly #links = new Map<string, { id: string, expiresAt: number }>()
 
   constructor (tenant: string | null, server: string, config: CredentialsConfig, deps: SourceDeps, consents: ConsentStore) {
     this.tenant = tenant
@@ -89,6 +107,7 @@ export class UserAuthorizationSource implements CredentialSource {
 
   close (): void {
     this.#hot.clear()
+    this.#links.clear()
   }
 
   /** A consent link opened: a new authorization request (state, PKCE verifier, the browser's nonce digest). */
@@ -114,6 +133,7 @@ export class UserAuthorizationSource implements CredentialSource {
     const key = this.keyOf(pending.tenant, pending.subjectDigest)
     await this.#store(key, grant)
     this.#hot.delete(entryName(key))
+    this.#links.delete(entryName(key))
     audit(this.#deps.log, 'credential.consent', { ...who, outcome: 'granted', expiresAt: grant.expiresAt, refreshable: grant.refreshToken !== undefined, ...(grant.scope === undefined ? {} : { scope: grant.scope }) })
   }
 
@@ -155,7 +175,7 @@ export class UserAuthorizationSource implements CredentialSource {
           await this.#consents.unlock(name)
         }
       }
-      if (this.#now() > deadline) throw await this.#consentRequired(key)
+      if (this.#now() > deadline) throw issuerUnavailable(this.server, 'a refresh under way on another replica did not finish in time', undefined)
       await sleep(LOCK_POLL_MS)
     }
   }
@@ -204,12 +224,21 @@ export class UserAuthorizationSource implements CredentialSource {
 
   /** A new consent link for this user, and the error that hands it to the client. */
   async #consentRequired (key: VaultKey): Promise<GatewayError> {
-    const id = opaque()
-    const link: ConsentLink = { tenant: key.tenant, subjectDigest: key.subjectDigest ?? '', server: this.server, expiresAt: this.#now() + CONSENT_TTL_MS }
-    await this.#consents.put(`l.${id}`, { kind: 'link', link }, CONSENT_TTL_MS)
-    const url = `${(this.#config.redirectBaseUrl ?? '').replace(/\/+$/, '')}${CONSENT_PATH}${id}`
+    const name = entryName(key)
+    const now = this.#now()
+    // A client retrying gets the same link while it has a while to live (one record, one URL to show).
+    let link = this.#links.get(name)
+    if (link === undefined || link.expiresAt - LINK_REUSE_MARGIN_MS <= now) {
+      const id = opaque()
+      const expiresAt = now + CONSENT_TTL_MS
+      await this.#consents.put(`l.${id}`, { kind: 'link', link: { tenant: key.tenant, subjectDigest: key.subjectDigest ?? '', server: this.server, expiresAt } }, CONSENT_TTL_MS)
+      link = { id, expiresAt }
+      if (this.#links.size >= MAX_LINKS) for (const [n, l] of this.#links) if (l.expiresAt - LINK_REUSE_MARGIN_MS <= now) this.#links.delete(n)
+      if (this.#links.size < MAX_LINKS) this.#links.set(name, link)
+    }
+    const url = `${(this.#config.redirectBaseUrl ?? '').replace(/\/+$/, '')}${CONSENT_PATH}${link.id}`
     this.#deps.metrics.credentialLookup(this.server, this.kind, 'consent_required')
-    return consentRequired(this.server, url, id)
+    return consentRequired(this.server, url, link.id)
   }
 
   #usableUntil (expiresAt: number | null): number {

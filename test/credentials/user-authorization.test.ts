@@ -17,7 +17,7 @@ import { consentErrorFor } from '../../src/credentials/consent-error.js'
 import { RedisConsentStore } from '../../src/credentials/consent-store-redis.js'
 import { CredentialSources } from '../../src/credentials/sources.js'
 import type { Credential, CredentialCaller } from '../../src/credentials/types.js'
-import { UserAuthorizationSource, userAuthorizationFactory } from '../../src/credentials/user-authorization.js'
+import { userAuthorizationFactory, userAuthorizationOf } from '../../src/credentials/user-authorization.js'
 import { RedisVault } from '../../src/credentials/vault-redis.js'
 import { consentRoutes } from '../../src/http/admin/consents.js'
 import httpOAuthConsent from '../../src/http/oauth-consent.js'
@@ -56,10 +56,7 @@ async function world (t: Test, extra: Record<string, unknown> = {}): Promise<Wor
     const consents = new RedisConsentStore(redis, prefix)
     const sources = new CredentialSources({ vault, log: captured.log, metrics: lookups().metrics })
     sources.register('user-authorization', userAuthorizationFactory({ consents }))
-    const sourceOf = (tenant: string | null, server: string): UserAuthorizationSource | undefined => {
-      const bound = sources.sourceFor(live(), tenant, server)
-      return bound?.source instanceof UserAuthorizationSource ? bound.source : undefined
-    }
+    const sourceOf = userAuthorizationOf(sources, { get servers () { return live().servers }, get tenants () { return live().tenants } })
     const app = Fastify({ loggerInstance: captured.log as FastifyBaseLogger })
     await app.register(httpOAuthConsent, { consents, sourceOf })
     const admin = new ConsentAdmin({ vault, tenants: () => Object.keys(live().tenants ?? {}), sourceOf })
@@ -131,6 +128,7 @@ t.test('consent by URL: opened on one replica, called back on another; each user
   t.match(rpc.error.data, { server: 'api', source: 'gateway', code: 'GW_ERR_CREDENTIAL_CONSENT_REQUIRED' })
   const link = linkOf(err)
   t.match(link, `${w.b.url}/oauth/consent/`, 'a gateway URL under redirectBaseUrl')
+  t.equal(linkOf(await consentNeeded(t, w, w.a, alice)), link, 'a retry gets the same link')
   t.match(String(err.data?.action), `Open ${link} in a browser`, 'the error says what to do')
 
   // A 2025-11-25 client that declared URL-mode elicitation gets the spec's -32042 error instead.
