@@ -104,9 +104,9 @@ async function consentNeeded (t: Test, w: World, replica: Replica, who: Credenti
 }
 
 /** The consent link opened on replica A; the authorization server sends the browser back to B. */
-async function consent (w: World, link: string, login: string): Promise<{ status: number, text: string, callback: URL | undefined }> {
+async function consent (w: World, link: string, login: string): Promise<{ status: number, text: string, callback: URL | undefined, authorize: URL | undefined }> {
   const visit = await browse(link.replace(w.b.url, w.a.url), login)
-  return { status: visit.status, text: visit.text, callback: visit.visited.find(u => u.pathname === '/oauth/callback') }
+  return { status: visit.status, text: visit.text, callback: visit.visited.find(u => u.pathname === '/oauth/callback'), authorize: visit.visited.find(u => u.origin === w.as.issuer && u.searchParams.has('code_challenge')) }
 }
 
 const linkOf = (err: GatewayError): string => String(err.data?.authorizationUrl)
@@ -143,6 +143,13 @@ t.test('consent by URL: opened on one replica, called back on another; each user
   t.equal(done.status, 200)
   t.match(done.text, 'Access granted')
   t.equal(done.callback?.origin, new URL(w.b.url).origin, 'the callback landed on the other replica')
+  const asked = done.authorize?.searchParams
+  t.equal(asked?.get('code_challenge_method'), 'S256', 'PKCE S256')
+  t.equal(asked?.get('resource'), `${w.backend.url}/mcp`, 'the RFC 8707 resource')
+  t.equal(asked?.get('redirect_uri'), `${w.b.url}/oauth/callback`)
+  t.equal(asked?.get('client_id'), UA_CLIENT.id)
+  t.notOk(asked?.has('code_verifier'), 'the verifier stays in the gateway')
+  t.ok((asked?.get('state') ?? '').length >= 32, 'an unguessable state')
   const token = await credentialOn(w, w.a, alice)
   t.notMatch(done.text, token.value.replace('Bearer ', ''), 'the page carries no token')
   t.same(await callBackend(w, token), { status: 200, subject: 'alice' }, 'the backend sees alice')
@@ -185,6 +192,16 @@ t.test('a state is used once, expires, and must come back to the browser that op
   t.equal(again.status, 400)
   t.match(await again.text(), 'expired or was already used')
   t.ok(await credentialOn(w, w.a, alice))
+
+  // The user declines at the authorization server: a clear page, an audit line, nothing filed.
+  const carol = caller('carol-digest')
+  const carolJar = new Map<string, string>()
+  const carolStop = await browse(linkOf(await consentNeeded(t, w, w.a, carol)), 'carol', { jar: carolJar, stopBefore: u => u.pathname === '/oauth/callback' })
+  const declined = await fetch(`${carolStop.url.origin}/oauth/callback?error=access_denied&state=${carolStop.url.searchParams.get('state') ?? ''}`, { headers: { cookie: [...carolJar].map(([k, v]) => `${k}=${v}`).join('; ') } })
+  t.equal(declined.status, 400)
+  t.match(await declined.text(), 'did not grant access (access_denied)')
+  t.match(w.captured.lines.join(''), '"outcome":"refused","oauthError":"access_denied"')
+  await consentNeeded(t, w, w.a, carol)
 
   // Expired records: a link and a state past their time.
   const past = Date.now() - 1
