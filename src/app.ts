@@ -1,4 +1,5 @@
 // The only place services are built and plugins registered, in order.
+import { randomBytes } from 'node:crypto'
 import Fastify, { LogController, type FastifyBaseLogger, type FastifyError, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify'
 import type { Logger } from 'pino'
 import { httpBackendFactory } from './backends/http.js'
@@ -46,6 +47,17 @@ import { StatelessKinds } from './routing/kinds/stateless.js'
 import { ParkedCalls } from './routing/upstream/mrtr.js'
 import { ModernFace } from './http/modern.js'
 import { RedisSessionStore } from './state/session-store-redis.js'
+import { parseVaultKeys, VAULT_KEYS_VARIABLE, type VaultKeyRing } from './credentials/cipher.js'
+import { MemoryVault } from './credentials/vault-memory.js'
+import { RedisVault } from './credentials/vault-redis.js'
+import { MemoryConsentStore, type ConsentStore } from './credentials/consent-store.js'
+import { RedisConsentStore } from './credentials/consent-store-redis.js'
+import { ConsentAdmin } from './credentials/consent-admin.js'
+import { userAuthorizationFactory, userAuthorizationOf } from './credentials/user-authorization.js'
+import httpOAuthConsent from './http/oauth-consent.js'
+import { CredentialSources } from './credentials/sources.js'
+import type { CallerCredential, Vault } from './credentials/types.js'
+import { hasCredentialSources } from './config/credentials-check.js'
 import { MemorySessionStore } from './state/session-store-memory.js'
 import type { SessionStore } from './state/session-store.js'
 import { Supervisor } from './backends/supervisor.js'
@@ -73,7 +85,12 @@ export interface GatewayOptions {
   /** Memory mode: apps sharing one hub reach each other over the in-process bus (tests). */
   hub?: MemoryBusHub
   /** Memory mode: apps sharing one store and log act as replicas of one gateway (tests). */
-  memory?: { store: MemorySessionStore, eventLog: MemoryEventLog, limiter?: MemoryRateLimiter, quotas?: MemorySessionQuotas }
+  memory?: { store: MemorySessionStore, eventLog: MemoryEventLog, limiter?: MemoryRateLimiter, quotas?: MemorySessionQuotas, consents?: MemoryConsentStore }
+  /**
+   * The vault's keys (`MCPGW_VAULT_KEYS`: `kid:base64,...`, the first seals; credentials/cipher.ts).
+   * Absent: a key of this process only (tokens obtained are neither shared nor kept across restarts).
+   */
+  vaultKeys?: string
 }
 
 export interface Gateway {
@@ -104,10 +121,14 @@ interface Services {
   /** Tenants' request budgets and session quotas (auth/rate-limit.ts, auth/quotas.ts). */
   limiter: RateLimiter
   quotas: SessionQuotas
+  /** Where backend tokens rest (credentials/), sealed under the vault's keys. */
+  vault: Vault
+  /** user-authorization's pending consents, which any replica's callback finishes. */
+  consents: ConsentStore
   close: () => Promise<void>
 }
 
-function memoryServices (config: Readonly<Config>, options: GatewayOptions, metrics: GatewayMetrics): Services {
+function memoryServices (config: Readonly<Config>, options: GatewayOptions, metrics: GatewayMetrics, ring: VaultKeyRing): Services {
   const store = options.memory?.store ?? new MemorySessionStore()
   const eventLog = options.memory?.eventLog ?? new MemoryEventLog(store, config.sessions.eventLogMaxLen)
   const shared = options.memory !== undefined
@@ -117,12 +138,14 @@ function memoryServices (config: Readonly<Config>, options: GatewayOptions, metr
     bus: metrics.instrumentBus(new MemoryBus(options.hub ?? new MemoryBusHub())),
     limiter: options.memory?.limiter ?? new MemoryRateLimiter(),
     quotas: options.memory?.quotas ?? new MemorySessionQuotas(),
+    vault: new MemoryVault(ring),
+    consents: options.memory?.consents ?? new MemoryConsentStore(),
     close: async () => { if (!shared) await store.close() }
   }
 }
 
 /** Redis mode: every replica shares sessions, logs and inboxes through one Redis. */
-async function redisServices (config: Readonly<Config>, log: Logger, replicaId: string, metrics: GatewayMetrics): Promise<Services> {
+async function redisServices (config: Readonly<Config>, log: Logger, replicaId: string, metrics: GatewayMetrics, ring: VaultKeyRing): Promise<Services> {
   const settings = config.redis
   if (settings === undefined) throw new Error('redis settings missing')
   const target = { url: settings.url, sentinels: settings.sentinels, name: settings.name, cluster: settings.cluster }
@@ -149,6 +172,8 @@ async function redisServices (config: Readonly<Config>, log: Logger, replicaId: 
     limiter: new RedisRateLimiter(redis, prefix),
     // The sets' TTL only bounds how long an idle tenant's sets linger (quotas.ts prunes by liveness).
     quotas: new RedisSessionQuotas(redis, prefix, Math.max(QUOTA_SET_TTL_MS, config.sessions.idleTimeoutMs * 2)),
+    vault: new RedisVault(redis, ring, prefix),
+    consents: new RedisConsentStore(redis, prefix),
     close: async () => { closeRedis(redis) }
   }
 }
@@ -230,7 +255,8 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
   // With the admin console: every answered request is also counted for its charts (the last minutes).
   const adminStats = config.admin === undefined ? undefined : new AdminStats()
   const metrics: GatewayMetrics = adminStats === undefined ? prom : new AdminStatsMetrics(prom, adminStats)
-  const services = config.redis === undefined ? memoryServices(config, options, metrics) : await redisServices(config, log, replicaId, metrics)
+  const ring = options.vaultKeys === undefined ? parseVaultKeys(`process:${randomBytes(32).toString('base64')}`) : parseVaultKeys(options.vaultKeys)
+  const services = config.redis === undefined ? memoryServices(config, options, metrics, ring) : await redisServices(config, log, replicaId, metrics, ring)
   // Tracing is per process (the facade in telemetry/tracing.ts); the SDK loads only when configured.
   if (config.tracing !== undefined) await startTracing(config.tracing, replicaId, log)
   // Routing settings (servers, auth, tenants) are read through `live`, which a reload replaces;
@@ -245,6 +271,14 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
   // Looked up per use, so a replaced tenant table (config reload) applies at once.
   const upstream = (tenant: string | null | undefined, server: string): TenantUpstream => tenants.upstream(tenant, server)
   const toolPolicy = toolPolicies(tenants)
+  // Each caller's own credential toward a server (credentials/): read from the live config per use.
+  const credentialSources = new CredentialSources({ vault: services.vault, log, metrics })
+  const credentialsLive = { get servers () { return live.current.servers }, get tenants () { return live.current.tenants } }
+  credentialSources.register('user-authorization', userAuthorizationFactory({ consents: services.consents }))
+  const userAuthorization = userAuthorizationOf(credentialSources, credentialsLive)
+  if (options.vaultKeys === undefined && hasCredentialSources(config)) log.warn(`${VAULT_KEYS_VARIABLE} is not set: backend tokens are sealed with a key of this process only (not shared by replicas, lost on restart)`)
+  const credentials = (tenant: string | null | undefined, subjectDigest: string | undefined, server: string): CallerCredential | undefined =>
+    credentialSources.bind(credentialsLive, { tenant: tenant ?? null, subjectDigest: subjectDigest ?? null }, server)
   // The tenants that may use a server now (everyone is the one anonymous tenant without tenants).
   const tenantsOf = (server: string): Array<string | null> => {
     const all = Object.entries(live.current.tenants ?? {})
@@ -260,6 +294,7 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
     log,
     metrics,
     upstream,
+    credentials,
     toolPolicy,
     onServerEvent: (server, tenant, message) => {
       modern.onServerEvent(server, tenant, message)
@@ -277,6 +312,7 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
     backends: supervisor,
     pool,
     upstream,
+    credentials,
     toolPolicy,
     log,
     metrics,
@@ -295,6 +331,7 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
   const parked = new ParkedCalls({ replicaId, ttlMs: PARKED_CALL_TTL_MS })
   const modern = new ModernFace({
     upstream,
+    credentials,
     pool,
     parked,
     toolPolicy,
@@ -322,6 +359,7 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
       tenants.replace(change.current)
     }
     metrics.reconfigure(Object.keys(change.current.servers), Object.keys(change.current.tenants ?? {}))
+    credentialSources.reconfigure(change.current)
     await pool.endServers([...change.servers.removed, ...change.servers.changed], 'server removed or changed in the config')
     const ended = await router.endSessionsOf(change.servers.removed, 'server removed from the config')
     if (ended > 0) log.info({ servers: change.servers.removed, sessions: ended }, 'sessions of removed servers ended')
@@ -371,8 +409,20 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
   await app.register(httpGuard, { config })
   // One failed-authentication budget per address for tenants' credentials and the admin token alike.
   const failures = new AuthFailureBudget(services.limiter, config.auth.failures)
-  await app.register(httpAuthenticate, { tenants, jwt: new JwtVerifier(tenants).check, failures, addressOf, live })
+  await app.register(httpAuthenticate, {
+    tenants,
+    jwt: new JwtVerifier(tenants).check,
+    failures,
+    addressOf,
+    live,
+    callerTokens: {
+      wants: (tenant, server) => credentialSources.wantsCallerToken(credentialsLive, tenant, server),
+      remember: (tenant, subjectDigest, token) => { credentialSources.tokens.remember(tenant, subjectDigest, token) }
+    }
+  })
   await app.register(httpOauthMetadata, { tenants })
+  // user-authorization's consent link and callback (browser routes, no MCP credential): any replica.
+  await app.register(httpOAuthConsent, { consents: services.consents, sourceOf: userAuthorization })
   let draining = false
   await app.register(httpOps, { router, store: services.store, draining: () => draining, storeGraceMs: config.redis?.readinessGraceMs ?? 0 })
   // /metrics: on the main listener unless it has an address of its own; never under /mcp.
@@ -394,7 +444,12 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
       pools: () => pool.stats(),
       draining: () => draining
     })
-    const adminOptions = { token: config.admin.token, service: admin, failures, addressOf }
+    const consents = new ConsentAdmin({
+      vault: services.vault,
+      tenants: () => { const names = Object.keys(live.current.tenants ?? {}); return names.length === 0 ? [null] : names },
+      sourceOf: userAuthorization
+    })
+    const adminOptions = { token: config.admin.token, service: admin, failures, addressOf, vault: services.vault, consents }
     if (config.admin.listen === undefined) {
       await app.register(httpAdmin, adminOptions)
     } else {
@@ -430,6 +485,7 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
   app.addHook('onClose', async () => {
     await metricsApp?.close()
     await adminApp?.close()
+    credentialSources.close()
     await services.close()
     // Spans still buffered are exported before the process goes.
     if (config.tracing !== undefined) await stopTracing()

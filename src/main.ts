@@ -4,7 +4,8 @@
 // stops; SIGINT (Ctrl-C) and a second signal skip the drain. shutdown.deadlineMs bounds the stop.
 // SIGHUP re-reads the config file (and so, with reload.watch, does a change on disk): see
 // config/reload.ts.
-import { loadConfig, parseArgs, USAGE } from './config/load.js'
+import { loadConfig, parseArgs, USAGE, vaultKeysFrom } from './config/load.js'
+import { parseVaultKeys } from './credentials/cipher.js'
 import type { ConfigReloader } from './config/reload.js'
 import { newReplicaId } from './core/replica.js'
 import { keyCommand } from './auth/key-command.js'
@@ -36,6 +37,9 @@ async function main (): Promise<void> {
   let config
   try {
     config = await loadConfig(configPath)
+    // A malformed vault key is a configuration error too, said by --check-config as well.
+    const keys = vaultKeysFrom()
+    if (keys !== undefined) parseVaultKeys(keys)
   } catch (err) {
     process.stderr.write(`mcp-gateway: ${err instanceof Error ? err.message : String(err)}\n`)
     process.exitCode = 1
@@ -69,7 +73,8 @@ async function main (): Promise<void> {
     void reloader.reload('SIGHUP')
   })
 
-  const gateway = await buildGateway(config, { log, replicaId })
+  const vaultKeys = vaultKeysFrom()
+  const gateway = await buildGateway(config, { log, replicaId, ...(vaultKeys === undefined ? {} : { vaultKeys }) })
   reloader = new ConfigReloader({ path: configPath, live: gateway.live, log })
   const reloads = reloader
   gateway.setReloader(async trigger => {

@@ -4,6 +4,7 @@
 import type { Logger } from 'pino'
 import type { JsonRpcMessage } from '../core/jsonrpc.js'
 import type { ServerConfig } from '../config/schema.js'
+import type { CallerCredential } from '../credentials/types.js'
 
 export interface BackendExit {
   /** Why the connection ended, for logs and the error sent to in-flight requests. */
@@ -70,6 +71,11 @@ export interface BackendOpenOptions {
   initializeParams?: Record<string, unknown>
   /** The session's tenant's upstream values, on top of the server's own headers/env. */
   upstream?: TenantUpstream
+  /**
+   * HTTP backends: the session owner's own credential (credentials/), set on every request to the
+   * backend over the configured headers; absent when the server's credential is static.
+   */
+  credential?: CallerCredential
 }
 
 export type BackendFactory = (options: BackendOpenOptions) => Promise<BackendConnection>

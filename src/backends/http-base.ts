@@ -18,17 +18,21 @@
 // GatewayError instead. handlers.onExit is called only when the connection cannot recover
 // (reconnect attempts exhausted), after every request in flight was answered.
 //
-// Upstream credentials are config.headers only; client headers pass only when named in
-// config.forwardHeaders (A-UP-1: never the client's token by default).
+// Upstream credentials are config.headers, and the session owner's own credential when the server
+// has a credential source (options.credential, credentials/): set on every request, and on a 401
+// renewed once and the request sent again; a second 401 is GW_ERR_CREDENTIAL_REJECTED. Client
+// headers pass only when named in config.forwardHeaders (A-UP-1: never the client's token).
 import { setTimeout as sleep } from 'node:timers/promises'
 import type { Dispatcher, Pool } from 'undici'
 import type { Logger } from 'pino'
 import { childLogger } from '../telemetry/logger.js'
 import type { BackendConnection, BackendHandlers, BackendOpenOptions, TenantUpstream } from './backend.js'
 import type { HttpServerConfig } from '../config/schema.js'
-import { GW_ERR_BACKEND_TIMEOUT, GW_ERR_BACKEND_UNAVAILABLE, toJsonRpcError, type GatewayError } from '../core/errors.js'
+import { GW_ERR_BACKEND_TIMEOUT, GW_ERR_BACKEND_UNAVAILABLE, isGatewayError, toJsonRpcError, type GatewayError } from '../core/errors.js'
+import type { CallerCredential, Credential } from '../credentials/types.js'
 import { classify, type JsonRpcMessage, type JsonRpcNotification, type JsonRpcRequest, type JsonRpcResponse, type RequestId } from '../core/jsonrpc.js'
 import { backoff, dispatcherFor } from './http-io.js'
+import { withCallerCredential } from './caller-credential.js'
 
 /** A connection to an HTTP backend: a BackendConnection plus control of its GET stream. */
 export interface HttpBackendConnection extends BackendConnection {
@@ -150,6 +154,7 @@ export abstract class HttpBackend implements HttpBackendConnection {
   protected initialized = false
   /** What goes upstream besides the protocol headers; fixed for the connection's life, maybe shared (sessionBaseHeaders). */
   readonly #base: Readonly<Record<string, string>>
+  readonly #credential: CallerCredential | undefined
   #closing: Promise<void> | null = null
   #exited = false
 
@@ -163,6 +168,7 @@ export abstract class HttpBackend implements HttpBackendConnection {
     this.streams = dispatcherFor(this.url.origin, null, config.connectTimeoutMs)
     this.initParams = options.initializeParams
     this.#base = sessionBaseHeaders(config, options.upstream, options.forwardedHeaders)
+    this.#credential = options.credential
   }
 
   abstract send (message: JsonRpcMessage): Promise<void>
@@ -256,8 +262,33 @@ export abstract class HttpBackend implements HttpBackendConnection {
     return { ...this.#base }
   }
 
+  /**
+   * The session owner's credential set in `headers` for a request that cannot go through request()
+   * (the GET stream's callback-driven exchange); resolves to the one set, null when none. A backend
+   * 401 to it is reported with credentialRefused(), and the next one is a fresh credential.
+   */
+  protected get hasCredential (): boolean { return this.#credential !== undefined }
+
+  protected async setCredential (headers: Record<string, string>): Promise<Credential | null> {
+    const used = await this.#credential?.current() ?? null
+    if (used !== null) headers[used.header] = used.value
+    return used
+  }
+
+  protected credentialRefused (used: Credential | null): void {
+    if (used === null || this.#credential === undefined) return
+    this.#credential.rejected(used).catch((err: unknown) => { this.log.warn({ code: (err as { code?: unknown }).code }, 'a refused backend credential could not be dropped') })
+  }
+
   protected async request (pool: Pool, method: 'GET' | 'POST' | 'DELETE', url: Readonly<URL>, headers: Record<string, string>,
     signal: AbortSignal, options: { body?: string, bodyTimeout?: number, headersTimeout?: number } = {}): Promise<Dispatcher.ResponseData> {
+    const credential = this.#credential
+    if (credential === undefined) return await this.#dispatch(pool, method, url, headers, signal, options)
+    return await withCallerCredential(this.server, credential, headers, signal, async () => await this.#dispatch(pool, method, url, headers, signal, options))
+  }
+
+  async #dispatch (pool: Pool, method: 'GET' | 'POST' | 'DELETE', url: Readonly<URL>, headers: Record<string, string>,
+    signal: AbortSignal, options: { body?: string, bodyTimeout?: number, headersTimeout?: number }): Promise<Dispatcher.ResponseData> {
     return await pool.request({
       method,
       path: url.pathname + url.search,
@@ -354,6 +385,8 @@ export abstract class HttpBackend implements HttpBackendConnection {
   }
 
   protected unavailable (reason: string, cause?: unknown): GatewayError {
+    // The caller's credential could not be had: that error says more than "unavailable".
+    if (isGatewayError(cause) && cause.code.startsWith('GW_ERR_CREDENTIAL_')) return cause
     return cause === undefined
       ? new GW_ERR_BACKEND_UNAVAILABLE(this.server, reason)
       : new GW_ERR_BACKEND_UNAVAILABLE(this.server, reason, { cause })

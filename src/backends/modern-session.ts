@@ -39,6 +39,8 @@ import type { BackendHandlers, BackendOpenOptions } from './backend.js'
 import { upstreamBaseHeaders, type HttpBackendConnection } from './http-base.js'
 import { describe, MAX_BODY_BYTES, mediaType, pumpSse, readText } from './http-io.js'
 import { relayModern } from './modern-http.js'
+import { withCallerCredential } from './caller-credential.js'
+import type { CallerCredential } from '../credentials/types.js'
 import {
   LATEST_VERSION, MODERN_VERSION, META_CLIENT_CAPABILITIES, META_CLIENT_INFO, META_LOG_LEVEL, META_PROTOCOL_VERSION, META_SERVER_INFO, META_SUBSCRIPTION_ID
 } from '../core/protocol-version.js'
@@ -59,6 +61,7 @@ export class ModernSessionBackend implements HttpBackendConnection {
   readonly #handlers: BackendHandlers
   readonly #log: Logger
   readonly #headers: Record<string, string>
+  readonly #credential: CallerCredential | undefined
   #initParams: Record<string, unknown> | undefined
   #logLevel: string | undefined
   readonly #subscriptions = new Set<string>()
@@ -81,9 +84,16 @@ export class ModernSessionBackend implements HttpBackendConnection {
     this.#handlers = options.handlers
     this.#log = childLogger(options.log, { backend: options.server, transport: 'modern' })
     this.#headers = upstreamBaseHeaders(config, options.upstream, options.forwardedHeaders ?? {})
+    this.#credential = options.credential
     // Another replica's session (failover or a direct session): the client's initialize is known.
     this.#initParams = options.initializeParams
     this.#listening = options.listen ?? true
+  }
+
+  /** One request upstream, with the session owner's credential when the server has a source. */
+  async #relay (headers: Record<string, string>, body: string, signal: AbortSignal): Promise<Dispatcher.ResponseData> {
+    const send = async (): Promise<Dispatcher.ResponseData> => await relayModern(this.#server, this.#config, headers, body, signal)
+    return this.#credential === undefined ? await send() : await withCallerCredential(this.#server, this.#credential, headers, signal, send)
   }
 
   get listening (): boolean { return this.#listening }
@@ -314,7 +324,7 @@ export class ModernSessionBackend implements HttpBackendConnection {
       ...(typeof name === 'string' ? { 'mcp-name': encodeHeaderValue(name) } : {}),
       ...(method === 'tools/call' && typeof name === 'string' ? paramHeaders(this.#toolHeaders.get(name) ?? [], params.arguments) : {})
     }
-    const res = await relayModern(this.#server, this.#config, headers, JSON.stringify(body), signal)
+    const res = await this.#relay(headers, JSON.stringify(body), signal)
     return await this.#readAnswer(res, id, onNotification)
   }
 
@@ -370,7 +380,7 @@ export class ModernSessionBackend implements HttpBackendConnection {
     const id = `gw-listen-${randomUUID()}`
     const body = JSON.stringify({ jsonrpc: '2.0', id, method: 'subscriptions/listen', params: { notifications, _meta: this.#envelope() } })
     void (async () => {
-      const res = await relayModern(this.#server, this.#config, { ...this.#headers, 'mcp-protocol-version': MODERN_VERSION, 'mcp-method': 'subscriptions/listen' }, body, abort.signal)
+      const res = await this.#relay({ ...this.#headers, 'mcp-protocol-version': MODERN_VERSION, 'mcp-method': 'subscriptions/listen' }, body, abort.signal)
       await pumpSse(res.body, event => {
         try {
           const c = classify(JSON.parse(event.data))

@@ -8,6 +8,7 @@ import type { EventSourceMessage } from 'eventsource-parser'
 import type { HttpServerConfig } from '../config/schema.js'
 import { classify, isNotification, isRequest, type JsonRpcMessage, type JsonRpcRequest, type JsonRpcResponse } from '../core/jsonrpc.js'
 import { DELETE_TIMEOUT_MS, HttpBackend, type HttpBackendOpenOptions, type Pending, type SseCursor } from './http-base.js'
+import type { Credential } from '../credentials/types.js'
 import { describe, drain, errorDetail, headerValue, mediaType, MAX_BODY_BYTES, pumpSse, readText, SseExchange, type Body, type SseHandler } from './http-io.js'
 
 export class StreamableHttpBackend extends HttpBackend implements SseHandler {
@@ -405,14 +406,24 @@ export class StreamableHttpBackend extends HttpBackend implements SseHandler {
     // Made current before it starts: what the exchange reports is matched to the run by it (#runOf).
     const exchange = new SseExchange(this)
     loop.exchange = exchange
-    exchange.start(this.streams, {
-      method: 'GET',
-      path: this.url.pathname + this.url.search,
-      headers: this.#streamHeaders(loop.cursor.lastId),
-      headersTimeout: this.config.requestTimeoutMs,
-      // An SSE body may stay idle for long.
-      bodyTimeout: 0
-    })
+    const headers = this.#streamHeaders(loop.cursor.lastId)
+    const start = (): void => {
+      exchange.start(this.streams, {
+        method: 'GET',
+        path: this.url.pathname + this.url.search,
+        headers,
+        headersTimeout: this.config.requestTimeoutMs,
+        // An SSE body may stay idle for long.
+        bodyTimeout: 0
+      })
+    }
+    // With a caller's credential the GET waits for it; one that cannot be had (no client token
+    // on this replica and none cached) fails this GET, which is retried with backoff like any.
+    if (!this.hasCredential) { start(); return }
+    this.setCredential(headers).then(used => {
+      loop.credential = used
+      if (loop.exchange === exchange) start()
+    }, (err: unknown) => { this.onSseEnd(exchange, err instanceof Error ? err : new Error(String(err))) })
   }
 
   /** The run whose current GET this is; null for a GET nobody waits for any more. */
@@ -475,6 +486,8 @@ export class StreamableHttpBackend extends HttpBackend implements SseHandler {
     } else if (status === 404 && loop.sid !== null) {
       this.#getSessionGone(loop, loop.sid)
     } else {
+      // The next GET gets a fresh credential.
+      if (status === 401) this.credentialRefused(loop.credential)
       this.#retryGet(loop, `the GET stream answered HTTP ${status}`)
     }
   }
@@ -578,6 +591,8 @@ class GetLoop {
   exchange: SseExchange | null = null
   sid: string | null = null
   cursor: SseCursor
+  /** The caller's credential the GET in progress carries (null: none). */
+  credential: Credential | null = null
   /** The wait before the next GET. */
   timer: NodeJS.Timeout | undefined = undefined
 

@@ -211,6 +211,7 @@ export class SupervisedSession implements BackendSession {
       ...(this.#options.listen !== undefined ? { listen: this.#options.listen } : {}),
       ...(this.#options.getStreamLastEventId != null ? { getStreamLastEventId: this.#options.getStreamLastEventId } : {}),
       ...(this.#options.upstream !== undefined ? { upstream: this.#options.upstream } : {}),
+      ...(this.#options.credential !== undefined ? { credential: this.#options.credential } : {}),
       handlers: {
         onMessage: msg => { if (generation === this.#generation) this.#fromBackend(msg) },
         onExit: exit => { if (generation === this.#generation) this.#crashed(exit) },

@@ -4,6 +4,7 @@ import type { Logger } from 'pino'
 import type { JsonRpcMessage } from '../core/jsonrpc.js'
 import type { EstablishedState } from '../state/session-store.js'
 import type { BackendExit, TenantUpstream } from './backend.js'
+import type { CallerCredential } from '../credentials/types.js'
 
 /** What the owner of a session hears from its backend connection. */
 export interface SupervisedHandlers {
@@ -39,6 +40,8 @@ export interface SupervisedOpenOptions {
   onBackendProtocolVersion?: (version: string) => void
   /** The session's tenant's upstream headers (HTTP) or env (stdio); kept across restarts. */
   upstream?: TenantUpstream
+  /** HTTP backends: the session owner's own credential (credentials/); kept across reconnects. */
+  credential?: CallerCredential
   /**
    * Take over a session whose backend died with another replica: the new backend is initialised
    * with the client's initialize params and what it had established, before open() resolves

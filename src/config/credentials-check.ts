@@ -121,3 +121,12 @@ export function credentialsConfigOf (config: Pick<Config, 'servers' | 'tenants'>
   const serverConfig = Object.hasOwn(config.servers, server) ? config.servers[server] : undefined
   return serverConfig === undefined || serverConfig.transport === 'stdio' || serverConfig.transport === 'aggregate' ? undefined : serverConfig.credentials
 }
+
+/** Whether any server or tenant has a credential source beyond static. */
+export function hasCredentialSources (config: Pick<Config, 'servers' | 'tenants'>): boolean {
+  const blocks = [
+    ...Object.values(config.servers).map(s => s.transport === 'stdio' || s.transport === 'aggregate' ? undefined : s.credentials),
+    ...Object.values(config.tenants ?? {}).flatMap(t => Object.values(t.servers).map(s => s.credentials))
+  ]
+  return blocks.some(b => b !== undefined && b.source !== 'static')
+}

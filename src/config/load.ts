@@ -91,6 +91,12 @@ export function parseArgs (argv: string[], env: NodeJS.ProcessEnv = process.env)
   return { configPath, help: parsed.values.help === true, version: parsed.values.version === true, checkOnly: check !== undefined }
 }
 
+/** The vault's keys from the environment (`MCPGW_VAULT_KEYS`, credentials/cipher.ts); undefined when unset or empty. */
+export function vaultKeysFrom (env: NodeJS.ProcessEnv = process.env): string | undefined {
+  const text = env.MCPGW_VAULT_KEYS
+  return text === undefined || text.trim() === '' ? undefined : text
+}
+
 /**
  * Reads, expands, validates and freezes the configuration at `path`. `.json` files are parsed as
  * JSON; anything else as YAML (which also accepts JSON). Every problem is reported at once in a

@@ -196,6 +196,31 @@ export function toJsonRpcError (err: GatewayError, id: RequestId | null): JsonRp
   return errorResponse(id, jsonRpcCodeOf(err), err.message, { ...err.data, ...retry, source: 'gateway', code: err.code })
 }
 
+const CREDENTIAL_ERRORS: Record<string, new (...args: unknown[]) => GatewayError> = {
+  GW_ERR_CREDENTIAL_ISSUER_UNAVAILABLE,
+  GW_ERR_CREDENTIAL_REFUSED,
+  GW_ERR_CREDENTIAL_REJECTED,
+  GW_ERR_CREDENTIAL_REQUIRED,
+  GW_ERR_CREDENTIAL_CONSENT_REQUIRED
+}
+
+/**
+ * The credential error a JSON-RPC error answer carries (toJsonRpcError's shape: data.source
+ * 'gateway', data.code), made typed again: a request the gateway itself sent (a pool's initialize)
+ * fails with what the client should see, not with a generic backend error.
+ */
+export function credentialErrorOf (error: { message: string, data?: unknown }): GatewayError | undefined {
+  const data = error.data as Record<string, unknown> | undefined
+  if (data?.source !== 'gateway' || typeof data.code !== 'string' || !Object.hasOwn(CREDENTIAL_ERRORS, data.code)) return undefined
+  const Make = CREDENTIAL_ERRORS[data.code] as new (...args: unknown[]) => GatewayError
+  const err = new Make('', '')
+  err.message = error.message
+  const { source: _source, code: _code, retryAfter, ...rest } = data
+  err.data = rest
+  if (typeof retryAfter === 'number') err.retryAfter = retryAfter
+  return err
+}
+
 /** The member that marks a cancelledAnswer (the relay strips it from a backend's answers). */
 export const CANCELLED_MEMBER = 'gateway:cancelled'
 

@@ -3,12 +3,14 @@
 // A reload that changes a block replaces its source (its in-memory cache goes; the vault's entries
 // stay, filed under the audience, so an unchanged audience finds them again). `bind` gives a
 // backend connection the credential of one caller (caller.ts).
-import { GW_ERR_INTERNAL } from '../core/errors.js'
+import { GW_ERR_CREDENTIAL_REQUIRED, GW_ERR_INTERNAL, withData } from '../core/errors.js'
 import { credentialsConfigOf } from '../config/credentials-check.js'
 import type { Config } from '../config/schema.js'
+import { CallerTokens } from './caller-tokens.js'
+import { isPerUserSource } from '../config/credentials-check.js'
 import { GrantingSource, type SourceDeps } from './granting-source.js'
 import { clientCredentials, tokenExchange } from './strategies.js'
-import type { Credential, CredentialCaller, CredentialSource, CredentialSourceKind, CredentialTarget, CredentialsConfig } from './types.js'
+import type { CallerCredential, Credential, CredentialCaller, CredentialSource, CredentialSourceKind, CredentialTarget, CredentialsConfig } from './types.js'
 
 export type { SourceDeps }
 
@@ -31,6 +33,8 @@ export class CredentialSources {
   readonly #deps: SourceDeps
   readonly #factories: Partial<Record<CredentialSourceKind, SourceFactory>>
   readonly #made = new Map<string, { text: string, bound: BoundSource }>()
+  /** Each caller's newest verified JWT on this replica (caller-tokens.ts). */
+  readonly tokens = new CallerTokens()
 
   constructor (deps: SourceDeps) {
     this.#deps = deps
@@ -72,15 +76,24 @@ export class CredentialSources {
   }
 
   /**
-   * The credential of `caller` toward `server`, for a backend connection to hold (caller.ts), or
-   * undefined when the server's requests carry only configured headers.
+   * The credential of `caller` toward `server`, for a backend connection to hold, or undefined when
+   * the server's requests carry only configured headers. `caller.subjectDigest` null: a connection
+   * shared by the tenant's users (a pool's), which can carry the tenant's credential
+   * (client-credentials) but never one user's: its requests get GW_ERR_CREDENTIAL_REQUIRED.
    */
-  bind (live: CredentialsLive, caller: CredentialCaller, server: string): CallerCredentialBinding | undefined {
-    return this.sourceFor(live, caller.tenant, server) === undefined ? undefined : new CallerCredentialBinding(this, live, caller, server)
+  bind (live: CredentialsLive, caller: { tenant: string | null, subjectDigest: string | null }, server: string): CallerCredentialBinding | undefined {
+    if (this.sourceFor(live, caller.tenant, server) === undefined) return undefined
+    return new CallerCredentialBinding(this, live, caller, server)
+  }
+
+  /** Whether `tenant`'s users of `server` need their own JWT at hand (a token exchange). */
+  wantsCallerToken (live: CredentialsLive, tenant: string | null, server: string): boolean {
+    return credentialsConfigOf(live, tenant, server)?.source === 'token-exchange'
   }
 
   close (): void {
     for (const id of [...this.#made.keys()]) this.#drop(id)
+    this.tokens.clear()
   }
 
   #drop (id: string): void {
@@ -95,32 +108,48 @@ export class CredentialSources {
  * One caller's credential toward one server, as a backend connection holds it: the source is looked
  * up per request (a reload may have changed it), the caller's newest token is kept in memory only.
  */
-export class CallerCredentialBinding {
+export class CallerCredentialBinding implements CallerCredential {
   readonly #sources: CredentialSources
   readonly #live: CredentialsLive
   readonly #server: string
-  #caller: CredentialCaller
+  readonly #tenant: string | null
+  readonly #subjectDigest: string | null
+  #token: string | undefined
 
-  constructor (sources: CredentialSources, live: CredentialsLive, caller: CredentialCaller, server: string) {
+  constructor (sources: CredentialSources, live: CredentialsLive, caller: { tenant: string | null, subjectDigest: string | null, token?: string }, server: string) {
     this.#sources = sources
     this.#live = live
     this.#server = server
-    this.#caller = { ...caller }
+    this.#tenant = caller.tenant
+    this.#subjectDigest = caller.subjectDigest
+    this.#token = caller.token
   }
 
-  get caller (): CredentialCaller { return this.#caller }
+  /** Who the credential is for; the token is the newest this replica holds for the caller. */
+  get caller (): CredentialCaller {
+    const token = this.#subjectDigest === null ? undefined : this.#token ?? this.#sources.tokens.tokenOf(this.#tenant, this.#subjectDigest)
+    return { tenant: this.#tenant, subjectDigest: this.#subjectDigest ?? '*', ...(token === undefined ? {} : { token }) }
+  }
 
   async current (signal?: AbortSignal): Promise<Credential | null> {
-    const bound = this.#sources.sourceFor(this.#live, this.#caller.tenant, this.#server)
-    return bound === undefined ? null : await bound.source.credentialFor(this.#caller, bound.target, signal)
+    const bound = this.#bound()
+    return bound === undefined ? null : await bound.source.credentialFor(this.caller, bound.target, signal)
   }
 
   async rejected (credential: Credential): Promise<void> {
-    const bound = this.#sources.sourceFor(this.#live, this.#caller.tenant, this.#server)
-    await bound?.source.invalidate(this.#caller, bound.target, credential)
+    const bound = this.#bound()
+    await bound?.source.invalidate(this.caller, bound.target, credential)
   }
 
   update (token: string | undefined): void {
-    if (token !== undefined) this.#caller = { ...this.#caller, token }
+    if (token !== undefined) this.#token = token
+  }
+
+  #bound (): BoundSource | undefined {
+    const bound = this.#sources.sourceFor(this.#live, this.#tenant, this.#server)
+    if (bound !== undefined && this.#subjectDigest === null && isPerUserSource(bound.target.config)) {
+      throw withData(new GW_ERR_CREDENTIAL_REQUIRED(this.#server, `a connection shared by the tenant's users cannot carry one user's ${bound.target.config.source} credential`), { server: this.#server })
+    }
+    return bound
   }
 }

@@ -21,6 +21,14 @@ export interface HttpAuthenticateOptions {
   addressOf: AddressOf
   /** The servers configured now (a reload changes them). */
   live: ServerSource
+  /**
+   * Where a verified JWT is kept for the backend credentials that need it (a token exchange:
+   * credentials/caller-tokens.ts); only for the (tenant, server) pairs that `wants`.
+   */
+  callerTokens?: {
+    wants: (tenant: string | null, server: string) => boolean
+    remember: (tenant: string | null, subjectDigest: string, token: string) => void
+  }
 }
 
 /** Route patterns of the MCP endpoints, and which protected resource each belongs to. */
@@ -37,7 +45,7 @@ export function isMcpRoute (url: string | undefined): boolean {
 }
 
 export default fp<HttpAuthenticateOptions>(async function httpAuthenticate (app: FastifyInstance, opts) {
-  const { tenants, jwt, failures, addressOf, live } = opts
+  const { tenants, jwt, failures, addressOf, live, callerTokens } = opts
   app.addHook('onRequest', (req: FastifyRequest, _reply, done) => {
     // Callback-style: with tenants off, a request costs no promise here.
     if (!tenants.enabled) { done(); return }
@@ -82,6 +90,10 @@ export default fp<HttpAuthenticateOptions>(async function httpAuthenticate (app:
       throw new GW_ERR_SERVER_NOT_ALLOWED(server)
     }
     req.principal = principal
+    if (principal.via === 'jwt' && callerTokens?.wants(principal.tenant, server) === true) {
+      const token = /^Bearer +(\S+)\s*$/i.exec(String(req.headers.authorization ?? ''))?.[1]
+      if (token !== undefined) callerTokens.remember(principal.tenant, principal.subjectDigest, token)
+    }
   }
 }, { name: 'gateway-authenticate', fastify: '5.x' })
 

@@ -36,7 +36,9 @@ import {
 import { clientHeaders, header, replyHeaders } from './request.js'
 import { ModernResponse, RemoteResponse, type Peers } from './modern-response.js'
 import { Exchange, modernError } from './modern-exchange.js'
-import type { UpstreamLookup } from '../routing/upstream/ports.js'
+import type { CredentialLookup, UpstreamLookup } from '../routing/upstream/ports.js'
+import { withCallerCredential } from '../backends/caller-credential.js'
+import type { Dispatcher } from 'undici'
 import { finalResponse, modernRequestHeaders, relayModern } from '../backends/modern-http.js'
 import type { HttpServerConfig } from '../config/schema.js'
 import { upstreamBaseHeaders } from '../backends/http-base.js'
@@ -54,6 +56,8 @@ const MAX_LISTEN_URIS = 100
 export interface ModernFaceOptions {
   /** A tenant's upstream headers for a server (modern backends get them with each request). */
   upstream?: UpstreamLookup
+  /** The caller's own credential toward a server (credentials/), set on each relayed request. */
+  credentials?: CredentialLookup
   pool: ConnectionPool
   parked: ParkedCalls
   peers: Peers
@@ -140,7 +144,9 @@ export class ModernFace {
     const abort = new AbortController()
     const res = reply.raw
     res.on('close', () => { if (!res.writableFinished) abort.abort() })
-    const upstream = await relayModern(server, config, headers, JSON.stringify(message), abort.signal)
+    const credential = this.#options.credentials?.(req.principal.tenant, req.principal.subjectDigest, server)
+    const send = async (): Promise<Dispatcher.ResponseData> => await relayModern(server, config, headers, JSON.stringify(message), abort.signal)
+    const upstream = credential === undefined ? await send() : await withCallerCredential(server, credential, headers, abort.signal, send)
     const contentType = String(upstream.headers['content-type'] ?? 'application/json')
     const policy = message.method === 'tools/list' ? this.#options.toolPolicy?.(req.principal.tenant, server) ?? null : null
     if (policy !== null) {

@@ -25,7 +25,7 @@ import { tracing, type TraceCarrier } from '../telemetry/tracing.js'
 import type { ReplicaContext } from './replica/context.js'
 import { Ownership } from './replica/ownership.js'
 import { ReplicaWatch } from './replica/replica-watch.js'
-import type { BackendSupervisor, UpstreamLookup } from './upstream/ports.js'
+import type { BackendSupervisor, CredentialLookup, UpstreamLookup } from './upstream/ports.js'
 import type { RelayHost } from './upstream/relay.js'
 import { isValidSessionId, Sessions, type NewSession } from './sessions.js'
 import { ClientStreams, type OpenPostOptions, type OpenStreamOptions } from './replica/streams.js'
@@ -50,6 +50,8 @@ export interface RouterOptions extends ReplicaContext {
   admitSession?: (record: SessionRecord) => Promise<void>
   /** A tenant's upstream headers/env for a server; none without tenants. */
   upstream?: UpstreamLookup
+  /** Each session owner's own credential toward a server (credentials/); none when static. */
+  credentials?: CredentialLookup
   /** A tenant's tool policy on a server (auth/tool-policy.ts); none without tenants. */
   toolPolicy?: ToolPolicyLookup
   /** The (server, tenant) pools of backend connections: pooled sessions run on them (docs/architecture.md, "A pooled call"). */
@@ -100,6 +102,7 @@ export class Router {
       backends: options.backends,
       live: options.live,
       ...(options.upstream !== undefined ? { upstream: options.upstream } : {}),
+      ...(options.credentials !== undefined ? { credentials: options.credentials } : {}),
       ...(options.toolPolicy !== undefined ? { toolPolicy: options.toolPolicy } : {}),
       log,
       metrics,

@@ -17,7 +17,7 @@ function configOf (w: World, credentials: Record<string, unknown>): Readonly<Con
   return parseConfig({
     auth: { publicUrl: 'https://gw.example' },
     tenants: { acme: { apiKeys: [{ id: 'k', sha256: 'a'.repeat(64) }], servers: { api: {} } } },
-    servers: { api: { transport: 'streamable-http', url: 'http://127.0.0.1:9/mcp', credentials: { clientId: GATEWAY_CLIENT.id, clientSecret: GATEWAY_CLIENT.secret, ...credentials } } }
+    servers: { api: { transport: 'streamable-http', url: 'http://127.0.0.1:9/mcp', credentials: credentials.source === 'static' ? credentials : { clientId: GATEWAY_CLIENT.id, clientSecret: GATEWAY_CLIENT.secret, ...credentials } } }
   }, {})
 }
 const exchange = (w: World, extra: Record<string, unknown> = {}): Readonly<Config> =>
@@ -139,4 +139,17 @@ t.test('the authorization server down, or silent: a clear error within the deadl
   const late = await cred(hung, caller('x')).catch((e: unknown) => e)
   t.match(late, { code: 'GW_ERR_CREDENTIAL_ISSUER_UNAVAILABLE' })
   t.ok(Date.now() - before < 1500, `answered in ${Date.now() - before} ms`)
+})
+
+t.test('a reload keeps a source whose block is unchanged and replaces a changed one', async t => {
+  const w = await world(t)
+  const live = exchange(w)
+  const first = w.sources.sourceFor(live, 'acme', 'api')!
+  t.equal(w.sources.sourceFor(exchange(w), 'acme', 'api')!.source, first.source, 'an equal block after a reload: the same source')
+  w.sources.reconfigure(exchange(w, { scopes: ['read'] }))
+  const changed = w.sources.sourceFor(exchange(w, { scopes: ['read'] }), 'acme', 'api')!
+  t.not(changed.source, first.source)
+  t.same(changed.target.config.scopes, ['read'])
+  t.equal(w.sources.sourceFor(configOf(w, { source: 'static' }), 'acme', 'api'), undefined, 'static: no source')
+  t.equal(w.sources.bind(configOf(w, { source: 'static' }), { tenant: 'acme', subjectDigest: 'x' }, 'api'), undefined)
 })

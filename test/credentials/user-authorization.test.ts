@@ -3,8 +3,8 @@
 // introspects every token: two gateway replicas on one real Redis, the consent link opened on one
 // and the callback landing on the other; each user's token their own; refresh with rotation, one
 // refresh across replicas, a refused refresh asking for consent again; states used once, expiring,
-// bound to the browser; the admin listing (no tokens) and revocation. The backend wiring is tested
-// with the sources' other kinds; here the source is asked directly, as a backend connection asks it.
+// bound to the browser; the admin listing (no tokens) and revocation. The source is asked directly
+// here, as a backend connection asks it; gateway-user-authorization.test.ts runs it through the gateway.
 import { randomBytes } from 'node:crypto'
 import Fastify, { type FastifyBaseLogger } from 'fastify'
 import t, { type Test } from 'tap'
@@ -13,7 +13,7 @@ import { parseConfig } from '../../src/config/load.js'
 import type { Config } from '../../src/config/schema.js'
 import { parseVaultKeys } from '../../src/credentials/cipher.js'
 import { ConsentAdmin } from '../../src/credentials/consent-admin.js'
-import { consentErrorFor } from '../../src/credentials/consent-error.js'
+import { consentErrorFor } from '../../src/core/consent-error.js'
 import { RedisConsentStore } from '../../src/credentials/consent-store-redis.js'
 import { CredentialSources } from '../../src/credentials/sources.js'
 import type { Credential, CredentialCaller } from '../../src/credentials/types.js'

@@ -1,7 +1,7 @@
 // A real authorization server for the user-authorization tests: oidc-provider with the
 // authorization code flow and PKCE, its development login and consent pages (any login name is that
 // user), refresh tokens (rotated on every use), RFC 7009 revocation and RFC 7662 introspection.
-// Access tokens are opaque and bound to the resource asked for (RFC 8707), so a revoked token is
+// Access tokens are opaque (or JWTs, signed with its `/jwks` keys, when asked) and bound to the resource asked for (RFC 8707), so a revoked token is
 // refused by the backend fixture, which introspects every token. Also here: a browser (redirects
 // and cookies followed, the provider's pages filled in) and that backend, which publishes protected
 // resource metadata (RFC 9728) and reports the subject each request's token belongs to.
@@ -29,7 +29,7 @@ export interface ConsentServer {
 }
 
 /** Starts the provider; `redirectUris()` is read when the client is first used (the gateway's port is known later). */
-export async function startConsentServer (t: Test, redirectUris: string[]): Promise<ConsentServer> {
+export async function startConsentServer (t: Test, redirectUris: string[], options: { tokenFormat?: 'opaque' | 'jwt' } = {}): Promise<ConsentServer> {
   const { privateKey } = await generateKeyPair('RS256', { extractable: true })
   const signing = { ...(await exportJWK(privateKey)), kid: 'as-1', alg: 'RS256', use: 'sig' }
   let handler: ((req: IncomingMessage, res: ServerResponse) => void) | undefined
@@ -73,7 +73,7 @@ export async function startConsentServer (t: Test, redirectUris: string[]): Prom
       resourceIndicators: {
         enabled: true,
         defaultResource: () => undefined as unknown as string,
-        getResourceServerInfo: (_ctx: unknown, indicator: string) => ({ audience: indicator, scope: 'read write', accessTokenFormat: 'opaque', accessTokenTTL: state.ttlSeconds }),
+        getResourceServerInfo: (_ctx: unknown, indicator: string) => ({ audience: indicator, scope: 'read write', accessTokenFormat: options.tokenFormat ?? 'opaque', accessTokenTTL: state.ttlSeconds, ...(options.tokenFormat === 'jwt' ? { jwt: { sign: { alg: 'RS256' } } } : {}) }),
         useGrantedResource: () => true
       }
     },

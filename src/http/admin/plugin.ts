@@ -15,6 +15,7 @@ import type { AdminService } from './service.js'
 import type { ConsentAdmin } from '../../credentials/consent-admin.js'
 import { consentRoutes } from './consents.js'
 import type { AddressOf } from '../client-address.js'
+import type { Vault } from '../../credentials/types.js'
 
 export interface HttpAdminOptions {
   token: string
@@ -24,6 +25,8 @@ export interface HttpAdminOptions {
   addressOf: AddressOf
   /** Users' consents to user-authorization sources (consents.ts); absent: no such routes. */
   consents?: ConsentAdmin | undefined
+  /** The backend tokens at rest (credentials/): listed by tenant, metadata only. */
+  vault?: Pick<Vault, 'list'>
 }
 
 export const ADMIN_CSP = "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
@@ -121,6 +124,14 @@ export default async function httpAdmin (app: FastifyInstance, opts: HttpAdminOp
       audit(req.log, 'admin.action', { action: 'session.end', session, found: ended !== null, tenant: ended?.tenant ?? null, ...(ended !== null ? { server: ended.server } : {}), address: addressOf(req) })
       if (ended === null) throw new GW_ERR_SESSION_NOT_FOUND()
       return { ended: session, ...ended }
+    })
+    // What the vault holds for a tenant: whose, toward which server and audience, until when, under
+    // which key (rotation progress). Never a token.
+    api.get('/credentials', async req => {
+      const q = req.query as Record<string, unknown>
+      const server = optionalName(q.server, 'server')
+      const entries = await opts.vault?.list({ tenant: optionalName(q.tenant, 'tenant') ?? null, ...(server === undefined ? {} : { server }) }) ?? []
+      return { credentials: entries.map(e => ({ server: e.key.server, subject: e.key.subjectDigest, audience: e.key.audience ?? null, expiresAt: e.expiresAt, keyId: e.keyId })) }
     })
     api.post('/reload', async req => {
       const outcome = await service.reloadAll()

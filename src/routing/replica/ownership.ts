@@ -25,7 +25,8 @@ import { GW_ERR_BACKEND_UNAVAILABLE, GW_ERR_SERVER_NOT_FOUND, type GatewayError 
 import type { DeliverEnvelope } from '../../state/bus.js'
 import type { EstablishedState, OwnerKeep, SessionRecord } from '../../state/session-store.js'
 import { lazyChild, shortHash } from '../../telemetry/logger.js'
-import type { BackendSupervisor, UpstreamLookup } from '../upstream/ports.js'
+import type { BackendSupervisor, CredentialLookup, UpstreamLookup } from '../upstream/ports.js'
+import type { CallerCredential } from '../../credentials/types.js'
 import type { ReplicaContext } from './context.js'
 import { principalOfRecord } from '../../auth/principal.js'
 import { capabilitiesOf, Relay, type RelayHost } from '../upstream/relay.js'
@@ -46,6 +47,8 @@ export interface OwnershipOptions extends Omit<ReplicaContext, 'eventLog' | 'bus
   host: RelayHost
   /** A tenant's upstream headers/env for a server (tenants.ts); none without tenants. */
   upstream?: UpstreamLookup
+  /** The session owner's own credential toward the server (credentials/); none when static. */
+  credentials?: CredentialLookup
   /** A tenant's tool policy on a server (auth/tool-policy.ts): filters its tools/list answers. */
   toolPolicy?: ToolPolicyLookup
   /**
@@ -290,6 +293,9 @@ export class Ownership {
         initializeParams: record.initializeParams,
         // Looked up from the record, so every replica that opens the session adds the same values.
         ...(this.#services.upstream !== undefined ? { upstream: this.#services.upstream(record.tenant, record.server) } : {}),
+        // From the record too: its tenant and subject digest, never a token (the binding finds the
+        // caller's newest verified token in this replica's memory, credentials/caller-tokens.ts).
+        ...credentialOption(this.#services.credentials?.(record.tenant, record.subjectDigest, record.server)),
         ...(forwards ? { forwardedHeaders } : {}),
         ...(direct ? { listen: isOwner, getStreamLastEventId: record.backendGetEventId ?? null } : {}),
         // HTTP backends: any replica that takes the session over resumes this backend session.
@@ -397,4 +403,8 @@ export class Ownership {
     if (config === undefined) throw new GW_ERR_SERVER_NOT_FOUND(server)
     return config
   }
+}
+
+function credentialOption (credential: CallerCredential | undefined): { credential?: CallerCredential } {
+  return credential === undefined ? {} : { credential }
 }

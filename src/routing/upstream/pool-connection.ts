@@ -19,7 +19,7 @@ import { isRequest, isResponse, type JsonRpcMessage, type JsonRpcRequest, type J
 import { LATEST_VERSION } from '../../core/protocol-version.js'
 import type { GatewayMetrics } from '../../telemetry/metrics.js'
 import { gatewayRelay, initializeBackend, type BackendInfo } from './gateway-relay.js'
-import type { BackendSupervisor, UpstreamLookup } from './ports.js'
+import type { BackendSupervisor, CredentialLookup, UpstreamLookup } from './ports.js'
 import type { Relay } from './relay.js'
 
 /** What the client side of a pooled request hears: its answer (id = its key), and what relates to it. */
@@ -53,6 +53,11 @@ export interface ConnectionSettings {
   log: Logger
   metrics: GatewayMetrics
   upstream?: UpstreamLookup
+  /**
+   * The tenant's credential toward the server (no subject: a pool's connection is shared by the
+   * tenant's users, so a per-user source refuses its requests with GW_ERR_CREDENTIAL_REQUIRED).
+   */
+  credentials?: CredentialLookup
   toolPolicy?: ToolPolicyLookup
 }
 
@@ -138,8 +143,9 @@ export class PoolConnection {
    * caller stops the backend (stopBackend), whatever else it checks before lending the connection.
    */
   async connect (): Promise<BackendInfo> {
-    const { backends, upstream } = this.#context
+    const { backends, upstream, credentials } = this.#context
     const { relay, server } = this
+    const credential = credentials?.(this.tenant, undefined, server)
     const log = relay.log
     relay.backend = await backends.open(this.id, server, {
       onMessage: message => { relay.fromBackend(message).catch(err => log.error({ err }, 'backend message not routed')) },
@@ -158,7 +164,8 @@ export class PoolConnection {
       protocolVersion: LATEST_VERSION,
       // Streamable HTTP backends send list_changed on their GET stream: listen streams need it.
       listen: true,
-      ...(upstream !== undefined ? { upstream: upstream(this.tenant, server) } : {})
+      ...(upstream !== undefined ? { upstream: upstream(this.tenant, server) } : {}),
+      ...(credential !== undefined ? { credential } : {})
     })
     const key = `${OWN_KEY_PREFIX}${this.#context.nextSeq()}`
     try {

@@ -2,6 +2,7 @@
 // the supervisor's connections (backends/) and a tenant's upstream settings.
 import type { SupervisedHandlers, SupervisedOpenOptions } from '../../backends/supervisor.js'
 import type { TenantUpstream } from '../../backends/backend.js'
+import type { CallerCredential } from '../../credentials/types.js'
 import type { BackendSessionHandle } from './relay.js'
 
 /**
@@ -18,6 +19,12 @@ export interface BackendSupervisor {
 
 /** A tenant's upstream headers/env for a server (auth/tenants.ts). */
 export type UpstreamLookup = (tenant: string | null | undefined, server: string) => TenantUpstream
+
+/**
+ * The credential a session owner's backend connection carries (credentials/sources.ts), from the
+ * record's tenant and subject digest; undefined when the server's credential is static.
+ */
+export type CredentialLookup = (tenant: string | null | undefined, subjectDigest: string | undefined, server: string) => CallerCredential | undefined
 
 /**
  * The key of what is shared per (server, tenant): a pool's connections, its listen topic, an

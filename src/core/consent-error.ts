@@ -6,7 +6,8 @@
 // "URL Elicitation Required Error"). -32042 exists in 2025-11-25 only: other versions keep -32014
 // (docs/spec-rules.md J-8). The link is the gateway's own: the tokens the user grants there go
 // to the gateway, never through the client (U-ELIC-1).
-import { GW_ERR_URL_ELICITATION_REQUIRED, isGatewayError, withData, type GatewayError } from '../core/errors.js'
+import { GW_ERR_CREDENTIAL_CONSENT_REQUIRED, GW_ERR_URL_ELICITATION_REQUIRED, isGatewayError, toJsonRpcError, withData, type GatewayError } from './errors.js'
+import type { JsonRpcResponse } from './jsonrpc.js'
 
 /** The version whose clients may receive -32042. */
 const URL_ELICITATION_VERSION = '2025-11-25'
@@ -30,11 +31,25 @@ export function acceptsUrlElicitation (client: ClientDeclaration): boolean {
  * `err` as this client should see it: a consent-required error becomes a URL elicitation when the
  * client takes one; every other error is returned as it is.
  */
-export function consentErrorFor (err: unknown, client: ClientDeclaration): unknown {
+export function consentErrorFor<E> (err: E, client: ClientDeclaration): E | GatewayError {
   if (!isGatewayError(err) || err.code !== 'GW_ERR_CREDENTIAL_CONSENT_REQUIRED' || !acceptsUrlElicitation(client)) return err
   const data = err.data ?? {}
   const server = String(data.server)
   const elicitation = { mode: 'url', elicitationId: String(data.elicitationId), url: String(data.authorizationUrl), message: String(data.action) }
   const converted: GatewayError = new GW_ERR_URL_ELICITATION_REQUIRED(server)
   return withData(converted, { elicitations: [elicitation], server })
+}
+
+/**
+ * The same for an answer already rendered: an HTTP backend connection answers a request whose
+ * credential it could not get with the gateway's error as a JSON-RPC error (data.source 'gateway'),
+ * which the relay hands on; this makes it the URL elicitation error where the client takes one.
+ */
+export function consentAnswerFor (response: JsonRpcResponse, client: ClientDeclaration): JsonRpcResponse {
+  if (!('error' in response) || !acceptsUrlElicitation(client)) return response
+  const data = response.error.data as Record<string, unknown> | undefined
+  if (data?.source !== 'gateway' || data.code !== 'GW_ERR_CREDENTIAL_CONSENT_REQUIRED') return response
+  const { source: _source, code: _code, ...rest } = data
+  const err = withData(new GW_ERR_CREDENTIAL_CONSENT_REQUIRED(String(data.server)), rest)
+  return toJsonRpcError(consentErrorFor(err, client), response.id ?? null)
 }
