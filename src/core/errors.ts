@@ -7,6 +7,7 @@
 //   -32001 session not found (the SDK's code for 404)
 //   -32006 backend timeout        -32007 backend connection error (unreachable, exited, overloaded)
 //   -32010..-32014 the caller's own credential toward a backend (credentials/: docs/credentials.md)
+//   -32042 (2025-11-25's URLElicitationRequiredError) instead of -32014 for a client that declared URL elicitation
 // The 2026-07-28 face (http/modern.ts) also answers with the spec's own codes: -32601 (removed or
 // unknown method, HTTP 404), -32602 (bad `_meta` envelope or requestState), -32020 (a header does not
 // match the body), -32021 (a capability the request did not declare), -32022 (unsupported version).

@@ -7,10 +7,10 @@
 // Every request carries `resource` (RFC 8707) when configured, so tokens are bound to the backend.
 import * as oidc from 'openid-client'
 import { clientAuthOf, grantOf, isPlainLoopback, issuerFailure, issuerUnavailable, withDeadline, type Grant } from './issuer.js'
-import type { CredentialsConfig } from './types.js'
+import { AUTHORIZATION_CALLBACK_PATH, type CredentialsConfig } from './types.js'
 
 /** Where the authorization server sends the user back, under the gateway's public base. */
-export const CALLBACK_PATH = '/oauth/callback'
+export const CALLBACK_PATH = AUTHORIZATION_CALLBACK_PATH
 
 export function redirectUriOf (config: CredentialsConfig): string {
   return `${(config.redirectBaseUrl ?? '').replace(/\/+$/, '')}${CALLBACK_PATH}`
