@@ -6,7 +6,7 @@
 // protected resource metadata (RFC 9728) at `resource`, whose `authorization_servers` names it.
 // Every request carries `resource` (RFC 8707) when configured, so tokens are bound to the backend.
 import * as oidc from 'openid-client'
-import { clientAuthOf, grantOf, isPlainLoopback, issuerFailure, issuerUnavailable, withDeadline, type Grant } from './issuer.js'
+import { clientAuthOf, discoveryOptions, grantOf, isPlainLoopback, issuerFailure, issuerUnavailable, withDeadline, type Grant } from './issuer.js'
 import { AUTHORIZATION_CALLBACK_PATH, type CredentialsConfig } from './types.js'
 
 /** Where the authorization server sends the user back, under the gateway's public base. */
@@ -103,7 +103,7 @@ export class AuthorizationClient {
     }
     const issuer = c.issuer ?? await this.#issuerFromResource()
     const insecure = isPlainLoopback(issuer)
-    const options = { timeout: Math.max(1, Math.ceil(c.timeoutMs / 1000)), ...(insecure ? { execute: [oidc.allowInsecureRequests] } : {}) }
+    const options = discoveryOptions(c, insecure)
     let configuration: oidc.Configuration
     try {
       configuration = await oidc.discovery(new URL(issuer), clientId, undefined, auth, { ...options, algorithm: 'oauth2' })

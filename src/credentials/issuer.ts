@@ -85,10 +85,7 @@ export class Issuer {
       configuration = new oidc.Configuration(metadata, clientId, undefined, auth)
       if (insecure) oidc.allowInsecureRequests(configuration)
     } else {
-      configuration = await oidc.discovery(new URL(c.issuer as string), clientId, undefined, auth, {
-        timeout: timeoutSeconds(c),
-        ...(insecure ? { execute: [oidc.allowInsecureRequests] } : {})
-      })
+      configuration = await oidc.discovery(new URL(c.issuer as string), clientId, undefined, auth, discoveryOptions(c, insecure))
     }
     return withDeadline(configuration, c)
   }
@@ -110,11 +107,23 @@ export function clientAuthOf (c: CredentialsConfig): oidc.ClientAuth {
 
 const timeoutSeconds = (c: CredentialsConfig): number => Math.max(1, Math.ceil(c.timeoutMs / 1000))
 
+/** A fetch that ends by the config's deadline: openid-client counts whole seconds, the config milliseconds. */
+export function deadlineFetch (c: CredentialsConfig): oidc.CustomFetch {
+  return async (url, options) => await fetch(url, {
+    ...options,
+    signal: AbortSignal.any([options.signal, AbortSignal.timeout(c.timeoutMs)].filter((s): s is AbortSignal => s !== undefined))
+  } as RequestInit)
+}
+
+/** The discovery options: the deadline held by the fetch too, plain http allowed to a loopback issuer. */
+export function discoveryOptions (c: CredentialsConfig, insecure: boolean): oidc.DiscoveryRequestOptions {
+  return { timeout: timeoutSeconds(c), [oidc.customFetch]: deadlineFetch(c), ...(insecure ? { execute: [oidc.allowInsecureRequests] } : {}) }
+}
+
 /** Every request of `configuration` ends by the config's deadline. */
 export function withDeadline (configuration: oidc.Configuration, c: CredentialsConfig): oidc.Configuration {
-  // openid-client counts whole seconds; a sub-second deadline is held by the fetch signal below.
   configuration.timeout = timeoutSeconds(c)
-  configuration[oidc.customFetch] = async (url, options) => await fetch(url, { ...options, signal: AbortSignal.any([options.signal, AbortSignal.timeout(c.timeoutMs)].filter((s): s is AbortSignal => s !== undefined)) } as RequestInit)
+  configuration[oidc.customFetch] = deadlineFetch(c)
   return configuration
 }
 

@@ -32,7 +32,7 @@ export interface BoundSource { source: CredentialSource, target: CredentialTarge
 export class CredentialSources {
   readonly #deps: SourceDeps
   readonly #factories: Partial<Record<CredentialSourceKind, SourceFactory>>
-  readonly #made = new Map<string, { text: string, bound: BoundSource }>()
+  readonly #made = new Map<string, { config: CredentialsConfig, text: string, bound: BoundSource }>()
   /** Each caller's newest verified JWT on this replica (caller-tokens.ts). */
   readonly tokens = new CallerTokens()
 
@@ -54,14 +54,19 @@ export class CredentialSources {
       this.#drop(id)
       return undefined
     }
-    const text = JSON.stringify(config)
     const made = this.#made.get(id)
-    if (made !== undefined && made.text === text) return made.bound
+    // The same (frozen) block as last time: the common case, without serialising it.
+    if (made !== undefined && made.config === config) return made.bound
+    const text = JSON.stringify(config)
+    if (made !== undefined && made.text === text) {
+      made.config = config
+      return made.bound
+    }
     this.#drop(id)
     const factory = this.#factories[config.source]
     if (factory === undefined) throw new GW_ERR_INTERNAL(`credential source ${config.source} is not available in this build`)
     const bound = { source: factory({ tenant, server, config, deps: this.#deps }), target: { server, config } }
-    this.#made.set(id, { text, bound })
+    this.#made.set(id, { config, text, bound })
     return bound
   }
 

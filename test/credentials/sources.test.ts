@@ -139,6 +139,13 @@ t.test('the authorization server down, or silent: a clear error within the deadl
   const late = await cred(hung, caller('x')).catch((e: unknown) => e)
   t.match(late, { code: 'GW_ERR_CREDENTIAL_ISSUER_UNAVAILABLE' })
   t.ok(Date.now() - before < 1500, `answered in ${Date.now() - before} ms`)
+  // Metadata discovery from a silent issuer: the same deadline.
+  const discovering = exchange(w, { issuer: silent.url, timeoutMs: 300 })
+  const d = w.sources.sourceFor(discovering, 'acme', 'api')!
+  const at = Date.now()
+  const none = await cred(d, caller('y', await w.users.mint('y'))).catch((e: unknown) => e)
+  t.match(none, { code: 'GW_ERR_CREDENTIAL_ISSUER_UNAVAILABLE' })
+  t.ok(Date.now() - at < 900, `discovery gave up in ${Date.now() - at} ms`)
 })
 
 t.test('a reload keeps a source whose block is unchanged and replaces a changed one', async t => {
