@@ -53,6 +53,11 @@ import { RedisSessionStore } from './state/session-store-redis.js'
 import { parseVaultKeys, VAULT_KEYS_VARIABLE, type VaultKeyRing } from './credentials/cipher.js'
 import { MemoryVault } from './credentials/vault-memory.js'
 import { RedisVault } from './credentials/vault-redis.js'
+import { MemoryConsentStore, type ConsentStore } from './credentials/consent-store.js'
+import { RedisConsentStore } from './credentials/consent-store-redis.js'
+import { ConsentAdmin } from './credentials/consent-admin.js'
+import { userAuthorizationFactory, userAuthorizationOf } from './credentials/user-authorization.js'
+import httpOAuthConsent from './http/oauth-consent.js'
 import { CredentialSources } from './credentials/sources.js'
 import type { CallerCredential, Vault } from './credentials/types.js'
 import { hasCredentialSources } from './config/credentials-check.js'
@@ -89,7 +94,7 @@ export interface GatewayOptions {
   /** Memory mode: apps sharing one hub reach each other over the in-process bus (tests). */
   hub?: MemoryBusHub
   /** Memory mode: apps sharing one store and log act as replicas of one gateway (tests). */
-  memory?: { store: MemorySessionStore, eventLog: MemoryEventLog, tasks?: MemoryTaskStore, limiter?: MemoryRateLimiter, quotas?: MemorySessionQuotas, sessionTasks?: MemorySessionTasks }
+  memory?: { store: MemorySessionStore, eventLog: MemoryEventLog, tasks?: MemoryTaskStore, limiter?: MemoryRateLimiter, quotas?: MemorySessionQuotas, sessionTasks?: MemorySessionTasks, consents?: MemoryConsentStore }
   /**
    * The vault's keys (`MCPGW_VAULT_KEYS`: `kid:base64,...`, the first seals; credentials/cipher.ts).
    * Absent: a key of this process only (tokens obtained are neither shared nor kept across restarts).
@@ -131,6 +136,8 @@ interface Services {
   quotas: SessionQuotas
   /** Where backend tokens rest (credentials/), sealed under the vault's keys. */
   vault: Vault
+  /** user-authorization's pending consents, which any replica's callback finishes. */
+  consents: ConsentStore
   close: () => Promise<void>
 }
 
@@ -148,6 +155,7 @@ function memoryServices (config: Readonly<Config>, options: GatewayOptions, metr
     limiter: options.memory?.limiter ?? new MemoryRateLimiter(),
     quotas: options.memory?.quotas ?? new MemorySessionQuotas(),
     vault: new MemoryVault(ring),
+    consents: options.memory?.consents ?? new MemoryConsentStore(),
     close: async () => {
       if (options.memory?.tasks === undefined) await tasks.close()
       if (!shared) await store.close()
@@ -194,6 +202,7 @@ async function redisServices (config: Readonly<Config>, log: Logger, replicaId: 
     // The sets' TTL only bounds how long an idle tenant's sets linger (quotas.ts prunes by liveness).
     quotas: new RedisSessionQuotas(redis, prefix, Math.max(QUOTA_SET_TTL_MS, config.sessions.idleTimeoutMs * 2)),
     vault: new RedisVault(redis, ring, prefix),
+    consents: new RedisConsentStore(redis, prefix),
     close: async () => { closeRedis(beatRedis); closeRedis(redis) }
   }
 }
@@ -294,6 +303,8 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
   // Each caller's own credential toward a server (credentials/): read from the live config per use.
   const credentialSources = new CredentialSources({ vault: services.vault, log, metrics })
   const credentialsLive = { get servers () { return live.current.servers }, get tenants () { return live.current.tenants } }
+  credentialSources.register('user-authorization', userAuthorizationFactory({ consents: services.consents }))
+  const userAuthorization = userAuthorizationOf(credentialSources, credentialsLive)
   if (options.vaultKeys === undefined && hasCredentialSources(config)) log.warn(`${VAULT_KEYS_VARIABLE} is not set: backend tokens are sealed with a key of this process only (not shared by replicas, lost on restart)`)
   const credentials = (tenant: string | null | undefined, subjectDigest: string | undefined, server: string): CallerCredential | undefined =>
     credentialSources.bind(credentialsLive, { tenant: tenant ?? null, subjectDigest: subjectDigest ?? null }, server)
@@ -455,6 +466,8 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
     }
   })
   await app.register(httpOauthMetadata, { tenants })
+  // user-authorization's consent link and callback (browser routes, no MCP credential): any replica.
+  await app.register(httpOAuthConsent, { consents: services.consents, sourceOf: userAuthorization })
   let draining = false
   await app.register(httpOps, { router, store: services.store, draining: () => draining, storeGraceMs: config.redis?.readinessGraceMs ?? 0 })
   // /metrics: on the main listener unless it has an address of its own; never under /mcp.
@@ -477,7 +490,12 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
       draining: () => draining,
       sessionTasks: services.sessionTasks
     })
-    const adminOptions = { token: config.admin.token, service: admin, failures, addressOf, vault: services.vault }
+    const consents = new ConsentAdmin({
+      vault: services.vault,
+      tenants: () => { const names = Object.keys(live.current.tenants ?? {}); return names.length === 0 ? [null] : names },
+      sourceOf: userAuthorization
+    })
+    const adminOptions = { token: config.admin.token, service: admin, failures, addressOf, vault: services.vault, consents }
     if (config.admin.listen === undefined) {
       await app.register(httpAdmin, adminOptions)
     } else {

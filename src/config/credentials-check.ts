@@ -64,8 +64,10 @@ export function checkCredentials (path: string, credentials: CredentialsConfig, 
       need('clientSecret', 'a client credentials grant needs a confidential client')
       break
     case 'user-authorization':
-      if (credentials.issuer === undefined && (credentials.authorizationEndpoint === undefined || credentials.tokenEndpoint === undefined)) {
-        add(`${path}/issuer`, 'is required for source user-authorization (or both authorizationEndpoint and tokenEndpoint)')
+      // Without either, the authorization server is found from the backend's protected resource
+      // metadata at `resource` (RFC 9728), as an MCP client finds it.
+      if (credentials.issuer === undefined && credentials.resource === undefined && (credentials.authorizationEndpoint === undefined || credentials.tokenEndpoint === undefined)) {
+        add(`${path}/issuer`, 'is required for source user-authorization (or resource, whose protected resource metadata names it, or both authorizationEndpoint and tokenEndpoint)')
       }
       need('clientId', 'the user consents to the gateway as that client')
       need('redirectBaseUrl', 'the authorization server sends the user back there')

@@ -7,6 +7,7 @@
 //   -32001 session not found (the SDK's code for 404)
 //   -32006 backend timeout        -32007 backend connection error (unreachable, exited, overloaded)
 //   -32010..-32014 the caller's own credential toward a backend (credentials/: docs/credentials.md)
+//   -32042 (2025-11-25's URLElicitationRequiredError) instead of -32014 for a client that declared URL elicitation
 // The 2026-07-28 face (http/modern.ts) also answers with the spec's own codes: -32601 (removed or
 // unknown method, HTTP 404), -32602 (bad `_meta` envelope or requestState), -32020 (a header does not
 // match the body), -32021 (a capability the request did not declare), -32022 (unsupported version).
@@ -79,6 +80,8 @@ export const GW_ERR_CREDENTIAL_REJECTED = createError('GW_ERR_CREDENTIAL_REJECTE
 export const GW_ERR_CREDENTIAL_REQUIRED = createError('GW_ERR_CREDENTIAL_REQUIRED', "Backend '%s' needs a credential of the caller's own: %s", 401)
 /** The user must first authorise the gateway at the authorization server: data.authorizationUrl. */
 export const GW_ERR_CREDENTIAL_CONSENT_REQUIRED = createError('GW_ERR_CREDENTIAL_CONSENT_REQUIRED', "Backend '%s' needs this user's consent first: open the authorization URL", 403)
+/** The same, to a 2025-11-25 client that declared URL-mode elicitation: the spec's URLElicitationRequiredError, data.elicitations. */
+export const GW_ERR_URL_ELICITATION_REQUIRED = createError('GW_ERR_URL_ELICITATION_REQUIRED', "Backend '%s' needs this user's consent first: open the URL given", 403)
 // The 2026-07-28 face (docs/spec-rules.md §4 and 5.7); each carries the data the spec names in `data`.
 export const GW_ERR_INVALID_PARAMS = createError('GW_ERR_INVALID_PARAMS', 'Invalid params: %s', 400)
 export const GW_ERR_METHOD_NOT_FOUND = createError('GW_ERR_METHOD_NOT_FOUND', 'Method not found: %s', 404)
@@ -129,6 +132,7 @@ export const JSONRPC_CODE: Record<string, number> = {
   GW_ERR_CREDENTIAL_REJECTED: -32012,
   GW_ERR_CREDENTIAL_REQUIRED: -32013,
   GW_ERR_CREDENTIAL_CONSENT_REQUIRED: -32014,
+  GW_ERR_URL_ELICITATION_REQUIRED: -32042,
   GW_ERR_INVALID_PARAMS: -32602,
   GW_ERR_METHOD_NOT_FOUND: -32601,
   GW_ERR_HEADER_MISMATCH: -32020,

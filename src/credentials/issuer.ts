@@ -18,6 +18,17 @@ export interface Grant {
   refreshToken?: string
 }
 
+/** What a token endpoint's answer gave. */
+export function grantOf (answer: oidc.TokenEndpointResponse): Grant {
+  const grant: Grant = {
+    accessToken: answer.access_token,
+    expiresAt: typeof answer.expires_in === 'number' ? Date.now() + answer.expires_in * 1000 : null
+  }
+  if (typeof answer.scope === 'string') grant.scope = answer.scope
+  if (typeof answer.refresh_token === 'string') grant.refreshToken = answer.refresh_token
+  return grant
+}
+
 /** Seconds a client is told to wait after the authorization server failed. */
 const UNAVAILABLE_RETRY_S = 5
 
@@ -43,13 +54,7 @@ export class Issuer {
       throw this.#failure(err)
     }
     if (signal?.aborted === true) throw this.#unavailable('the request was abandoned', signal.reason)
-    const grant: Grant = {
-      accessToken: answer.access_token,
-      expiresAt: typeof answer.expires_in === 'number' ? Date.now() + answer.expires_in * 1000 : null
-    }
-    if (typeof answer.scope === 'string') grant.scope = answer.scope
-    if (typeof answer.refresh_token === 'string') grant.refreshToken = answer.refresh_token
-    return grant
+    return grantOf(answer)
   }
 
   /** The client's configuration, discovered once; a failed discovery is tried again next time. */
@@ -68,16 +73,8 @@ export class Issuer {
   async #configure (): Promise<oidc.Configuration> {
     const c = this.#config
     const clientId = c.clientId ?? ''
-    const auth = c.clientSecret === undefined
-      ? oidc.None()
-      : c.clientAuth === 'client_secret_post' ? oidc.ClientSecretPost(c.clientSecret) : oidc.ClientSecretBasic(c.clientSecret)
-    const timeout = Math.max(1, Math.ceil(c.timeoutMs / 1000))
+    const auth = clientAuthOf(c)
     const insecure = [c.issuer, c.tokenEndpoint].some(url => url !== undefined && isPlainLoopback(url))
-    // openid-client counts whole seconds; the configured deadline (ms) is held by the fetch's signal.
-    const withDeadline: oidc.CustomFetch = async (url, options) => await fetch(url, {
-      ...options,
-      signal: AbortSignal.any([options.signal, AbortSignal.timeout(c.timeoutMs)].filter((s): s is AbortSignal => s !== undefined))
-    } as RequestInit)
     let configuration: oidc.Configuration
     if (c.tokenEndpoint !== undefined) {
       const metadata: oidc.ServerMetadata = {
@@ -88,41 +85,72 @@ export class Issuer {
       configuration = new oidc.Configuration(metadata, clientId, undefined, auth)
       if (insecure) oidc.allowInsecureRequests(configuration)
     } else {
-      configuration = await oidc.discovery(new URL(c.issuer as string), clientId, undefined, auth, {
-        timeout,
-        [oidc.customFetch]: withDeadline,
-        ...(insecure ? { execute: [oidc.allowInsecureRequests] } : {})
-      })
+      configuration = await oidc.discovery(new URL(c.issuer as string), clientId, undefined, auth, discoveryOptions(c, insecure))
     }
-    configuration.timeout = timeout
-    configuration[oidc.customFetch] = withDeadline
-    return configuration
+    return withDeadline(configuration, c)
   }
 
   #failure (err: unknown): GatewayError {
-    if (err instanceof oidc.ResponseBodyError) {
-      // A 5xx with an OAuth body is still the server failing, not a decision about this caller.
-      if (err.status >= 500) return this.#unavailable(`it answered HTTP ${err.status}`, err)
-      return withData(new GW_ERR_CREDENTIAL_REFUSED(this.#server, err.error), { server: this.#server, oauthError: err.error, status: err.status })
-    }
-    if (isGatewayError(err)) return err
-    const name = (err as Error | undefined)?.name
-    if (name === 'TimeoutError' || name === 'AbortError') return this.#unavailable(`no answer within ${this.#config.timeoutMs} ms`, err)
-    const code = (err as { code?: unknown } | undefined)?.code
-    if (code === 'OAUTH_RESPONSE_IS_NOT_CONFORM' || code === 'OAUTH_JSON_ATTRIBUTE_COMPARISON_FAILED' || code === 'OAUTH_INVALID_RESPONSE') {
-      return this.#unavailable('its answer is not a valid OAuth response', err)
-    }
-    return this.#unavailable('it cannot be reached', err)
+    return issuerFailure(this.#server, this.#config.timeoutMs, err)
   }
 
   #unavailable (why: string, cause: unknown): GatewayError {
-    const err = withRetryAfter(new GW_ERR_CREDENTIAL_ISSUER_UNAVAILABLE(this.#server, why, { cause }), UNAVAILABLE_RETRY_S)
-    return withData(err, { server: this.#server })
+    return issuerUnavailable(this.#server, why, cause)
   }
 }
 
+/** The client's authentication at the token endpoint: none for a public client. */
+export function clientAuthOf (c: CredentialsConfig): oidc.ClientAuth {
+  if (c.clientSecret === undefined) return oidc.None()
+  return c.clientAuth === 'client_secret_post' ? oidc.ClientSecretPost(c.clientSecret) : oidc.ClientSecretBasic(c.clientSecret)
+}
+
+const timeoutSeconds = (c: CredentialsConfig): number => Math.max(1, Math.ceil(c.timeoutMs / 1000))
+
+/** A fetch that ends by the config's deadline: openid-client counts whole seconds, the config milliseconds. */
+export function deadlineFetch (c: CredentialsConfig): oidc.CustomFetch {
+  return async (url, options) => await fetch(url, {
+    ...options,
+    signal: AbortSignal.any([options.signal, AbortSignal.timeout(c.timeoutMs)].filter((s): s is AbortSignal => s !== undefined))
+  } as RequestInit)
+}
+
+/** The discovery options: the deadline held by the fetch too, plain http allowed to a loopback issuer. */
+export function discoveryOptions (c: CredentialsConfig, insecure: boolean): oidc.DiscoveryRequestOptions {
+  return { timeout: timeoutSeconds(c), [oidc.customFetch]: deadlineFetch(c), ...(insecure ? { execute: [oidc.allowInsecureRequests] } : {}) }
+}
+
+/** Every request of `configuration` ends by the config's deadline. */
+export function withDeadline (configuration: oidc.Configuration, c: CredentialsConfig): oidc.Configuration {
+  configuration.timeout = timeoutSeconds(c)
+  configuration[oidc.customFetch] = deadlineFetch(c)
+  return configuration
+}
+
+/** What a failed call to the authorization server means for the caller (see the top of this file). */
+export function issuerFailure (server: string, timeoutMs: number, err: unknown): GatewayError {
+  if (err instanceof oidc.ResponseBodyError) {
+    // A 5xx with an OAuth body is still the server failing, not a decision about this caller.
+    if (err.status >= 500) return issuerUnavailable(server, `it answered HTTP ${err.status}`, err)
+    return withData(new GW_ERR_CREDENTIAL_REFUSED(server, err.error), { server, oauthError: err.error, status: err.status })
+  }
+  if (isGatewayError(err)) return err
+  const name = (err as Error | undefined)?.name
+  if (name === 'TimeoutError' || name === 'AbortError') return issuerUnavailable(server, `no answer within ${timeoutMs} ms`, err)
+  const code = (err as { code?: unknown } | undefined)?.code
+  if (code === 'OAUTH_RESPONSE_IS_NOT_CONFORM' || code === 'OAUTH_JSON_ATTRIBUTE_COMPARISON_FAILED' || code === 'OAUTH_INVALID_RESPONSE') {
+    return issuerUnavailable(server, 'its answer is not a valid OAuth response', err)
+  }
+  return issuerUnavailable(server, 'it cannot be reached', err)
+}
+
+export function issuerUnavailable (server: string, why: string, cause: unknown): GatewayError {
+  const err = withRetryAfter(new GW_ERR_CREDENTIAL_ISSUER_UNAVAILABLE(server, why, { cause }), UNAVAILABLE_RETRY_S)
+  return withData(err, { server })
+}
+
 /** http to a loopback host: allowed by config checks, and openid-client must be told so. */
-function isPlainLoopback (text: string): boolean {
+export function isPlainLoopback (text: string): boolean {
   try {
     const url = new URL(text)
     return url.protocol === 'http:' && isLoopbackAddress(url.hostname.replace(/^\[|\]$/g, ''))

@@ -106,6 +106,8 @@ export interface VaultListing {
   expiresAt: number | null
   /** Id of the encryption key the entry was sealed with (rotation progress). */
   keyId: string
+  /** Granted scopes, when the authorization server reported them. */
+  scope?: string
 }
 
 /** Encrypted storage of backend tokens: a memory twin and a Redis twin (credentials/vault-*.ts). */
@@ -125,15 +127,7 @@ export type CredentialOutcome = 'cached' | 'issued' | 'refused' | 'refused_cache
 /** Where the user-authorization source's redirect comes back, under its `redirectBaseUrl`. */
 export const AUTHORIZATION_CALLBACK_PATH = '/oauth/callback'
 
-/**
- * What a user-authorization source offers the HTTP layer besides CredentialSource (its consent
- * callback is served at `redirectBaseUrl` + AUTHORIZATION_CALLBACK_PATH). Its credentialFor
- * answers from the vault (refreshing with the stored refresh token when it can) or throws
- * GW_ERR_CREDENTIAL_CONSENT_REQUIRED with `data.authorizationUrl` from `authorizationUrl`.
- */
-export interface UserAuthorizationFlow {
-  /** A URL the user opens to consent (authorization code with PKCE; its state names caller and target). */
-  authorizationUrl (who: CredentialCaller, target: CredentialTarget): Promise<string>
-  /** The redirect came back with `state` and `code`: the tokens are obtained and put in the vault for the caller the state names. */
-  complete (state: string, code: string, signal?: AbortSignal): Promise<{ tenant: string | null, server: string }>
-}
+// The user-authorization source's consent flow (the link, the callback, revocation) is
+// UserAuthorizationSource's own (user-authorization.ts), served by http/oauth-consent.ts: its
+// callback needs the pending authorization and the browser's binding, which no caller-level
+// interface here would carry.

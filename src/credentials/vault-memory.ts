@@ -39,7 +39,7 @@ export class MemoryVault implements Vault {
     for (const name of [...this.#entries.keys()]) {
       const held = this.#live(name)
       if (held === undefined || held.key.tenant !== filter.tenant || (filter.server !== undefined && held.key.server !== filter.server)) continue
-      out.push({ key: { ...held.key }, expiresAt: held.stored.expiresAt, keyId: this.#ring.keyIdOf(held.stored.sealed) ?? '?' })
+      out.push({ key: { ...held.key }, expiresAt: held.stored.expiresAt, keyId: this.#ring.keyIdOf(held.stored.sealed) ?? '?', ...(held.stored.scope === undefined ? {} : { scope: held.stored.scope }) })
     }
     return out
   }

@@ -65,15 +65,15 @@ export class RedisVault implements Vault {
     }
     if (keys.length === 0) return []
     const pipeline = this.#redis.pipeline()
-    for (const key of keys) pipeline.hmget(this.#entryKey(key), 's', 'e')
+    for (const key of keys) pipeline.hmget(this.#entryKey(key), 's', 'e', 'c')
     const replies = (await pipeline.exec()) ?? []
     const out: VaultListing[] = []
     const gone: string[] = []
     keys.forEach((key, i) => {
       const [err, value] = replies[i] ?? [null, null]
-      const [sealed, expires] = (err === null ? value : [null, null]) as [string | null, string | null]
+      const [sealed, expires, scope] = (err === null ? value : [null, null, null]) as [string | null, string | null, string | null]
       if (sealed === null) { gone.push(entryName(key)); return }
-      out.push({ key, expiresAt: expires === null || expires === '' ? null : Number(expires), keyId: this.#ring.keyIdOf(sealed) ?? '?' })
+      out.push({ key, expiresAt: expires === null || expires === '' ? null : Number(expires), keyId: this.#ring.keyIdOf(sealed) ?? '?', ...(scope === null ? {} : { scope }) })
     })
     // Entries that expired leave their index line behind: tidied here, the one place that reads it.
     if (gone.length > 0) await this.#redis.hdel(index, ...gone)

@@ -1,5 +1,6 @@
 // Streamable HTTP (2025-03-26 … 2025-11-25) on /mcp/<server>: POST, GET, DELETE
 // (docs/spec-rules.md §5; docs/architecture.md).
+import { consentErrorFor } from '../core/consent-error.js'
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
 import type { Config } from '../config/schema.js'
 import type { ServerSource } from '../config/live.js'
@@ -122,7 +123,9 @@ export default async function httpStreamable (app: FastifyInstance, opts: HttpSt
     } catch (err) {
       // The stream is open: answer each request on it rather than leave the client waiting. An
       // answer is written only while its request is pending (a deleted session has none left).
-      const gwErr = isGatewayError(err) ? err : new GW_ERR_INTERNAL('message not delivered', { cause: err })
+      // A consent the user must give reaches a client that declared URL elicitation as one (-32042).
+      const gwErr = consentErrorFor(isGatewayError(err) ? err : new GW_ERR_INTERNAL('message not delivered', { cause: err }),
+        { protocolVersion: record.protocolVersion, capabilities: record.initializeParams?.capabilities })
       req.log.warn({ err }, 'message not delivered')
       // Pool connections taken for requests that never went out go back.
       router.release(admission)

@@ -8,7 +8,7 @@ export interface AuditLog { info: (obj: object, msg: string) => void }
 /** A logger that can make a child with fixed fields (pino's). */
 export interface AuditParent { child: (bindings: Record<string, unknown>) => AuditLog }
 
-export type AuditEvent = 'session.created' | 'session.ended' | 'request.refused' | 'tools.call' | 'admin.action' | 'task.created' | 'task.cancel' | 'credential.issued' | 'credential.failed'
+export type AuditEvent = 'session.created' | 'session.ended' | 'request.refused' | 'tools.call' | 'admin.action' | 'task.created' | 'task.cancel' | 'credential.issued' | 'credential.failed' | 'credential.consent' | 'credential.refreshed' | 'credential.revoked'
 
 export interface AuditFields {
   tenant?: string | null
@@ -26,7 +26,10 @@ const MESSAGES: Record<AuditEvent, string> = {
   'task.created': 'audit: task.created',
   'task.cancel': 'audit: task.cancel',
   'credential.issued': 'audit: credential.issued',
-  'credential.failed': 'audit: credential.failed'
+  'credential.failed': 'audit: credential.failed',
+  'credential.consent': 'audit: credential.consent',
+  'credential.refreshed': 'audit: credential.refreshed',
+  'credential.revoked': 'audit: credential.revoked'
 }
 
 export function audit (log: AuditLog, event: AuditEvent, fields: AuditFields): void {

@@ -43,7 +43,7 @@ t.test('each source says which fields it misses, and which it does not use', asy
   t.match(message, '/servers/a/credentials/audience: is required for source token-exchange (or resource)')
   t.match(message, '/servers/b/credentials/clientSecret: is required for source client-credentials')
   t.match(message, '/servers/b/credentials/redirectBaseUrl: is not used by source client-credentials')
-  t.match(message, '/servers/c/credentials/issuer: is required for source user-authorization (or both authorizationEndpoint and tokenEndpoint)')
+  t.match(message, '/servers/c/credentials/issuer: is required for source user-authorization (or resource, whose protected resource metadata names it, or both authorizationEndpoint and tokenEndpoint)')
   t.match(message, '/servers/c/credentials/redirectBaseUrl: is required for source user-authorization')
   t.match(message, '/servers/d/credentials/header: is set by the gateway')
 })

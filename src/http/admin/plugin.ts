@@ -12,6 +12,8 @@ import type { AuthFailureBudget } from '../../auth/failure-budget.js'
 import { GW_ERR_ADMIN_UNAUTHORIZED, GW_ERR_AUTH_THROTTLED, GW_ERR_BAD_REQUEST, GW_ERR_SESSION_NOT_FOUND, withRetryAfter } from '../../core/errors.js'
 import { audit } from '../../telemetry/audit.js'
 import type { AdminService } from './service.js'
+import type { ConsentAdmin } from '../../credentials/consent-admin.js'
+import { consentRoutes } from './consents.js'
 import type { AddressOf } from '../client-address.js'
 import type { Vault } from '../../credentials/types.js'
 
@@ -21,6 +23,8 @@ export interface HttpAdminOptions {
   failures?: AuthFailureBudget | undefined
   /** The client's address (http/client-address.ts), for the budget and the audit lines. */
   addressOf: AddressOf
+  /** Users' consents to user-authorization sources (consents.ts); absent: no such routes. */
+  consents?: ConsentAdmin | undefined
   /** The backend tokens at rest (credentials/): listed by tenant, metadata only. */
   vault?: Pick<Vault, 'list'>
 }
@@ -140,6 +144,7 @@ export default async function httpAdmin (app: FastifyInstance, opts: HttpAdminOp
       audit(req.log, 'admin.action', { action: 'config.reload', ok: outcome.local.ok, replicas: outcome.notified.length + 1, address: addressOf(req) })
       return outcome
     })
+    if (opts.consents !== undefined) consentRoutes(api, opts.consents, addressOf)
   }, { prefix: '/admin/api' })
 }
 

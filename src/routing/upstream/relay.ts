@@ -17,6 +17,7 @@
 //   with -32601 and never reaches the client (MCP spec, "Lifecycle": capability negotiation).
 import { performance } from 'node:perf_hooks'
 import type { Logger } from 'pino'
+import { consentAnswerFor, consentErrorFor } from '../../core/consent-error.js'
 import {
   CANCELLED_MEMBER, GW_ERR_BACKEND_TIMEOUT, GW_ERR_BACKEND_UNAVAILABLE, cancelledAnswer, isCancelledAnswer, isGatewayError, toJsonRpcError, type GatewayError
 } from '../../core/errors.js'
@@ -198,7 +199,7 @@ export class Relay {
 
   /** Answers a request on its stream with a gateway error, without involving the backend. */
   refuse (request: JsonRpcRequest, streamId: string, err: unknown): void {
-    const response = toJsonRpcError(asGatewayError(err, this.server), request.id)
+    const response = toJsonRpcError(this.#forClient(asGatewayError(err, this.server)), request.id)
     this.metrics.operation(request.method, toolOf(request), errorTypeOf(response), performance.now())
     this.#reply(streamId, response)
   }
@@ -299,6 +300,7 @@ export class Relay {
     let response: JsonRpcResponse = { ...message, id: entry.clientId }
     // Only the gateway marks a request cancelled: a backend's answer carrying the mark loses it.
     if (isCancelledAnswer(response)) delete (response as unknown as Record<string, unknown>)[CANCELLED_MEMBER]
+    if ('error' in response) response = consentAnswerFor(response, { protocolVersion: this.#protocolVersion, capabilities: this.#clientCapabilities })
     const backendResult = 'result' in response ? response.result : undefined
     if (entry.method === 'initialize' && 'result' in response && isRecord(response.result)) {
       // The client's hop negotiated its own version: the gateway is a separate MCP peer on each side.
@@ -397,9 +399,14 @@ export class Relay {
     this.#fail(entry, new GW_ERR_BACKEND_TIMEOUT(this.server, timeoutMs), 'timeout')
   }
 
+  /** A consent the user must give, as this client can take it (a URL elicitation where it declared one). */
+  #forClient (err: GatewayError): GatewayError {
+    return consentErrorFor(err, { protocolVersion: this.#protocolVersion, capabilities: this.#clientCapabilities })
+  }
+
   /** Answers a settled request with a gateway error, and records it. */
   #fail (entry: InFlight, err: GatewayError, kind: BackendErrorKind): void {
-    const response = toJsonRpcError(err, entry.clientId)
+    const response = toJsonRpcError(this.#forClient(err), entry.clientId)
     this.metrics.operation(entry.method, entry.tool, errorTypeOf(response), entry.startedAt)
     this.metrics.backendError(kind)
     this.#reply(entry.streamId, response)
