@@ -52,7 +52,7 @@ import { MemoryVault } from './credentials/vault-memory.js'
 import { RedisVault } from './credentials/vault-redis.js'
 import { CredentialSources } from './credentials/sources.js'
 import type { CallerCredential, Vault } from './credentials/types.js'
-import { hasCredentialSources } from './config/credentials-check.js'
+import { hasCredentialSources, needsOwnConnections } from './config/credentials-check.js'
 import { MemorySessionStore } from './state/session-store-memory.js'
 import type { SessionStore } from './state/session-store.js'
 import { Supervisor } from './backends/supervisor.js'
@@ -284,6 +284,8 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
     metrics,
     upstream,
     credentials,
+    // A per-user credential: each subject's own pool, so no child ever serves two users.
+    ownConnections: (server, tenant) => needsOwnConnections(credentialsLive, tenant, server),
     toolPolicy,
     onServerEvent: (server, tenant, message) => {
       modern.onServerEvent(server, tenant, message)

@@ -40,6 +40,7 @@ import { GW_ERR_BACKEND_UNAVAILABLE } from '../core/errors.js'
 import { idKey, isNotification, isRecord, isRequest, isResponse, type JsonRpcMessage, type JsonRpcRequest, type RequestId } from '../core/jsonrpc.js'
 import type { BackendSession, StopOptions, SupervisedHandlers, SupervisedOpenOptions } from './supervised-types.js'
 import type { EstablishedState } from '../state/session-store.js'
+import { credentialLapsed } from './stdio-credential.js'
 
 /** Jittered exponential backoff: between half and all of min(maxMs, baseMs * 2^attempt). */
 export const restartDelay = (attempt: number, baseMs = 250, maxMs = 30_000): number => {
@@ -166,7 +167,7 @@ export class SupervisedSession implements BackendSession {
    * Gives the child back if the session has been idle `idleMs` (nothing in flight either way, no
    * subscription, no replay running); the next message starts one again. True when it did.
    */
-  park (idleMs: number, now = performance.now()): boolean {
+  park (idleMs: number, now = performance.now(), why = 'idle'): boolean {
     if (this.#state !== 'running' || this.#flushing || this.#conn === null || this.#initParams === undefined) return false
     if ((this.#open?.size ?? 0) > 0 || (this.#gwPending?.size ?? 0) > 0 || (this.#subscriptions?.size ?? 0) > 0) return false
     if (now - this.#lastActive < idleMs) return false
@@ -174,7 +175,7 @@ export class SupervisedSession implements BackendSession {
     const conn = this.#conn
     this.#conn = null
     this.#state = 'parked'
-    this.#log.info({ pid: conn.pid, idleMs: Math.round(now - this.#lastActive) }, 'idle backend child given back; the session stays')
+    this.#log.info({ pid: conn.pid, idleMs: Math.round(now - this.#lastActive), why }, 'backend child given back; the session stays')
     conn.close().catch(err => this.#log.warn({ err }, 'closing an idle backend failed'))
     return true
   }
@@ -287,6 +288,12 @@ export class SupervisedSession implements BackendSession {
   async send (msg: JsonRpcMessage): Promise<void> {
     switch (this.#state) {
       case 'running': {
+        // A child whose credential lapsed is replaced, fresh credential in its environment, for the
+        // next request (when nothing is in flight on it; else it serves this one still).
+        if (!this.#flushing && isRequest(msg) && credentialLapsed(this.#conn?.credentialExpiresAt) && this.park(0, performance.now(), 'credential lapsed')) {
+          await this.send(msg)
+          return
+        }
         if (!this.#flushing) {
           this.#capture(msg)
           this.#track(msg, true)

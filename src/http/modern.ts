@@ -315,7 +315,7 @@ export class ModernFace {
   /** `subscriptions/listen`: the acknowledgement first, then the notifications the filter names. */
   async #listen (req: FastifyRequest, reply: FastifyReply, server: string, target: StatelessServer, request: JsonRpcRequest): Promise<void> {
     const tenant = req.principal.tenant
-    const info = await target.info(tenant)
+    const info = await target.info(tenant, req.principal.subjectDigest)
     const params = isRecord(request.params) ? request.params : {}
     const filter = isRecord(params.notifications) ? params.notifications : {}
     const honoured: Record<string, unknown> = {}
@@ -335,7 +335,7 @@ export class ModernFace {
       honoured.resourceSubscriptions = uris
       methods.add('notifications/resources/updated')
     }
-    const release = await target.holdForListen(tenant, uris)
+    const release = await target.holdForListen(tenant, uris, req.principal.subjectDigest)
     const subscriptionId = request.id
     const tag = (message: JsonRpcMessage): JsonRpcMessage => {
       const p = 'params' in message && isRecord(message.params) ? message.params : {}
@@ -413,7 +413,7 @@ export class ModernFace {
       return
     }
     if (message.method === 'server/discover') {
-      reply.type('application/json').send({ jsonrpc: '2.0', id: message.id, result: await this.#discover(target, tenant) })
+      reply.type('application/json').send({ jsonrpc: '2.0', id: message.id, result: await this.#discover(target, tenant, req.principal.subjectDigest) })
       return
     }
     // Answered here (an aggregate's merged lists), or run on a pool: the server's own, or that of
@@ -441,7 +441,7 @@ export class ModernFace {
     }
     // A retry's state is checked before the response starts, so a refusal is an HTTP 400.
     const parked = params.requestState !== undefined ? this.#takeParked(message, params, req.principal.key) : null
-    const info = await this.#options.pool.info(server, tenant)
+    const info = await this.#options.pool.info(server, tenant, req.principal.subjectDigest)
     reply.hijack()
     const out = new ModernResponse(reply.raw, replyHeaders(reply), this.#options.keepAliveMs)
     // inputResponses on a first call (no requestState) answer the backend's asks by key as they come.
@@ -460,7 +460,7 @@ export class ModernFace {
         const meta = isRecord(outgoing._meta) ? { ...outgoing._meta } : undefined
         if (meta?.progressToken !== undefined) outgoing._meta = { ...meta, progressToken: key }
         return { jsonrpc: '2.0', id: key, method: message.method, params: outgoing }
-      }, exchange)
+      }, exchange, undefined, req.principal.subjectDigest)
       exchange.start(call)
     } catch (err) {
       out.fail(isGatewayError(err) ? err : new GW_ERR_INTERNAL('request not delivered', { cause: err }), message.id)
@@ -480,8 +480,8 @@ export class ModernFace {
     return parked
   }
 
-  async #discover (target: StatelessServer, tenant: string | null): Promise<Record<string, unknown>> {
-    const info = await target.info(tenant)
+  async #discover (target: StatelessServer, tenant: string | null, subject: string): Promise<Record<string, unknown>> {
+    const info = await target.info(tenant, subject)
     const result: Record<string, unknown> = {
       supportedVersions: [...MODERN_VERSIONS],
       capabilities: modernCapabilities(info.capabilities),
