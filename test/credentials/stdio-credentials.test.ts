@@ -11,6 +11,7 @@ import t, { type Test } from 'tap'
 import { parseConfig } from '../../src/config/load.js'
 import { startGateway, stdioFixture, type RunningGateway } from '../helpers/gateway.js'
 import { startIssuer, type TestIssuer } from '../helpers/jwks.js'
+import { newKey } from '../helpers/auth.js'
 import { GATEWAY_CLIENT, startOAuthServer, TOKEN_EXCHANGE, type OAuthServer } from '../helpers/oauth-server.js'
 
 const PUBLIC = 'https://gw.example.com'
@@ -143,6 +144,39 @@ t.test('a refused credential fails the initialize with its typed error, and no c
   t.equal(body.error?.code, -32011)
   t.match(body.error?.data, { code: 'GW_ERR_CREDENTIAL_REFUSED', server: 'gh', oauthError: 'invalid_grant' })
   t.notMatch(s.logs.join(''), /"msg":"backend started"/, 'no child was started')
+})
+
+t.test('client-credentials per tenant on a pooled server: each tenant\'s children hold its own token, in the template', async t => {
+  const users = await startIssuer(t, 'https://users.example')
+  const as = await startOAuthServer(t, { keys: users.keys.map(k => k.jwk) }, users.issuer)
+  const keys = { acme: newKey('acme-bot'), beta: newKey('beta-bot') }
+  const own = (tenant: string): Record<string, unknown> => ({
+    credentials: { source: 'client-credentials', tokenEndpoint: as.tokenEndpoint, clientId: GATEWAY_CLIENT.id, clientSecret: GATEWAY_CLIENT.secret, resource: `https://${tenant}.github.example/api`, env: 'GITHUB_TOKEN', envTemplate: 'token {token}' }
+  })
+  const logs: string[] = []
+  const gw = await startGateway(t, {
+    auth: { publicUrl: PUBLIC },
+    tenants: {
+      acme: { apiKeys: [keys.acme.entry], servers: { gh: own('acme') } },
+      beta: { apiKeys: [keys.beta.entry], servers: { gh: own('beta') } }
+    },
+    servers: { gh: stdioFixture('cred-env-server', ['GITHUB_TOKEN'], { sessions: 'pooled', poolSize: 1, poolMax: 2 }) }
+  }, { log: pino({ level: 'debug' }, { write: (line: string) => { logs.push(line) } }), vaultKeys: `k1:${randomBytes(32).toString('base64')}` })
+  const seen: Record<string, string[]> = { acme: [], beta: [] }
+  for (const tenant of ['acme', 'beta'] as const) {
+    const client = new Client({ name: tenant, version: '1.0.0' })
+    await client.connect(new StreamableHTTPClientTransport(new URL(`${gw.url}/mcp/gh`), { requestInit: { headers: { authorization: `Bearer ${keys[tenant].key}`, host: 'gw.example.com' } } }))
+    t.teardown(async () => { await client.close().catch(() => {}) })
+    const results = await Promise.all(Array.from({ length: 6 }, async () => await client.callTool({ name: 'credential', arguments: { delayMs: 30 } })))
+    for (const result of results) seen[tenant]?.push((JSON.parse((result as { content: Array<{ text: string }> }).content[0]?.text ?? '{}') as { token: string }).token)
+  }
+  for (const tenant of ['acme', 'beta']) {
+    const values = seen[tenant] ?? []
+    t.ok(values.every(v => v.startsWith('token ')), `${tenant}: the template was applied`)
+    t.same([...new Set(values.map(v => decodeJwt(v.slice('token '.length)).aud))], [`https://${tenant}.github.example/api`], `${tenant}: only its own token`)
+  }
+  t.equal(as.grants.filter(g => g.grantType === 'client_credentials').length, 2, 'one grant per tenant')
+  for (const value of [...(seen.acme ?? []), ...(seen.beta ?? [])]) t.notOk(logs.join('').includes(value.slice('token '.length)), 'no token logged')
 })
 
 t.test('config: a stdio credentials block needs env; env belongs to stdio servers only', async t => {
