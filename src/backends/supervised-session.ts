@@ -31,6 +31,10 @@
 // next message starts a child and replays the session into it as after a crash (not counted as
 // one), then is delivered. Clients that never send DELETE so cost memory only while they are used.
 // A GET stream alone is not use: while parked, the child sends nothing (no list_changed).
+//
+// A lapsed credential (stdio with a credentials block, stdio-credential.ts): the child's environment
+// holds the token it started with. The first request after that token's expiry, with nothing in
+// flight, parks the child and starts another, with a fresh token of the same owner, as above.
 import { performance } from 'node:perf_hooks'
 import { setTimeout as sleep } from 'node:timers/promises'
 import type { Logger } from 'pino'

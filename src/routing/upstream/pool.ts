@@ -41,7 +41,7 @@ import { forwardIfChanged, ListDigests } from './list-changes.js'
 import { PoolConnection, type ConnectionContext, type ConnectionSettings, type PooledCall, type PoolSink, type RunOptions } from './pool-connection.js'
 import { TaskConnections, type TaskWatcher } from './pool-tasks.js'
 import { poolBusy, refuseAll, waitInLine, type Waiter } from './pool-waiters.js'
-import { serverTenantKey } from './ports.js'
+import { poolKey, serverTenantKey } from './ports.js'
 import { asGatewayError } from './relay.js'
 
 export type { BackendInfo } from './gateway-relay.js'
@@ -365,10 +365,7 @@ export class ConnectionPool {
     await Promise.all(all.map(async c => { await c.close(new GW_ERR_SHUTTING_DOWN()) }))
   }
 
-  /**
-   * The pool `subject` of `tenant` uses on `server`: the tenant's, or the subject's own when the
-   * server's credential is per user (a request with no subject then has no pool to use).
-   */
+  /** The tenant's pool, or the subject's own for a per-user credential (none without a subject). */
   #group (server: string, tenant: string | null, subject?: string): Group {
     const subjectDigest = this.#subjectOf(server, tenant, subject)
     const key = poolKey(server, tenant, subjectDigest)
@@ -504,10 +501,6 @@ export class ConnectionPool {
     }
   }
 }
-
-/** A pool's key: per (server, tenant), or per (server, tenant, subject digest) for a per-user credential. */
-const poolKey = (server: string, tenant: string | null, subjectDigest: string | null): string =>
-  subjectDigest === null ? serverTenantKey(server, tenant) : `${serverTenantKey(server, tenant)}\0${subjectDigest}`
 
 /** Whether a server's pool is kept at poolSize from boot: its 2025-era sessions run on it. */
 function keptWarm (config: AnyServerConfig): config is StdioServerConfig {
