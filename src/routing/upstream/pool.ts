@@ -483,7 +483,12 @@ export class ConnectionPool {
    */
   #stopIdle (idleMs: number): void {
     const now = performance.now()
-    for (const group of this.#groups.values()) {
+    for (const [key, group] of this.#groups) {
+      // A user's pool with nothing left goes: one per user ever seen would only grow.
+      if (group.subjectDigest !== null && group.connections.length === 0 && group.opening === 0 && group.waiters.length === 0 && group.holds === 0 && group.first === null) {
+        this.#groups.delete(key)
+        continue
+      }
       const idle = group.connections.filter(c => c.busy === 0).sort((a, b) => b.lastUsed - a.lastUsed)
       const first = idle[0]
       const config = first === undefined ? undefined : this.#options.live.servers[first.server]
