@@ -50,7 +50,9 @@ export function checkCredentials (path: string, credentials: CredentialsConfig, 
   } else {
     if (!TOKEN.test(credentials.header)) add(`${path}/header`, 'is not a valid header name')
     else if (MANAGED.has(credentials.header.toLowerCase())) add(`${path}/header`, 'is set by the gateway and cannot carry a credential')
-    if (credentials.env !== undefined) add(`${path}/env`, 'applies to stdio servers only (an HTTP backend takes the credential in `header`)')
+    for (const field of ['env', 'envTemplate'] as const) {
+      if (credentials[field] !== undefined) add(`${path}/${field}`, 'applies to stdio servers only (an HTTP backend takes the credential in `header`)')
+    }
   }
   for (const field of ALL_FIELDS) {
     if (credentials[field] !== undefined && !FIELDS[source].includes(field)) add(`${path}/${field}`, `is not used by source ${source}`)

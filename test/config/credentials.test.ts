@@ -76,6 +76,7 @@ t.test('per-user sources need tenants and a streamable-http or stdio server; a s
   t.match(stdio, '/servers/p/credentials/env: names a variable the server\'s env already sets')
   t.match(stdio, '/servers/p/credentials/source: token-exchange needs tenants')
   t.match(problemsOf(base({ a: { transport: 'streamable-http', url: 'https://a.example/mcp', credentials: { ...te, env: 'TOKEN' } } })), '/servers/a/credentials/env: applies to stdio servers only')
+  t.match(problemsOf(base({ a: { transport: 'streamable-http', url: 'https://a.example/mcp', credentials: { ...te, envTemplate: 'x {token}' } } })), '/servers/a/credentials/envTemplate: applies to stdio servers only')
 })
 
 t.test('a tenant\'s block replaces the server\'s for its users', async t => {
