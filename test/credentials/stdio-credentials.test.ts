@@ -12,6 +12,7 @@ import { parseConfig } from '../../src/config/load.js'
 import { startGateway, stdioFixture, type RunningGateway } from '../helpers/gateway.js'
 import { startIssuer, type TestIssuer } from '../helpers/jwks.js'
 import { newKey } from '../helpers/auth.js'
+import { envelope, last, modernPost } from '../helpers/modern.js'
 import { GATEWAY_CLIENT, startOAuthServer, TOKEN_EXCHANGE, type OAuthServer } from '../helpers/oauth-server.js'
 
 const PUBLIC = 'https://gw.example.com'
@@ -114,6 +115,21 @@ t.test('pooled: interleaved calls of two users are served only by children holdi
   check(second, 'after the reload')
   t.same(first.filter(([, x]) => second.some(([, y]) => y.pid === x.pid)), [], 'the reload replaced the children')
   assertNoSecretLogged(t, s, [...first, ...second].map(([, x]) => x), [alice, bob])
+})
+
+t.test('2026-07-28 requests run on the caller\'s own pool: interleaved, each user\'s call sees only that user\'s token', async t => {
+  const s = await setup(t, { poolSize: 1, poolMax: 2 })
+  const tokens = { alice: await s.users.mint({ sub: 'alice' }), bob: await s.users.mint({ sub: 'bob' }) }
+  const answers = await Promise.all(Array.from({ length: 16 }, async (_, i) => {
+    const who = i % 2 === 0 ? 'alice' : 'bob'
+    const answer = await modernPost(`${s.gw.url}/mcp/gh`, 'tools/call', { name: 'credential', arguments: { delayMs: 20 }, _meta: envelope() }, i + 1, { authorization: `Bearer ${tokens[who]}`, host: 'gw.example.com' })
+    const text = ((last(answer).result as { content?: Array<{ text: string }> } | undefined)?.content?.[0]?.text) ?? '{}'
+    const seen = JSON.parse(text) as { pid?: number, token?: string }
+    return { who, pid: seen.pid, sub: seen.token === undefined ? undefined : decodeJwt(seen.token).sub }
+  }))
+  t.same(answers.filter(a => a.sub !== a.who), [], 'every call served with the caller\'s own token')
+  const pids = (who: string): Set<number | undefined> => new Set(answers.filter(a => a.who === who).map(a => a.pid))
+  t.same([...pids('alice')].filter(p => pids('bob').has(p)), [], 'no child served both')
 })
 
 t.test('a credential that lapsed: the next request gets a new child with a fresh token of the same user', async t => {
