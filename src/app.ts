@@ -60,7 +60,7 @@ import { userAuthorizationFactory, userAuthorizationOf } from './credentials/use
 import httpOAuthConsent from './http/oauth-consent.js'
 import { CredentialSources } from './credentials/sources.js'
 import type { CallerCredential, Vault } from './credentials/types.js'
-import { hasCredentialSources } from './config/credentials-check.js'
+import { hasCredentialSources, needsOwnConnections } from './config/credentials-check.js'
 import { MemorySessionStore } from './state/session-store-memory.js'
 import type { SessionStore } from './state/session-store.js'
 import type { SessionTasks } from './state/session-tasks.js'
@@ -324,6 +324,8 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
     metrics,
     upstream,
     credentials,
+    // A per-user credential: each subject's own pool, so no child ever serves two users.
+    ownConnections: (server, tenant) => needsOwnConnections(credentialsLive, tenant, server),
     toolPolicy,
     onServerEvent: (server, tenant, message) => {
       modern.onServerEvent(server, tenant, message)

@@ -33,6 +33,11 @@ export interface BackendConnection {
   close (): Promise<void>
   /** stdio: the child's pid, for logs. */
   readonly pid?: number | undefined
+  /**
+   * stdio with a credential source: when the credential in the child's environment lapses (epoch
+   * ms; null: never). The supervised session replaces the child for the next request after it.
+   */
+  readonly credentialExpiresAt?: number | null
 }
 
 /**
@@ -72,8 +77,9 @@ export interface BackendOpenOptions {
   /** The session's tenant's upstream values, on top of the server's own headers/env. */
   upstream?: TenantUpstream
   /**
-   * HTTP backends: the session owner's own credential (credentials/), set on every request to the
-   * backend over the configured headers; absent when the server's credential is static.
+   * The session owner's own credential (credentials/); absent when the server's credential is
+   * static. HTTP backends set it on every request over the configured headers; a stdio child gets
+   * it in its environment when it starts (stdio-credential.ts).
    */
   credential?: CallerCredential
 }

@@ -20,6 +20,7 @@ import type { BackendConnection, BackendExit, BackendFactory, BackendOpenOptions
 import type { ServerConfig, StdioServerConfig } from '../config/schema.js'
 import { GW_ERR_BACKEND_UNAVAILABLE, GW_ERR_INTERNAL } from '../core/errors.js'
 import { classify, type JsonRpcMessage } from '../core/jsonrpc.js'
+import { childCredential } from './stdio-credential.js'
 
 /**
  * Variables a child inherits from the gateway without being listed: the SDK's
@@ -229,6 +230,8 @@ class StdioBackend implements BackendConnection {
   #drained: Promise<void> | null = null
   /** Senders waiting for the pipe to drain (capped by MAX_WAITING_WRITERS). */
   #waitingWriters = 0
+  /** When the credential in the child's environment lapses (stdio-credential.ts). */
+  credentialExpiresAt: number | null = null
 
   constructor (server: string, config: StdioServerConfig, child: ChildProcess, log: Logger, handlers: BackendOpenOptions['handlers']) {
     this.#server = server
@@ -432,7 +435,9 @@ export function createStdioBackendFactory (factoryOptions: StdioFactoryOptions =
     const { server, config, handlers } = options
     if (!isStdio(config)) throw new GW_ERR_INTERNAL(`server '${server}' is not a stdio server`)
     // The tenant's variables last: they are the most specific. Nothing comes from the client (IO-9).
-    const env = { ...childEnvironment(factoryOptions.baseEnv ?? process.env, config), ...options.upstream?.env }
+    // The owner's credential over everything: no configured value can stand in for it.
+    const credential = await childCredential(server, options.credential)
+    const env = { ...childEnvironment(factoryOptions.baseEnv ?? process.env, config), ...options.upstream?.env, ...credential.env }
     await nextSpawnTurn()
     let child: ChildProcess
     try {
@@ -468,7 +473,9 @@ export function createStdioBackendFactory (factoryOptions: StdioFactoryOptions =
     // Its lines carry backend and pid; a child that is quiet on stderr never makes the logger.
     const bindings = newBindings(options.log, { backend: server, pid: child.pid })
     options.log.info({ ...bindings, command: config.command }, 'backend started')
-    return new StdioBackend(server, config, child, lazyChild(options.log, bindings), handlers)
+    const backend = new StdioBackend(server, config, child, lazyChild(options.log, bindings), handlers)
+    backend.credentialExpiresAt = credential.expiresAt
+    return backend
   }
 }
 

@@ -31,6 +31,10 @@
 // next message starts a child and replays the session into it as after a crash (not counted as
 // one), then is delivered. Clients that never send DELETE so cost memory only while they are used.
 // A GET stream alone is not use: while parked, the child sends nothing (no list_changed).
+//
+// A lapsed credential (stdio with a credentials block, stdio-credential.ts): the child's environment
+// holds the token it started with. The first request after that token's expiry, with nothing in
+// flight, parks the child and starts another, with a fresh token of the same owner, as above.
 import { performance } from 'node:perf_hooks'
 import { setTimeout as sleep } from 'node:timers/promises'
 import type { Logger } from 'pino'
@@ -40,6 +44,7 @@ import { GW_ERR_BACKEND_UNAVAILABLE } from '../core/errors.js'
 import { idKey, isNotification, isRecord, isRequest, isResponse, type JsonRpcMessage, type JsonRpcRequest, type RequestId } from '../core/jsonrpc.js'
 import type { BackendSession, StopOptions, SupervisedHandlers, SupervisedOpenOptions } from './supervised-types.js'
 import type { EstablishedState } from '../state/session-store.js'
+import { credentialLapsed } from './stdio-credential.js'
 
 /** Jittered exponential backoff: between half and all of min(maxMs, baseMs * 2^attempt). */
 export const restartDelay = (attempt: number, baseMs = 250, maxMs = 30_000): number => {
@@ -166,7 +171,7 @@ export class SupervisedSession implements BackendSession {
    * Gives the child back if the session has been idle `idleMs` (nothing in flight either way, no
    * subscription, no replay running); the next message starts one again. True when it did.
    */
-  park (idleMs: number, now = performance.now()): boolean {
+  park (idleMs: number, now = performance.now(), why = 'idle'): boolean {
     if (this.#state !== 'running' || this.#flushing || this.#conn === null || this.#initParams === undefined) return false
     if ((this.#open?.size ?? 0) > 0 || (this.#gwPending?.size ?? 0) > 0 || (this.#subscriptions?.size ?? 0) > 0) return false
     if (now - this.#lastActive < idleMs) return false
@@ -174,7 +179,7 @@ export class SupervisedSession implements BackendSession {
     const conn = this.#conn
     this.#conn = null
     this.#state = 'parked'
-    this.#log.info({ pid: conn.pid, idleMs: Math.round(now - this.#lastActive) }, 'idle backend child given back; the session stays')
+    this.#log.info({ pid: conn.pid, idleMs: Math.round(now - this.#lastActive), why }, 'backend child given back; the session stays')
     conn.close().catch(err => this.#log.warn({ err }, 'closing an idle backend failed'))
     return true
   }
@@ -287,6 +292,12 @@ export class SupervisedSession implements BackendSession {
   async send (msg: JsonRpcMessage): Promise<void> {
     switch (this.#state) {
       case 'running': {
+        // A child whose credential lapsed is replaced, fresh credential in its environment, for the
+        // next request (when nothing is in flight on it; else it serves this one still).
+        if (!this.#flushing && isRequest(msg) && credentialLapsed(this.#conn?.credentialExpiresAt) && this.park(0, performance.now(), 'credential lapsed')) {
+          await this.send(msg)
+          return
+        }
         if (!this.#flushing) {
           this.#capture(msg)
           this.#track(msg, true)

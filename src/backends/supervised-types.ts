@@ -40,7 +40,7 @@ export interface SupervisedOpenOptions {
   onBackendProtocolVersion?: (version: string) => void
   /** The session's tenant's upstream headers (HTTP) or env (stdio); kept across restarts. */
   upstream?: TenantUpstream
-  /** HTTP backends: the session owner's own credential (credentials/); kept across reconnects. */
+  /** The session owner's own credential (credentials/): HTTP, on each request; stdio, in each child's environment. */
   credential?: CallerCredential
   /**
    * Take over a session whose backend died with another replica: the new backend is initialised

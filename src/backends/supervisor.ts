@@ -115,7 +115,10 @@ export class Supervisor {
     } catch (err) {
       await session.stop()
       if (this.#shuttingDown) throw new GW_ERR_SHUTTING_DOWN()
-      throw err instanceof Error && (err as GatewayError).code === 'GW_ERR_BACKEND_UNAVAILABLE'
+      // A credential's own failure (consent needed, refused, nothing to exchange) keeps its code:
+      // the client must learn what to do, not that the backend is down.
+      const code = err instanceof Error ? (err as GatewayError).code : undefined
+      throw code === 'GW_ERR_BACKEND_UNAVAILABLE' || code?.startsWith('GW_ERR_CREDENTIAL_') === true
         ? err
         : new GW_ERR_BACKEND_UNAVAILABLE(server, (err as Error).message, { cause: err })
     }

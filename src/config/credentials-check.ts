@@ -12,6 +12,14 @@ const TOKEN = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/
 const MANAGED = new Set(['connection', 'keep-alive', 'proxy-connection', 'transfer-encoding', 'te', 'trailer', 'upgrade',
   'content-length', 'host', 'content-type', 'accept', 'mcp-session-id', 'mcp-protocol-version', 'last-event-id', 'mcp-method', 'mcp-name'])
 
+/**
+ * Whether `tenant`'s users of `server` each need backend connections of their own: a per-user
+ * source. A pool is then kept per (server, tenant, subject) (routing/upstream/pool.ts).
+ */
+export function needsOwnConnections (config: Pick<Config, 'servers' | 'tenants'>, tenant: string | null, server: string): boolean {
+  return isPerUserSource(credentialsConfigOf(config, tenant, server))
+}
+
 /** Sources whose credential belongs to one user (not to the tenant). */
 export function isPerUserSource (config: CredentialsConfig | undefined): boolean {
   return config?.source === 'token-exchange' || config?.source === 'user-authorization'
@@ -31,14 +39,21 @@ const ALL_FIELDS: readonly Field[] = ['issuer', 'tokenEndpoint', 'authorizationE
 /** One `credentials` block at `path`, for `server` (its config). */
 export function checkCredentials (path: string, credentials: CredentialsConfig, server: ServerConfig, add: AddProblem): void {
   const { source } = credentials
-  if (server.transport === 'stdio' || server.transport === 'aggregate') {
-    add(path, server.transport === 'stdio'
-      ? 'applies to HTTP servers only (a stdio child gets its credential through env)'
-      : 'applies to the members (set it on the member servers)')
+  if (server.transport === 'aggregate') {
+    add(path, 'applies to the members (set it on the member servers)')
     return
   }
-  if (!TOKEN.test(credentials.header)) add(`${path}/header`, 'is not a valid header name')
-  else if (MANAGED.has(credentials.header.toLowerCase())) add(`${path}/header`, 'is set by the gateway and cannot carry a credential')
+  if (server.transport === 'stdio') {
+    // A child takes its credential in its environment, once, when it starts: no header.
+    if (source !== 'static' && credentials.env === undefined) add(`${path}/env`, `is required on a stdio server (the child's variable the ${source} credential goes in)`)
+    if (credentials.env !== undefined && Object.hasOwn(server.env, credentials.env)) add(`${path}/env`, 'names a variable the server\'s env already sets')
+  } else {
+    if (!TOKEN.test(credentials.header)) add(`${path}/header`, 'is not a valid header name')
+    else if (MANAGED.has(credentials.header.toLowerCase())) add(`${path}/header`, 'is set by the gateway and cannot carry a credential')
+    for (const field of ['env', 'envTemplate'] as const) {
+      if (credentials[field] !== undefined) add(`${path}/${field}`, 'applies to stdio servers only (an HTTP backend takes the credential in `header`)')
+    }
+  }
   for (const field of ALL_FIELDS) {
     if (credentials[field] !== undefined && !FIELDS[source].includes(field)) add(`${path}/${field}`, `is not used by source ${source}`)
   }
@@ -95,7 +110,7 @@ function urlProblem (text: string | undefined): string | undefined {
 /** Every `credentials` block of the config: servers' and tenants' own. */
 export function checkAllCredentials (config: Config, add: AddProblem): void {
   for (const [name, server] of Object.entries(config.servers)) {
-    if (server.transport === 'stdio' || server.transport === 'aggregate' || server.credentials === undefined) continue
+    if (server.transport === 'aggregate' || server.credentials === undefined) continue
     const path = `${pointer('/servers', name)}/credentials`
     checkCredentials(path, server.credentials, server, add)
     // Without tenants every caller is the one anonymous principal: there is no user to act for.
@@ -119,13 +134,13 @@ export function credentialsConfigOf (config: Pick<Config, 'servers' | 'tenants'>
   const own = tenantConfig !== undefined && Object.hasOwn(tenantConfig.servers, server) ? tenantConfig.servers[server]?.credentials : undefined
   if (own !== undefined) return own
   const serverConfig = Object.hasOwn(config.servers, server) ? config.servers[server] : undefined
-  return serverConfig === undefined || serverConfig.transport === 'stdio' || serverConfig.transport === 'aggregate' ? undefined : serverConfig.credentials
+  return serverConfig === undefined || serverConfig.transport === 'aggregate' ? undefined : serverConfig.credentials
 }
 
 /** Whether any server or tenant has a credential source beyond static. */
 export function hasCredentialSources (config: Pick<Config, 'servers' | 'tenants'>): boolean {
   const blocks = [
-    ...Object.values(config.servers).map(s => s.transport === 'stdio' || s.transport === 'aggregate' ? undefined : s.credentials),
+    ...Object.values(config.servers).map(s => s.transport === 'aggregate' ? undefined : s.credentials),
     ...Object.values(config.tenants ?? {}).flatMap(t => Object.values(t.servers).map(s => s.credentials))
   ]
   return blocks.some(b => b !== undefined && b.source !== 'static')

@@ -45,48 +45,6 @@ const taskHostingSchema = {
   }
 } as const
 
-const stdioServerSchema = {
-  type: 'object',
-  additionalProperties: false,
-  required: ['transport', 'command'],
-  properties: {
-    transport: { const: 'stdio' },
-    command: { type: 'string', minLength: 1 },
-    args: { type: 'array', items: { type: 'string' }, default: [] },
-    cwd: { type: 'string' },
-    /** Variables set for the child (values may use ${ENV} placeholders). */
-    env: { type: 'object', additionalProperties: { type: 'string' }, default: {} },
-    /** Names of the gateway's own variables the child inherits, beyond the safe base set. */
-    inheritEnv: { type: 'array', items: { type: 'string', pattern: '^[A-Za-z_][A-Za-z0-9_]*$' }, default: [] },
-    /**
-     * dedicated: each 2025-era session gets a child of its own. pooled: sessions hold no child; each
-     * request borrows one of the (server, tenant) pool's children (docs/architecture.md).
-     */
-    sessions: { enum: ['dedicated', 'pooled'], default: 'dedicated' },
-    /** Sessions at once on one replica: dedicated, children (default 100); pooled, sessions (default 10000). */
-    maxSessions: { type: 'integer', minimum: 1 },
-    /** Initialised children kept warm per tenant (2026-07-28 requests, and pooled sessions). */
-    poolSize: { type: 'integer', minimum: 1, maximum: 64, default: 4 },
-    /** Most children of the pool per tenant on one replica; a request past it waits for one (bounded). */
-    poolMax: { type: 'integer', minimum: 1, maximum: 1024, default: 16 },
-    /** Longest a request waits for a pooled child when all poolMax are busy; then 503 with Retry-After. */
-    poolWaitMs: { type: 'integer', minimum: 0, maximum: 600_000, default: 10_000 },
-    requestTimeoutMs: { type: 'integer', minimum: 1, default: 60_000 },
-    maxLineBytes: { type: 'integer', minimum: 1024, default: 10_485_760 },
-    stopGraceMs: { type: 'integer', minimum: 0, default: 2000 },
-    /**
-     * A dedicated session's child idle this long (no message either way, nothing in flight, no
-     * resource subscription) is stopped; the session stays, and its next message starts a child
-     * again with the session replayed into it. 0: children live as long as their sessions.
-     */
-    childIdleMs: { type: 'integer', minimum: 0, default: 300_000 },
-    restart: restartSchema,
-    onOwnerLoss: onOwnerLossSchema,
-    tasks: taskHostingSchema
-  }
-} as const
-
-
 /**
  * Where an HTTP server's backend requests get their credential (docs/credentials.md). `static`:
  * the configured headers only (the default when absent). `token-exchange`: the client's verified
@@ -129,6 +87,10 @@ export const credentialsSchema = {
     requestedTokenType: { type: 'string', minLength: 1 },
     /** user-authorization: the gateway's public base URL its callback is served under (`<base>/oauth/callback`). */
     redirectBaseUrl: { type: 'string', pattern: '^https?://' },
+    /** stdio servers (required there): the child's environment variable the credential goes in. */
+    env: { type: 'string', pattern: '^[A-Za-z_][A-Za-z0-9_]*$' },
+    /** stdio servers: the variable's value, `{token}` standing for the token (default: the bare token). */
+    envTemplate: { type: 'string', pattern: '\\{token\\}' },
     /** A token is renewed this long before it expires (no request starts with a token about to lapse). */
     refreshBeforeMs: { type: 'integer', minimum: 0, maximum: 3_600_000, default: 30_000 },
     /** How long a token with no `expires_in` is used. */
@@ -139,6 +101,54 @@ export const credentialsSchema = {
     timeoutMs: { type: 'integer', minimum: 100, maximum: 120_000, default: 5000 }
   }
 } as const
+
+const stdioServerSchema = {
+  type: 'object',
+  additionalProperties: false,
+  required: ['transport', 'command'],
+  properties: {
+    transport: { const: 'stdio' },
+    command: { type: 'string', minLength: 1 },
+    args: { type: 'array', items: { type: 'string' }, default: [] },
+    cwd: { type: 'string' },
+    /** Variables set for the child (values may use ${ENV} placeholders). */
+    env: { type: 'object', additionalProperties: { type: 'string' }, default: {} },
+    /** Names of the gateway's own variables the child inherits, beyond the safe base set. */
+    inheritEnv: { type: 'array', items: { type: 'string', pattern: '^[A-Za-z_][A-Za-z0-9_]*$' }, default: [] },
+    /**
+     * Each caller's credential in the child's environment (docs/credentials.md, "stdio servers"):
+     * the same sources as an HTTP server's, with `env` naming the variable. A per-user source gives
+     * every subject children of its own.
+     */
+    credentials: credentialsSchema,
+    /**
+     * dedicated: each 2025-era session gets a child of its own. pooled: sessions hold no child; each
+     * request borrows one of the (server, tenant) pool's children (docs/architecture.md).
+     */
+    sessions: { enum: ['dedicated', 'pooled'], default: 'dedicated' },
+    /** Sessions at once on one replica: dedicated, children (default 100); pooled, sessions (default 10000). */
+    maxSessions: { type: 'integer', minimum: 1 },
+    /** Initialised children kept warm per tenant (2026-07-28 requests, and pooled sessions). */
+    poolSize: { type: 'integer', minimum: 1, maximum: 64, default: 4 },
+    /** Most children of the pool per tenant on one replica; a request past it waits for one (bounded). */
+    poolMax: { type: 'integer', minimum: 1, maximum: 1024, default: 16 },
+    /** Longest a request waits for a pooled child when all poolMax are busy; then 503 with Retry-After. */
+    poolWaitMs: { type: 'integer', minimum: 0, maximum: 600_000, default: 10_000 },
+    requestTimeoutMs: { type: 'integer', minimum: 1, default: 60_000 },
+    maxLineBytes: { type: 'integer', minimum: 1024, default: 10_485_760 },
+    stopGraceMs: { type: 'integer', minimum: 0, default: 2000 },
+    /**
+     * A dedicated session's child idle this long (no message either way, nothing in flight, no
+     * resource subscription) is stopped; the session stays, and its next message starts a child
+     * again with the session replayed into it. 0: children live as long as their sessions.
+     */
+    childIdleMs: { type: 'integer', minimum: 0, default: 300_000 },
+    restart: restartSchema,
+    onOwnerLoss: onOwnerLossSchema,
+    tasks: taskHostingSchema
+  }
+} as const
+
 
 const httpServerSchema = {
   type: 'object',
@@ -571,12 +581,12 @@ type Defaulted<T, Opt extends keyof T = never> = Required<Omit<T, Opt>> & Partia
 
 type RawStdio = FromSchema<typeof stdioServerSchema>
 type RawHttp = FromSchema<typeof httpServerSchema>
-export type StdioServerConfig = Defaulted<Omit<RawStdio, 'restart'>, 'cwd' | 'onOwnerLoss' | 'poolSize' | 'poolMax' | 'poolWaitMs' | 'sessions' | 'childIdleMs' | 'tasks'> & { restart: Required<NonNullable<RawStdio['restart']>> }
+export type StdioServerConfig = Defaulted<Omit<RawStdio, 'restart' | 'credentials'>, 'cwd' | 'onOwnerLoss' | 'poolSize' | 'poolMax' | 'poolWaitMs' | 'sessions' | 'childIdleMs' | 'tasks'> & { restart: Required<NonNullable<RawStdio['restart']>>, credentials?: CredentialsConfig }
 export type HttpServerConfig = Defaulted<Omit<RawHttp, 'reconnect' | 'credentials'>, 'onOwnerLoss' | 'poolSize' | 'poolMax' | 'poolWaitMs' | 'protocol' | 'tasks'> & { reconnect: Required<NonNullable<RawHttp['reconnect']>>, credentials?: CredentialsConfig }
 
 type RawCredentials = FromSchema<typeof credentialsSchema>
 /** A `credentials` block, defaults applied; which optional fields a source needs is checked at load. */
-export type CredentialsConfig = Defaulted<RawCredentials, 'issuer' | 'tokenEndpoint' | 'authorizationEndpoint' | 'clientId' | 'clientSecret' | 'audience' | 'resource' | 'requestedTokenType' | 'redirectBaseUrl'>
+export type CredentialsConfig = Defaulted<RawCredentials, 'issuer' | 'tokenEndpoint' | 'authorizationEndpoint' | 'clientId' | 'clientSecret' | 'audience' | 'resource' | 'requestedTokenType' | 'redirectBaseUrl' | 'env' | 'envTemplate'>
 type RawAggregate = FromSchema<typeof aggregateServerSchema>
 export type AggregateMemberConfig = RawAggregate['members'][number]
 export type AggregateServerConfig = Defaulted<RawAggregate> & { poolSize?: undefined, poolMax?: undefined, poolWaitMs?: undefined, tasks?: undefined }

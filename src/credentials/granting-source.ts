@@ -11,6 +11,7 @@ import type { GatewayMetrics } from '../telemetry/metrics.js'
 import { isGatewayError, type GatewayError } from '../core/errors.js'
 import { Issuer, type Grant } from './issuer.js'
 import { entryName } from './vault.js'
+import { credentialOf, headerValueOf } from './credential.js'
 import type { Credential, CredentialCaller, CredentialOutcome, CredentialSource, CredentialSourceKind, CredentialTarget, CredentialsConfig, Vault, VaultKey } from './types.js'
 
 /** What every source is made with. */
@@ -170,11 +171,11 @@ export class GrantingSource implements CredentialSource {
   }
 
   #valueOf (token: string): string {
-    return this.#config.scheme === '' ? token : `${this.#config.scheme} ${token}`
+    return headerValueOf(this.#config, token)
   }
 
   #credential (token: string, expiresAt: number | null): Credential {
-    return { header: this.#config.header.toLowerCase(), value: this.#valueOf(token), expiresAt }
+    return credentialOf(this.#config, token, expiresAt)
   }
 
   #count (target: CredentialTarget, outcome: CredentialOutcome): void {

@@ -33,6 +33,11 @@ export interface Credential {
   value: string
   /** Epoch ms after which it must not be sent; null: no known expiry. */
   expiresAt: number | null
+  /**
+   * Where a stdio child takes it: the variable the block's `env` names and its value (`envTemplate`
+   * with the bare token). Set by every source when the block names `env` (credential.ts).
+   */
+  env?: { name: string, value: string }
 }
 
 /** The server a credential is asked for: its name and the config that says how. */

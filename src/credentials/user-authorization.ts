@@ -17,6 +17,7 @@ import type { Grant } from './issuer.js'
 import type { CredentialSources, CredentialsLive, SourceFactory } from './sources.js'
 import type { Credential, CredentialCaller, CredentialSource, CredentialTarget, CredentialsConfig, VaultEntry, VaultKey } from './types.js'
 import { entryName } from './vault.js'
+import { credentialOf, headerValueOf } from './credential.js'
 
 /** How long a consent link and an authorization request stay usable. */
 export const CONSENT_TTL_MS = 600_000
@@ -99,7 +100,7 @@ export class UserAuthorizationSource implements CredentialSource {
     const name = entryName(key)
     if (this.#hot.get(name)?.credential.value === rejected.value) this.#hot.delete(name)
     const stored = await this.#deps.vault.get(key)
-    if (stored === undefined || this.#valueOf(stored.accessToken) !== rejected.value) return
+    if (stored === undefined || headerValueOf(this.#config, stored.accessToken) !== rejected.value) return
     // The refresh token may still be good: the entry is marked expired, so the next use refreshes.
     if (stored.refreshToken !== undefined) await this.#deps.vault.put(key, { ...stored, expiresAt: 0 })
     else await this.#deps.vault.delete(key)
@@ -216,7 +217,7 @@ export class UserAuthorizationSource implements CredentialSource {
   }
 
   #use (name: string, entry: VaultEntry, outcome: 'cached' | 'issued'): Credential {
-    const credential: Credential = { header: this.#config.header.toLowerCase(), value: this.#valueOf(entry.accessToken), expiresAt: entry.expiresAt }
+    const credential = credentialOf(this.#config, entry.accessToken, entry.expiresAt)
     this.#hot.set(name, { credential, usableUntil: this.#usableUntil(entry.expiresAt) })
     this.#deps.metrics.credentialLookup(this.server, this.kind, outcome)
     return credential
@@ -245,9 +246,6 @@ export class UserAuthorizationSource implements CredentialSource {
     return expiresAt === null ? Infinity : expiresAt - this.#config.refreshBeforeMs
   }
 
-  #valueOf (token: string): string {
-    return this.#config.scheme === '' ? token : `${this.#config.scheme} ${token}`
-  }
 }
 
 /** GW_ERR_CREDENTIAL_CONSENT_REQUIRED with the link and what to do in `data` (consent-error.ts turns it into a URL elicitation). */

@@ -292,7 +292,7 @@ export class ModernFace {
   /** `subscriptions/listen`: the acknowledgement first, then the notifications the filter names. */
   async #listen (req: FastifyRequest, reply: FastifyReply, server: string, target: StatelessServer, request: JsonRpcRequest, envelope: RequestEnvelope): Promise<void> {
     const tenant = req.principal.tenant
-    const info = await target.info(tenant)
+    const info = await target.info(tenant, req.principal.subjectDigest)
     const params = isRecord(request.params) ? request.params : {}
     const filter = isRecord(params.notifications) ? params.notifications : {}
     const honoured: Record<string, unknown> = {}
@@ -318,7 +318,7 @@ export class ModernFace {
       honoured.taskIds = taskIds
       methods.add('notifications/tasks')
     }
-    const release = await target.holdForListen(tenant, uris)
+    const release = await target.holdForListen(tenant, uris, req.principal.subjectDigest)
     const subscriptionId = request.id
     const tag = (message: JsonRpcMessage): JsonRpcMessage => {
       const p = 'params' in message && isRecord(message.params) ? message.params : {}
@@ -403,7 +403,7 @@ export class ModernFace {
       return
     }
     if (message.method === 'server/discover') {
-      reply.type('application/json').send({ jsonrpc: '2.0', id: message.id, result: await this.#discover(target, tenant, this.#options.tasks.hosts(server)) })
+      reply.type('application/json').send({ jsonrpc: '2.0', id: message.id, result: await this.#discover(target, tenant, this.#options.tasks.hosts(server), req.principal.subjectDigest) })
       return
     }
     // Answered here (an aggregate's merged lists), or run on a pool: the server's own, or that of
@@ -433,7 +433,7 @@ export class ModernFace {
     }
     // A retry's state is checked before the response starts, so a refusal is an HTTP 400.
     const parked = params.requestState !== undefined ? this.#takeParked(message, params, req.principal.key) : null
-    const info = await this.#options.pool.info(server, tenant)
+    const info = await this.#options.pool.info(server, tenant, req.principal.subjectDigest)
     reply.hijack()
     const response = new ModernResponse(reply.raw, replyHeaders(reply), this.#options.keepAliveMs)
     // A tool the backend runs as a task of its own (2025-11-25 Tasks) is bridged (not through an aggregate).
@@ -461,7 +461,7 @@ export class ModernFace {
         const meta = isRecord(outgoing._meta) ? { ...outgoing._meta } : undefined
         if (meta?.progressToken !== undefined) outgoing._meta = { ...meta, progressToken: key }
         return { jsonrpc: '2.0', id: key, method: message.method, params: outgoing }
-      }, exchange)
+      }, exchange, undefined, req.principal.subjectDigest)
       exchange.start(call)
     } catch (err) {
       out.fail(isGatewayError(err) ? err : new GW_ERR_INTERNAL('request not delivered', { cause: err }), message.id)
@@ -481,8 +481,8 @@ export class ModernFace {
     return parked
   }
 
-  async #discover (target: StatelessServer, tenant: string | null, hostsTasks: boolean): Promise<Record<string, unknown>> {
-    const info = await target.info(tenant)
+  async #discover (target: StatelessServer, tenant: string | null, hostsTasks: boolean, subject: string): Promise<Record<string, unknown>> {
+    const info = await target.info(tenant, subject)
     const capabilities = modernCapabilities(info.capabilities)
     const result: Record<string, unknown> = {
       supportedVersions: [...MODERN_VERSIONS],

@@ -242,7 +242,7 @@ export class Router {
     // server is gone (404), not that its backend failed.
     const removed = (): boolean => serverConfigOf(this.#services.live, input.server) === undefined
     // A pooled session starts no child: the pool answers for its backend (and refuses past maxSessions).
-    await this.#kinds.of(input.server).prepare(input.server, input.tenant ?? null)
+    await this.#kinds.of(input.server).prepare(input.server, input.tenant ?? null, input.subjectDigest)
     const record = await this.#sessions.create(input, forwardedHeaders).catch((err: unknown) => {
       throw removed() ? new GW_ERR_SERVER_NOT_FOUND(input.server) : err
     })

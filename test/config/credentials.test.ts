@@ -60,7 +60,7 @@ t.test('a secret is never echoed, and plain http is for loopback only', async t 
   }, {})), '')
 })
 
-t.test('per-user sources need tenants and a streamable-http server; stdio and aggregates take none', async t => {
+t.test('per-user sources need tenants and a streamable-http or stdio server; a stdio block names its env; aggregates take none', async t => {
   const te = { source: 'token-exchange', tokenEndpoint: 'https://as.example/t', clientId: 'gw', clientSecret: 's', audience: 'x' }
   const noTenants = problemsOf({ servers: { a: { transport: 'streamable-http', url: 'https://a.example/mcp', credentials: te } } })
   t.match(noTenants, '/servers/a/credentials/source: token-exchange needs tenants')
@@ -70,9 +70,13 @@ t.test('per-user sources need tenants and a streamable-http server; stdio and ag
     g: { transport: 'aggregate', members: [{ server: 'p' }] }
   }, { p: { credentials: te }, g: { credentials: te } }))
   t.match(message, '/servers/s/credentials/source: token-exchange needs a streamable-http server')
-  t.match(message, '/tenants/acme/servers/p/credentials: applies to HTTP servers only')
+  t.match(message, '/tenants/acme/servers/p/credentials/env: is required on a stdio server')
   t.match(message, '/tenants/acme/servers/g/credentials: applies to the members')
-  t.match(problemsOf({ servers: { p: { transport: 'stdio', command: 'x', credentials: te } } }), '/servers/p/credentials: is an option of HTTP servers (streamable-http, sse) only')
+  const stdio = problemsOf({ servers: { p: { transport: 'stdio', command: 'x', env: { TOKEN: 'x' }, credentials: { ...te, env: 'TOKEN' } } } })
+  t.match(stdio, '/servers/p/credentials/env: names a variable the server\'s env already sets')
+  t.match(stdio, '/servers/p/credentials/source: token-exchange needs tenants')
+  t.match(problemsOf(base({ a: { transport: 'streamable-http', url: 'https://a.example/mcp', credentials: { ...te, env: 'TOKEN' } } })), '/servers/a/credentials/env: applies to stdio servers only')
+  t.match(problemsOf(base({ a: { transport: 'streamable-http', url: 'https://a.example/mcp', credentials: { ...te, envTemplate: 'x {token}' } } })), '/servers/a/credentials/envTemplate: applies to stdio servers only')
 })
 
 t.test('a tenant\'s block replaces the server\'s for its users', async t => {

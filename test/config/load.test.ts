@@ -495,9 +495,9 @@ t.test('the shipped configs validate', async t => {
     walk({ properties: Object.fromEntries(Object.entries(root.properties ?? {}).filter(([k]) => k !== 'servers')) }, raw, '')
     const servers = raw.servers as Record<string, unknown>
     const serverSchema = root.properties?.servers?.additionalProperties as Node
-    walk(serverSchema.then as Node, servers.everything, '/servers/everything')
     // Credential sources each need their own fields (docs/credentials.md): the example shows one.
     const withoutCredentials = (node: Node): Node => ({ properties: Object.fromEntries(Object.entries(node.properties ?? {}).filter(([k]) => k !== 'credentials')) })
+    walk(withoutCredentials(serverSchema.then as Node), servers.everything, '/servers/everything')
     walk(withoutCredentials((serverSchema.else as Node).else as Node), servers.remote, '/servers/remote')
     walk((serverSchema.else as Node).then as Node, servers.workspace, '/servers/workspace')
     // A tenant: its own keys, one JWT issuer and one server's settings. Tool policy and limits

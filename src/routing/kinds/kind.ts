@@ -40,7 +40,7 @@ export interface SessionKind {
   readonly leased: boolean
 
   /** Before a new session's record is written: may refuse (capacity) or get the backend ready. */
-  prepare (server: string, tenant: string | null): Promise<void>
+  prepare (server: string, tenant: string | null, subject?: string): Promise<void>
   /** The record is written: starts what the session holds here (its backend connection, or nothing). */
   open (record: SessionRecord, forwardedHeaders?: Record<string, string>): Promise<void>
 

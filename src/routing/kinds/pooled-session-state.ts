@@ -64,13 +64,13 @@ export class PooledSessionState {
    * Before a new session's record is written: the pool can describe its backend (a child started
    * and initialised once per pool, not per session), and the server's maxSessions is not reached.
    */
-  async prepare (server: string, tenant: string | null): Promise<void> {
+  async prepare (server: string, tenant: string | null, subject?: string): Promise<void> {
     const config = this.#options.live.servers[server]
     const max = config?.maxSessions ?? Infinity
     if ((this.#created.get(server)?.size ?? 0) >= max) {
       throw withRetryAfter(new GW_ERR_BACKEND_CAPACITY(server, max), CAPACITY_RETRY_AFTER_S)
     }
-    await this.#options.pool.info(server, tenant)
+    await this.#options.pool.info(server, tenant, subject)
   }
 
   created (record: SessionRecord): void {
@@ -151,13 +151,13 @@ export class PooledSessionState {
         reply({})
         return
       case 'initialize': {
-        const info = await this.#info(server, tenant)
+        const info = await this.#info(server, tenant, record.subjectDigest)
         // The client's hop negotiated its own version: the gateway is a separate MCP peer on each side.
         reply(initializeResult(info, record.protocolVersion))
         return
       }
       case 'logging/setLevel': {
-        const info = await this.#info(server, tenant)
+        const info = await this.#info(server, tenant, record.subjectDigest)
         if (info.capabilities.logging === undefined) { fail(JSONRPC_METHOD_NOT_FOUND, 'Method not found: logging/setLevel'); return }
         if (typeof params.level !== 'string' || !isLogLevel(params.level)) { fail(-32602, `Invalid params: level must be one of ${LOG_LEVELS.join(', ')}`); return }
         await this.#establish(record, { logLevel: { level: params.level } })
@@ -166,7 +166,7 @@ export class PooledSessionState {
       }
       default: {
         // resources/subscribe, resources/unsubscribe
-        const info = await this.#info(server, tenant)
+        const info = await this.#info(server, tenant, record.subjectDigest)
         const resources = info.capabilities.resources
         if (!isRecord(resources) || resources.subscribe !== true) { fail(JSONRPC_METHOD_NOT_FOUND, `Method not found: ${request.method}`); return }
         const uri = params.uri
@@ -200,14 +200,14 @@ export class PooledSessionState {
     this.#subscriptions.clear()
   }
 
-  async #info (server: string, tenant: string | null): Promise<BackendInfo> {
-    return await this.#options.pool.info(server, tenant)
+  async #info (server: string, tenant: string | null, subject: string | undefined): Promise<BackendInfo> {
+    return await this.#options.pool.info(server, tenant, subject)
   }
 
   /** One upstream subscription per uri per pool (the pool counts them); resources/updated come back here. */
   async #subscribe (record: SessionRecord, uri: string): Promise<void> {
     if (this.#subscriptions.get(record.id)?.uris.has(uri) === true) return
-    const release = await this.#options.pool.hold(record.server, record.tenant ?? null, [uri])
+    const release = await this.#options.pool.hold(record.server, record.tenant ?? null, [uri], record.subjectDigest)
     let subscribed = this.#subscriptions.get(record.id)
     if (subscribed === undefined) this.#subscriptions.set(record.id, subscribed = { stream: record.transport === 'legacy' ? LEGACY_STREAM : GET_STREAM, uris: new Map() })
     if (subscribed.uris.has(uri)) { release(); return }

@@ -135,8 +135,8 @@ export class PooledSessions {
   }
 
   /** Before a new session's record is written: its backend can be described, and maxSessions is not reached. */
-  async prepare (server: string, tenant: string | null): Promise<void> {
-    await this.#state.prepare(server, tenant)
+  async prepare (server: string, tenant: string | null, subject?: string): Promise<void> {
+    await this.#state.prepare(server, tenant, subject)
   }
 
   created (record: SessionRecord): void {
@@ -167,7 +167,7 @@ export class PooledSessions {
     // free: reserved all at once, a batch larger than poolMax would wait for its own.
     const [only] = wanted
     if (only === undefined || wanted.length > 1) return reservations
-    reservations.set(only, await this.#options.pool.reserve(record.server, record.tenant ?? null))
+    reservations.set(only, await this.#options.pool.reserve(record.server, record.tenant ?? null, record.subjectDigest))
     return reservations
   }
 
@@ -286,7 +286,7 @@ export class PooledSessions {
     const tenant = record.tenant ?? null
     const started = reservation !== undefined
       ? Promise.resolve(runOn(reservation))
-      : (connectionId !== undefined ? pool.reserveOn(record.server, tenant, connectionId) : pool.reserve(record.server, tenant)).then(runOn)
+      : (connectionId !== undefined ? pool.reserveOn(record.server, tenant, connectionId, record.subjectDigest) : pool.reserve(record.server, tenant, record.subjectDigest)).then(runOn)
     started.then(call => {
       // Ended (or cancelled) while it waited for a connection: the backend is told at once.
       if (!this.#current(local)) { call.cancel('session ended or request cancelled'); return }

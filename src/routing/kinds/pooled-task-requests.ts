@@ -103,7 +103,7 @@ export class PooledTaskRequests {
       connectionId,
       stream: record.transport === 'legacy' ? LEGACY_STREAM : GET_STREAM,
       task: described,
-      pin: () => this.#host.pool.pin(record.server, tenant, connectionId)
+      pin: () => this.#host.pool.pin(record.server, tenant, connectionId, record.subjectDigest)
     })
     if (task === undefined) return response
     const view = this.#tasks.view(task)
@@ -279,7 +279,7 @@ export class PooledTaskRequests {
 
   /** A request of the gateway's own about a task, on the connection that holds it, under the backend's id. */
   async #askTask (task: PooledTask, method: string): Promise<JsonRpcResponse> {
-    const reservation = await this.#host.pool.reserveOn(task.server, task.tenant, task.connectionId)
+    const reservation = await this.#host.pool.reserveOn(task.server, task.tenant, task.connectionId, task.subject ?? undefined)
     return await new Promise<JsonRpcResponse>((resolve, reject) => {
       try {
         reservation.run(key => ({ jsonrpc: '2.0', id: key, method, params: { taskId: task.backendId } }), {

@@ -21,8 +21,8 @@ export class PooledKind implements SessionKind {
   }
 
   /** The pool can describe its backend (a child started once per pool), and maxSessions is not reached. */
-  async prepare (server: string, tenant: string | null): Promise<void> {
-    await this.#sessions.prepare(server, tenant)
+  async prepare (server: string, tenant: string | null, subject?: string): Promise<void> {
+    await this.#sessions.prepare(server, tenant, subject)
   }
 
   async open (record: SessionRecord): Promise<void> {

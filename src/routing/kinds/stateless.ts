@@ -30,13 +30,13 @@ export interface StatelessServer {
    */
   relayTo (headers: (config: HttpServerConfig) => Record<string, string>): Promise<HttpServerConfig | null>
   /** What the server says of itself (server/discover, what a listen stream can honour). */
-  info (tenant: string | null): Promise<BackendInfo>
+  info (tenant: string | null, subject?: string): Promise<BackendInfo>
   /** Whether a listen stream may subscribe to the server's resources. */
   readonly subscribesResources: boolean
   /** The pool topics whose events a listen stream of this server hears. */
   listenTopics (): string[]
   /** Keeps open, while a listen stream lasts, the pools it hears (subscribed to `uris` where supported). */
-  holdForListen (tenant: string | null, uris: readonly string[]): Promise<() => void>
+  holdForListen (tenant: string | null, uris: readonly string[], subject?: string): Promise<() => void>
   /** Where a request (other than listen and discover) goes. */
   plan (tenant: string | null, request: JsonRpcRequest): Promise<StatelessPlan>
 }
@@ -103,10 +103,10 @@ function pooledServer (server: string, pool: ConnectionPool, live: ServerSource)
       if (config?.transport !== 'streamable-http') return null
       return await eraOf(server, config, () => headers(config)) === 'modern' ? config : null
     },
-    async info (tenant) { return await pool.info(server, tenant) },
+    async info (tenant, subject) { return await pool.info(server, tenant, subject) },
     subscribesResources: true,
     listenTopics: () => [server],
-    async holdForListen (tenant, uris) { return await pool.hold(server, tenant, uris) },
+    async holdForListen (tenant, uris, subject) { return await pool.hold(server, tenant, uris, subject) },
     async plan (_tenant, request) {
       if (TASK_METHODS.has(request.method)) return unknownTask(request)
       return { kind: 'pool', server, params: request.params }

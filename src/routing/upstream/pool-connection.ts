@@ -54,8 +54,8 @@ export interface ConnectionSettings {
   metrics: GatewayMetrics
   upstream?: UpstreamLookup
   /**
-   * The tenant's credential toward the server (no subject: a pool's connection is shared by the
-   * tenant's users, so a per-user source refuses its requests with GW_ERR_CREDENTIAL_REQUIRED).
+   * The credential a connection carries: its subject's when its pool is one subject's (a per-user
+   * source, pool.ts), else the tenant's (a per-user source then refuses with GW_ERR_CREDENTIAL_REQUIRED).
    */
   credentials?: CredentialLookup
   toolPolicy?: ToolPolicyLookup
@@ -92,6 +92,8 @@ export class PoolConnection {
   readonly id: string
   readonly server: string
   readonly tenant: string | null
+  /** The one subject this connection serves (its credential is that user's); null: the tenant's users. */
+  readonly subjectDigest: string | null
   readonly relay: Relay
   lastUsed = performance.now()
   /** Requests that chose this connection and are not delivered yet. */
@@ -111,11 +113,12 @@ export class PoolConnection {
   #logLevel: string | undefined
 
   /** `claim`: the connection is opened for one request, reserved for it from the start. */
-  constructor (context: ConnectionContext, server: string, tenant: string | null, config: BackendServerConfig, claim: boolean) {
+  constructor (context: ConnectionContext, server: string, tenant: string | null, subjectDigest: string | null, config: BackendServerConfig, claim: boolean) {
     this.#context = context
     this.id = `pool.${context.replicaId}.${context.nextSeq()}`
     this.server = server
     this.tenant = tenant
+    this.subjectDigest = subjectDigest
     this.claims = claim ? 1 : 0
     const policyOf = context.toolPolicy
     this.relay = gatewayRelay({
@@ -145,7 +148,7 @@ export class PoolConnection {
   async connect (): Promise<BackendInfo> {
     const { backends, upstream, credentials } = this.#context
     const { relay, server } = this
-    const credential = credentials?.(this.tenant, undefined, server)
+    const credential = credentials?.(this.tenant, this.subjectDigest ?? undefined, server)
     const log = relay.log
     relay.backend = await backends.open(this.id, server, {
       onMessage: message => { relay.fromBackend(message).catch(err => log.error({ err }, 'backend message not routed')) },

@@ -24,20 +24,24 @@
 //   `input_required` rounds: mrtr.ts). What the first one learns (capabilities, server info,
 //   instructions) answers `server/discover` without a backend round trip.
 // - An idle connection is stopped after the sessions' idle timeout.
+// - Per-user credentials: a server whose credential is one user's (token exchange, user
+//   authorization: `ownConnections`) keeps a pool per (server, tenant, subject digest), so a
+//   connection, and the child behind it, only ever serves the subject whose credential it holds.
+//   poolSize and poolMax apply to each of those pools; they are not warmed at boot (no subject yet).
 // - Tasks: the requests about a task go to the connection that holds it, which is kept while it
 //   holds live ones (pool-tasks.ts). Who waits in line, and for how long: pool-waiters.ts.
 import { performance } from 'node:perf_hooks'
 import type { ServerSource } from '../../config/live.js'
 import type { BackendServerConfig as ServerConfig, ServerConfig as AnyServerConfig, StdioServerConfig } from '../../config/schema.js'
 import { isAggregateConfig, kindNameOf } from '../../config/server-kind.js'
-import { GW_ERR_BACKEND_UNAVAILABLE, GW_ERR_SERVER_NOT_FOUND, GW_ERR_SHUTTING_DOWN, isGatewayError, type GatewayError } from '../../core/errors.js'
+import { GW_ERR_BACKEND_UNAVAILABLE, GW_ERR_CREDENTIAL_REQUIRED, GW_ERR_SERVER_NOT_FOUND, GW_ERR_SHUTTING_DOWN, isGatewayError, withData, type GatewayError } from '../../core/errors.js'
 import type { JsonRpcMessage, JsonRpcRequest } from '../../core/jsonrpc.js'
 import type { BackendInfo } from './gateway-relay.js'
 import { forwardIfChanged, ListDigests } from './list-changes.js'
 import { PoolConnection, type ConnectionContext, type ConnectionSettings, type PooledCall, type PoolSink, type RunOptions } from './pool-connection.js'
 import { TaskConnections, type TaskWatcher } from './pool-tasks.js'
 import { poolBusy, refuseAll, waitInLine, type Waiter } from './pool-waiters.js'
-import { serverTenantKey } from './ports.js'
+import { poolKey, serverTenantKey } from './ports.js'
 import { asGatewayError } from './relay.js'
 
 export type { BackendInfo } from './gateway-relay.js'
@@ -63,6 +67,11 @@ export interface PoolStats {
 
 export interface ConnectionPoolOptions extends ConnectionSettings {
   live: ServerSource
+  /**
+   * Whether each subject of `tenant` needs connections of its own to `server` (a per-user
+   * credential): its pool is then keyed by (server, tenant, subject digest).
+   */
+  ownConnections?: (server: string, tenant: string | null) => boolean
   /** Session-level messages of a backend (list_changed, resources/updated), for listen streams. */
   onServerEvent?: (server: string, tenant: string | null, message: JsonRpcMessage) => void
 }
@@ -89,6 +98,8 @@ const WARM_RETRY_MS = 1000
 interface Group {
   server: string
   tenant: string | null
+  /** The one subject its connections serve (a per-user credential); null: all the tenant's users. */
+  subjectDigest: string | null
   connections: PoolConnection[]
   info: BackendInfo | null
   /** Listen streams that need the group's connections kept (no idle stop while > 0). */
@@ -133,10 +144,10 @@ export class ConnectionPool {
   }
 
   /** What the backend said about itself (server/discover): learned once per (server, tenant). */
-  async info (server: string, tenant: string | null): Promise<BackendInfo> {
-    const group = this.#group(server, tenant)
+  async info (server: string, tenant: string | null, subject?: string): Promise<BackendInfo> {
+    const group = this.#group(server, tenant, subject)
     if (group.info !== null) return group.info
-    await this.#acquire(server, tenant, false)
+    await this.#acquire(group, false)
     if (group.info === null) throw new GW_ERR_BACKEND_UNAVAILABLE(server, 'the backend did not describe itself')
     return group.info
   }
@@ -145,8 +156,8 @@ export class ConnectionPool {
    * Keeps the group's connections open while a listen stream waits for their notifications (at
    * least one connection is opened), subscribed upstream to `uris`; the returned function lets go.
    */
-  async hold (server: string, tenant: string | null, uris: readonly string[] = []): Promise<() => void> {
-    const group = this.#group(server, tenant)
+  async hold (server: string, tenant: string | null, uris: readonly string[] = [], subject?: string): Promise<() => void> {
+    const group = this.#group(server, tenant, subject)
     group.holds++
     let held = true
     let conn: PoolConnection | undefined
@@ -157,7 +168,7 @@ export class ConnectionPool {
       if (conn !== undefined) conn.unsubscribe(uris, this.#groupOf(conn)?.connections.includes(conn) === true)
     }
     try {
-      conn = await this.#acquire(server, tenant, false)
+      conn = await this.#acquire(group, false)
       if (uris.length > 0) conn.subscribe(uris)
       else conn = undefined
     } catch (err) {
@@ -171,8 +182,8 @@ export class ConnectionPool {
    * Runs one request (its id replaced by the returned key, and its progress token, if any, by the
    * same key: progress-tokens.ts) on a pooled connection; everything about it reaches `sink`.
    */
-  async call (server: string, tenant: string | null, build: (key: string) => JsonRpcRequest, sink: PoolSink, options?: RunOptions): Promise<PooledCall> {
-    return (await this.reserve(server, tenant)).run(build, sink, options)
+  async call (server: string, tenant: string | null, build: (key: string) => JsonRpcRequest, sink: PoolSink, options?: RunOptions, subject?: string): Promise<PooledCall> {
+    return (await this.reserve(server, tenant, subject)).run(build, sink, options)
   }
 
   /**
@@ -180,8 +191,8 @@ export class ConnectionPool {
    * (up to poolMax), or the next to come free (waiting at most POOL_WAIT_MS; then
    * GW_ERR_POOL_BUSY). Run the request on it, or release it.
    */
-  async reserve (server: string, tenant: string | null): Promise<Reservation> {
-    return this.#reservation(await this.#acquire(server, tenant, true))
+  async reserve (server: string, tenant: string | null, subject?: string): Promise<Reservation> {
+    return this.#reservation(await this.#acquire(this.#group(server, tenant, subject), true))
   }
 
   /**
@@ -189,10 +200,10 @@ export class ConnectionPool {
    * a task go to the connection that holds it): now if idle, else when it comes free, waiting at
    * most poolWaitMs (GW_ERR_POOL_BUSY). GW_ERR_BACKEND_UNAVAILABLE when the connection is gone.
    */
-  async reserveOn (server: string, tenant: string | null, connectionId: string): Promise<Reservation> {
+  async reserveOn (server: string, tenant: string | null, connectionId: string, subject?: string): Promise<Reservation> {
     if (this.#stopping) throw new GW_ERR_SHUTTING_DOWN()
     const config = this.#serverConfig(server)
-    const group = this.#group(server, tenant)
+    const group = this.#group(server, tenant, subject)
     const conn = group.connections.find(c => c.id === connectionId)
     if (conn === undefined) throw new GW_ERR_BACKEND_UNAVAILABLE(server, 'the connection holding the task is gone')
     if (conn.busy === 0) {
@@ -206,8 +217,8 @@ export class ConnectionPool {
    * Keeps a connection from being stopped as idle while a task lives on it; the returned function
    * lets go (undefined: no such connection now).
    */
-  pin (server: string, tenant: string | null, connectionId: string): (() => void) | undefined {
-    const conn = this.#groups.get(serverTenantKey(server, tenant))?.connections.find(c => c.id === connectionId)
+  pin (server: string, tenant: string | null, connectionId: string, subject?: string): (() => void) | undefined {
+    const conn = this.#groups.get(poolKey(server, tenant, this.#subjectOf(server, tenant, subject)))?.connections.find(c => c.id === connectionId)
     return conn === undefined ? undefined : this.#tasks.pin(conn)
   }
 
@@ -242,7 +253,8 @@ export class ConnectionPool {
   warm (tenantsOf: (server: string) => ReadonlyArray<string | null>): void {
     for (const [server, config] of Object.entries(this.#options.live.servers)) {
       if (!keptWarm(config)) continue
-      for (const tenant of tenantsOf(server)) this.#topUp(server, tenant, 0)
+      // A pool per subject fills on the subject's first request: no subject is known at boot.
+      for (const tenant of tenantsOf(server)) if (this.#options.ownConnections?.(server, tenant) !== true) this.#topUp(server, tenant, 0)
     }
   }
 
@@ -251,8 +263,8 @@ export class ConnectionPool {
       if (this.#stopping) return
       const config = this.#serverConfig(server)
       if (!keptWarm(config)) return
-      await this.#acquire(server, tenant, false)
       const group = this.#group(server, tenant)
+      await this.#acquire(group, false)
       const missing = (config.poolSize ?? 4) - group.connections.length - group.opening
       await Promise.all(Array.from({ length: Math.max(0, missing) }, async () => {
         group.opening++
@@ -279,13 +291,17 @@ export class ConnectionPool {
 
   /** Each (server, tenant) pool's connections, those in use, and the requests waiting (metrics). */
   stats (): PoolStats[] {
-    return [...this.#groups.values()].map(g => ({
-      server: g.server,
-      tenant: g.tenant,
-      connections: g.connections.length,
-      busy: g.connections.filter(c => c.busy > 0).length,
-      waiting: g.waiters.length
-    }))
+    // A tenant's per-subject pools are summed: subjects are never metric labels.
+    const byTenant = new Map<string, PoolStats>()
+    for (const g of this.#groups.values()) {
+      const key = serverTenantKey(g.server, g.tenant)
+      const stats = byTenant.get(key) ?? { server: g.server, tenant: g.tenant, connections: 0, busy: 0, waiting: 0 }
+      stats.connections += g.connections.length
+      stats.busy += g.connections.filter(c => c.busy > 0).length
+      stats.waiting += g.waiters.length
+      byTenant.set(key, stats)
+    }
+    return [...byTenant.values()]
   }
 
   /**
@@ -349,19 +365,27 @@ export class ConnectionPool {
     await Promise.all(all.map(async c => { await c.close(new GW_ERR_SHUTTING_DOWN()) }))
   }
 
-  #group (server: string, tenant: string | null): Group {
-    const key = serverTenantKey(server, tenant)
+  /** The tenant's pool, or the subject's own for a per-user credential (none without a subject). */
+  #group (server: string, tenant: string | null, subject?: string): Group {
+    const subjectDigest = this.#subjectOf(server, tenant, subject)
+    const key = poolKey(server, tenant, subjectDigest)
     let group = this.#groups.get(key)
     if (group === undefined) {
-      group = { server, tenant, connections: [], info: null, holds: 0, opening: 0, waiters: [], first: null, lists: new ListDigests() }
+      group = { server, tenant, subjectDigest, connections: [], info: null, holds: 0, opening: 0, waiters: [], first: null, lists: new ListDigests() }
       this.#groups.set(key, group)
     }
     return group
   }
 
+  #subjectOf (server: string, tenant: string | null, subject: string | undefined): string | null {
+    if (this.#options.ownConnections?.(server, tenant) !== true) return null
+    if (subject === undefined) throw withData(new GW_ERR_CREDENTIAL_REQUIRED(server, 'each user has backend connections of their own, and this request names none'), { server })
+    return subject
+  }
+
   /** The group a connection belongs to (none once its pool ended). */
   #groupOf (conn: PoolConnection): Group | undefined {
-    return this.#groups.get(serverTenantKey(conn.server, conn.tenant))
+    return this.#groups.get(poolKey(conn.server, conn.tenant, conn.subjectDigest))
   }
 
   #poolMax (server: string): number {
@@ -384,10 +408,9 @@ export class ConnectionPool {
    * poolMax), else waits in line for the next one to come free: what the backend sends without a
    * request id (logs, server-to-client requests) then belongs to it alone.
    */
-  async #acquire (server: string, tenant: string | null, claim: boolean): Promise<PoolConnection> {
+  async #acquire (group: Group, claim: boolean): Promise<PoolConnection> {
     if (this.#stopping) throw new GW_ERR_SHUTTING_DOWN()
-    const config = this.#serverConfig(server)
-    const group = this.#group(server, tenant)
+    const config = this.#serverConfig(group.server)
     const first = group.connections[0]
     if (!claim && first !== undefined) return first
     if (!claim) {
@@ -427,7 +450,7 @@ export class ConnectionPool {
    * backend is initialised and, for the group's first, its lists are read.
    */
   async #open (group: Group, config: ServerConfig, claim: boolean): Promise<PoolConnection> {
-    const conn = new PoolConnection(this.#context, group.server, group.tenant, config, claim)
+    const conn = new PoolConnection(this.#context, group.server, group.tenant, group.subjectDigest, config, claim)
     try {
       const info = await conn.connect()
       // A reload ended the pool while this connection started: it must not outlive it.
@@ -460,7 +483,12 @@ export class ConnectionPool {
    */
   #stopIdle (idleMs: number): void {
     const now = performance.now()
-    for (const group of this.#groups.values()) {
+    for (const [key, group] of this.#groups) {
+      // A user's pool with nothing left goes: one per user ever seen would only grow.
+      if (group.subjectDigest !== null && group.connections.length === 0 && group.opening === 0 && group.waiters.length === 0 && group.holds === 0 && group.first === null) {
+        this.#groups.delete(key)
+        continue
+      }
       const idle = group.connections.filter(c => c.busy === 0).sort((a, b) => b.lastUsed - a.lastUsed)
       const first = idle[0]
       const config = first === undefined ? undefined : this.#options.live.servers[first.server]

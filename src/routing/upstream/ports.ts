@@ -33,3 +33,11 @@ export type CredentialLookup = (tenant: string | null | undefined, subjectDigest
 export function serverTenantKey (server: string, tenant: string | null | undefined): string {
   return `${server}\0${tenant ?? ''}`
 }
+
+/**
+ * The key of a pool: per (server, tenant), or per (server, tenant, subject digest) when the server's
+ * credential is one user's (a child, a connection, then serves that user only).
+ */
+export function poolKey (server: string, tenant: string | null, subjectDigest: string | null): string {
+  return subjectDigest === null ? serverTenantKey(server, tenant) : `${serverTenantKey(server, tenant)}\0${subjectDigest}`
+}
