@@ -371,7 +371,9 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
     parked,
     inputWaitMs: PARKED_CALL_TTL_MS,
     notify: (server, tenant, message) => { modern.onServerEvent(server, tenant, message) },
-    warn: (err, msg) => { log.warn({ err }, msg) }
+    warn: (err, msg) => { log.warn({ err }, msg) },
+    metrics,
+    auditLog: log
   })
   const modern = new ModernFace({
     upstream,

@@ -14,8 +14,10 @@ import { GW_ERR_BACKEND_LOST, GW_ERR_MISSING_CAPABILITY, toJsonRpcError, withDat
 import { errorResponse, isRecord, JSONRPC_INVALID_PARAMS, type JsonRpcNotification, type JsonRpcRequest, type JsonRpcResponse } from '../core/jsonrpc.js'
 import type { TaskHostingConfig } from '../config/schema.js'
 import type { Envelope } from '../state/bus.js'
-import { isTerminalStatus, ownsTask, type TaskOutcome, type TaskRecord, type TaskStore } from '../state/task-store.js'
+import { isTerminalStatus, ownsTask, type TaskOutcome, type TaskPatch, type TaskRecord, type TaskStore } from '../state/task-store.js'
 import type { ParkedCalls } from '../routing/upstream/mrtr.js'
+import { audit, type AuditLog } from '../telemetry/audit.js'
+import { NO_METRICS, type GatewayMetrics } from '../telemetry/metrics.js'
 import { Exchange } from './modern-exchange.js'
 import { HostingSink, taskWith, type HostRegistry } from './modern-task-host.js'
 import type { Peers, ResponseSink } from './modern-response.js'
@@ -73,6 +75,10 @@ export interface ModernTasksOptions {
   /** A hosted task's new state, for the listen streams that named it (any replica's). */
   notify: (server: string, tenant: string | null, message: JsonRpcNotification) => void
   warn: (err: unknown, msg: string) => void
+  /** mcpgw_tasks_created_total and mcpgw_task_status_transitions_total, as the sessions' tasks count them. */
+  metrics?: GatewayMetrics
+  /** Where the task.created and task.cancel audit lines go. */
+  auditLog?: AuditLog
 }
 
 /** Most task ids one listen stream may name. */
@@ -103,7 +109,10 @@ export class ModernTasks {
     const { store, peers, warn } = options
     this.#registry = {
       replicaId: peers.replicaId,
-      create: async record => { await store.create(record) },
+      create: async record => {
+        await store.create(record)
+        this.#created(record)
+      },
       running: (taskId, cancel) => { this.#running.set(taskId, cancel) },
       ended: (taskId, outcome, task) => {
         this.#running.delete(taskId)
@@ -207,7 +216,26 @@ export class ModernTasks {
 
   async #lost (record: TaskRecord): Promise<TaskRecord | null> {
     const err = toJsonRpcError(new GW_ERR_BACKEND_LOST(record.server, `replica ${record.replica} running the task is gone`), null).error
-    return this.#published(await this.#options.store.update(record.id, { task: taskWith(record.task, 'failed', err.message), outcome: { error: err } }))
+    return await this.#update(record.id, { task: taskWith(record.task, 'failed', err.message), outcome: { error: err } })
+  }
+
+  /**
+   * Changes a record and publishes it. A status it takes on is counted once, by the replica whose
+   * change it was: a terminal status the store kept makes the patch's a no-op, and nothing is counted.
+   */
+  async #update (taskId: string, patch: TaskPatch): Promise<TaskRecord | null> {
+    const record = this.#published(await this.#options.store.update(taskId, patch))
+    const status = patch.task?.status
+    if (record !== null && typeof status === 'string' && record.task.status === status) this.#metrics.taskStatus(record.server, status)
+    return record
+  }
+
+  get #metrics (): GatewayMetrics { return this.#options.metrics ?? NO_METRICS }
+
+  #created (record: TaskRecord): void {
+    this.#metrics.taskCreated(record.server, record.tenant)
+    if (typeof record.task.status === 'string') this.#metrics.taskStatus(record.server, record.task.status)
+    if (this.#options.auditLog !== undefined) audit(this.#options.auditLog, 'task.created', { tenant: record.tenant, subject: record.subjectDigest ?? undefined, server: record.server, taskId: record.id, status: record.task.status, hosted: record.backendTaskId === null })
   }
 
   /** A changed record's task to the listen streams that named it (SEP-2663 notifications/tasks). */
@@ -217,10 +245,11 @@ export class ModernTasks {
   }
 
   async #cancel (record: TaskRecord): Promise<void> {
-    const { store, peers, warn } = this.#options
+    const { peers, warn } = this.#options
     // The status first: a tasks/get on any replica sees `cancelled` from the ack on, and the call's
     // late answer cannot change it (a terminal status is kept).
-    this.#published(await store.update(record.id, { task: taskWith(record.task, 'cancelled', 'cancelled by the client') }))
+    if (this.#options.auditLog !== undefined) audit(this.#options.auditLog, 'task.cancel', { tenant: record.tenant, subject: record.subjectDigest ?? undefined, server: record.server, taskId: record.id })
+    await this.#update(record.id, { task: taskWith(record.task, 'cancelled', 'cancelled by the client') })
     if (record.replica === peers.replicaId) {
       this.#cancelHere(record.id)
       return
@@ -239,7 +268,7 @@ export class ModernTasks {
     }, this.#options.inputWaitMs)
     timer.unref()
     this.#waiting.set(taskId, { sink, requestState, timer })
-    this.#options.store.update(taskId, { task }).then(r => this.#published(r)).catch(err => { this.#options.warn(err, 'hosted task status not stored') })
+    this.#update(taskId, { task }).catch(err => { this.#options.warn(err, 'hosted task status not stored') })
   }
 
   /** tasks/update for a task whose call is parked here: its answers go to the backend, the call goes on. */
@@ -253,7 +282,7 @@ export class ModernTasks {
     const { store, parked, warn } = this.#options
     store.get(taskId).then(async record => {
       if (record === null || record.task.status !== 'input_required') return
-      this.#published(await store.update(taskId, { task: taskWith(record.task, 'working') }))
+      await this.#update(taskId, { task: taskWith(record.task, 'working') })
       const call = parked.take(requestState, hosted.principal)
       sink.rearm()
       new Exchange(parked, sink, hosted.request, hosted.envelope, call.server, hosted.principal, call.serverInfo, {}).resume(call, inputResponses)
@@ -275,7 +304,7 @@ export class ModernTasks {
   }
 
   #store (taskId: string, outcome: TaskOutcome, task: Record<string, unknown>): void {
-    this.#options.store.update(taskId, { task, outcome }).then(r => this.#published(r)).catch(err => { this.#options.warn(err, 'hosted task outcome not stored') })
+    this.#update(taskId, { task, outcome }).catch(err => { this.#options.warn(err, 'hosted task outcome not stored') })
   }
 }
 

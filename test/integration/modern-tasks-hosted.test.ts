@@ -11,6 +11,8 @@ import { RedisTaskStore } from '../../src/state/task-store-redis.js'
 import { parseConfig } from '../../src/config/load.js'
 import { createParser } from 'eventsource-parser'
 import { envelope, last, modernFetch, modernPost, resultOf } from '../helpers/modern.js'
+import { scrape } from '../helpers/prometheus.js'
+import { createLogger } from '../../src/telemetry/logger.js'
 
 /** A Redis of the test's own for two apps, and a view of the task store they share on it. */
 async function onRedis (t: Test, servers: Record<string, unknown>): Promise<{ store: RedisTaskStore, raw: Record<string, unknown> }> {
@@ -87,6 +89,33 @@ t.test('hosted tasks on a pooled stdio server (memory mode)', async t => {
 
   const removed = last(await modernPost(url, 'tasks/result', { taskId, _meta: withTasks }))
   t.equal((removed.error as { code: number }).code, -32601, 'tasks/result is not a method of this era')
+})
+
+t.test('hosted tasks are counted and audited as a session\'s tasks are', async t => {
+  const lines: string[] = []
+  const gw = await startGateway(t, {
+    servers: { tools: stdioFixture('full-server', [], { sessions: 'pooled', poolSize: 1, poolMax: 2, tasks: { hostAfterMs: 100 } }) }
+  }, { log: createLogger('info', 'hosted-tasks', { write: (line: string) => { lines.push(line) } }) })
+  const url = `${gw.url}/mcp/tools`
+  const done = resultOf(await modernPost(url, 'tools/call', { name: 'slow', arguments: { ms: 600 }, _meta: withTasks }))
+  const cancelled = resultOf(await modernPost(url, 'tools/call', { name: 'slow', arguments: { ms: 30_000 }, _meta: withTasks }))
+  t.equal(done.resultType, 'task')
+  t.equal(cancelled.resultType, 'task')
+  await modernPost(url, 'tasks/cancel', { taskId: cancelled.taskId, _meta: withTasks })
+  await modernPost(url, 'tasks/cancel', { taskId: cancelled.taskId, _meta: withTasks })
+  const m = await eventually('the hosted task completed', async () => {
+    const s = await scrape(gw.url)
+    return s.sum('mcpgw_task_status_transitions_total', { server: 'tools', status: 'completed' }) >= 1 ? s : undefined
+  })
+  t.equal(m.sum('mcpgw_tasks_created_total', { server: 'tools' }), 2, 'two tasks created')
+  t.equal(m.sum('mcpgw_task_status_transitions_total', { server: 'tools', status: 'working' }), 2, 'both were working')
+  t.equal(m.sum('mcpgw_task_status_transitions_total', { server: 'tools', status: 'cancelled' }), 1, 'one cancelled, once: the second cancel changes nothing')
+  t.equal(m.sum('mcpgw_task_status_transitions_total', { server: 'tools', status: 'completed' }), 1, 'one completed')
+  t.notOk(m.text.includes(String(done.taskId)), 'no task id in any label')
+  const audits = lines.map(l => JSON.parse(l) as Record<string, unknown>)
+  t.same(audits.filter(a => a.audit === 'task.created').map(a => a.taskId).sort(), [done.taskId, cancelled.taskId].sort(), 'task.created for each')
+  t.match(audits.filter(a => a.audit === 'task.cancel'), [{ taskId: cancelled.taskId, server: 'tools' }], 'task.cancel for the one cancelled')
+  t.notOk(lines.join('').includes('slept 600 ms'), 'no result body in the log')
 })
 
 t.test('hosted tasks belong to their tenant and subject', async t => {
