@@ -3,10 +3,12 @@
 // and per member, a real HTTP backend that checks the token it gets and reports its subject (a
 // dedicated member of the session), and a real stdio child reporting the token in its environment
 // (a pooled member, on each user's own pool). Two users at once, in 2025 sessions and in 2026-07-28
-// requests; a user whose exchange is refused gets the member's own error.
+// requests; a user whose exchange is refused gets the member's own error, and a user-authorization
+// member needing consent gives its link, then comes back once the user has consented.
 import { randomBytes } from 'node:crypto'
 import { Client } from '@modelcontextprotocol/sdk/client/index.js'
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
+import type { McpError } from '@modelcontextprotocol/sdk/types.js'
 import { decodeJwt } from 'jose'
 import { pino } from 'pino'
 import t, { type Test } from 'tap'
@@ -15,6 +17,11 @@ import { startIssuer, type TestIssuer } from '../helpers/jwks.js'
 import { envelope, last, modernPost } from '../helpers/modern.js'
 import { GATEWAY_CLIENT, startOAuthServer, TOKEN_EXCHANGE, type OAuthServer } from '../helpers/oauth-server.js'
 import { startProtectedUpstream, type ProtectedUpstream } from '../fixtures/protected-upstream.js'
+import { buildGateway } from '../../src/app.js'
+import { parseConfig } from '../../src/config/load.js'
+import { createLogger } from '../../src/telemetry/logger.js'
+import { closedPort } from '../fixtures/http-upstreams.js'
+import { browse, startConsentServer, UA_CLIENT } from '../helpers/oauth-consent-server.js'
 
 const PUBLIC = 'https://gw.example.com'
 const API_AUDIENCE = 'https://api.example/mcp'
@@ -151,4 +158,67 @@ t.test('a member whose credential is refused: left out of lists, its calls get i
   // Alice, meanwhile, is served: the refusal is mallory's alone.
   const alice = await userOf(t, s, 'alice')
   t.equal(textOf(await alice.client.callTool({ name: 'api__whoami', arguments: {} })), 'alice')
+})
+
+t.test('user-authorization member: consent needed is that member\'s own error with its link; after consent the member comes back', async t => {
+  const users = await startIssuer(t, 'https://users.example', { aud: `${PUBLIC}/mcp/both` })
+  const port = await closedPort()
+  const base = `http://127.0.0.1:${port}`
+  const as = await startConsentServer(t, [`${base}/oauth/callback`], { tokenFormat: 'jwt' })
+  const expect = { jwksUri: `${as.issuer}/jwks`, issuer: as.issuer, audience: '' }
+  const backend = await startProtectedUpstream(expect)
+  expect.audience = backend.url
+  t.teardown(backend.close)
+  const config = parseConfig({
+    listen: { host: '127.0.0.1', port },
+    log: { level: 'silent' },
+    auth: { publicUrl: PUBLIC },
+    tenants: { acme: { jwt: [{ issuer: users.issuer, jwksUri: users.jwksUri }], servers: { both: {}, crm: {}, gh: {} } } },
+    servers: {
+      crm: {
+        transport: 'streamable-http',
+        url: backend.url,
+        protocol: 'legacy',
+        credentials: { source: 'user-authorization', issuer: as.issuer, clientId: UA_CLIENT.id, clientSecret: UA_CLIENT.secret, resource: backend.url, redirectBaseUrl: base, scopes: ['read'], timeoutMs: 3000 }
+      },
+      gh: stdioFixture('cred-env-server', ['GITHUB_TOKEN'], { sessions: 'pooled', poolSize: 1 }),
+      both: { transport: 'aggregate', members: [{ server: 'crm' }, { server: 'gh' }] }
+    }
+  })
+  const gateway = await buildGateway(config, { log: createLogger('silent', 'test'), vaultKeys: `k1:${randomBytes(32).toString('base64')}` })
+  await gateway.app.listen({ host: '127.0.0.1', port })
+  t.teardown(async () => { await gateway.close() })
+  const token = await users.mint({ sub: 'alice' })
+  const client = new Client({ name: 'alice', version: '1.0.0' }, { capabilities: { elicitation: { url: {} } } })
+  await client.connect(new StreamableHTTPClientTransport(new URL(`${base}/mcp/both`), { requestInit: { headers: { authorization: `Bearer ${token}` } } }))
+  t.teardown(async () => { await client.close().catch(() => {}) })
+  t.same((await client.listTools()).tools.map(tool => tool.name), ['gh__credential'], 'the member needing consent is left out; the other is served')
+  const err = await client.callTool({ name: 'crm__whoami', arguments: {} }).catch((e: unknown) => e) as McpError
+  const protocol = client.getServerVersion() !== undefined ? (client.transport as StreamableHTTPClientTransport).protocolVersion : undefined
+  if (protocol === '2025-11-25') {
+    t.equal(err.code, -32042, 'a 2025-11-25 client that declared URL elicitation gets the URL elicitation error')
+  } else {
+    t.equal(err.code, -32014, 'consent needed, with its link')
+  }
+  const link = protocol === '2025-11-25'
+    ? String((err.data as { elicitations: Array<{ url: string }> }).elicitations[0]?.url)
+    : String((err.data as Record<string, unknown>).authorizationUrl)
+  t.match(link, `${base}/oauth/consent/`)
+  // A 2026-07-28 request routed to the member: the same error, with its HTTP status.
+  const modern = await modernPost(`${base}/mcp/both`, 'tools/call', { name: 'crm__whoami', arguments: {}, _meta: envelope() }, 1, { authorization: `Bearer ${token}` })
+  t.equal(modern.status, 403)
+  t.match(last(modern).error, { code: -32014, data: { code: 'GW_ERR_CREDENTIAL_CONSENT_REQUIRED', server: 'crm' } })
+
+  t.equal((await browse(link, 'alice')).status, 200, 'consent given')
+  // The session tries the member again every 5 s: then its tools are back and its calls carry alice's token.
+  const deadline = Date.now() + 15_000
+  let names: string[] = []
+  while (Date.now() < deadline) {
+    names = (await client.listTools()).tools.map(tool => tool.name).sort()
+    if (names.includes('crm__whoami')) break
+    await new Promise(resolve => setTimeout(resolve, 250))
+  }
+  t.same(names, ['crm__whoami', 'gh__credential'], 'the member is back after consent')
+  t.equal(textOf(await client.callTool({ name: 'crm__whoami', arguments: {} })), 'alice')
+  t.ok(backend.seen.length > 0 && backend.seen.every(r => r.subject !== null), 'no request reached the backend without the user\'s token')
 })
