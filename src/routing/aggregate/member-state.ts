@@ -46,7 +46,9 @@ export async function startWithin<T> (server: string, start: Promise<T>, ms: num
 export function markDown (member: MemberState, reason: string, cause?: unknown): boolean {
   const fell = member.down === null || member.down === NOT_STARTED
   member.down = reason
-  member.credentialError = isCredentialError(cause) ? cause : null
+  // A fall told without its error (the connection of a failed start reported gone) keeps the one
+  // its start gave: the credential's error stays what requests routed to the member get.
+  if (cause !== undefined) member.credentialError = isCredentialError(cause) ? cause : null
   return fell
 }
 

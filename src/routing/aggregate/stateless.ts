@@ -22,6 +22,9 @@ import { routeRequest } from './route.js'
 import { poolKey } from '../upstream/ports.js'
 import type { BackendInfo, ConnectionPool } from '../upstream/pool.js'
 
+/** Entries kept on a replica: one per (aggregate, tenant), or per caller where a member's credential is one user's. */
+const MAX_ENTRIES = 1024
+
 interface PoolMember extends MemberState {
   info: BackendInfo | null
   /** When a member found down may be tried again (a Date.now() time; 0 before its first start). */
@@ -142,6 +145,8 @@ export class StatelessAggregates {
       })
       entry = { server, config, catalogue, members }
       this.#entries.set(key, entry)
+      // Per-caller entries (a per-user member) come and go with users: the least recently made go first.
+      if (this.#entries.size > MAX_ENTRIES) this.#entries.delete(this.#entries.keys().next().value as string)
     }
     const now = Date.now()
     const stale = entry.members.filter(m => m.down !== null && m.retryAt <= now)
