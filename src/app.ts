@@ -385,7 +385,7 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
     forwardTimeoutMs: PARKED_CALL_TTL_MS * 2,
     keepAliveMs: config.http.keepAliveMs,
     listenRegistry: services.store,
-    kinds: new StatelessKinds({ live, pool, aggregates: new StatelessAggregates({ live, pool, toolPolicy, metrics, log }) }),
+    kinds: new StatelessKinds({ live, pool, aggregates: new StatelessAggregates({ live, pool, toolPolicy, metrics, log, ownConnections: (server, tenant) => needsOwnConnections(credentialsLive, tenant, server) }) }),
     tasks: modernTasks,
     bridge: new TaskBridge({ pool, parked, tasks: modernTasks }),
     log

@@ -20,6 +20,17 @@ export function needsOwnConnections (config: Pick<Config, 'servers' | 'tenants'>
   return isPerUserSource(credentialsConfigOf(config, tenant, server))
 }
 
+/**
+ * Whether `tenant`'s requests to `server` need the caller's own JWT at hand: a token-exchange
+ * source on the server, or on a member of it when it is an aggregate (its members' credentials
+ * are exchanged for the aggregate's caller).
+ */
+export function wantsCallerToken (config: Pick<Config, 'servers' | 'tenants'>, tenant: string | null, server: string): boolean {
+  const serverConfig = Object.hasOwn(config.servers, server) ? config.servers[server] : undefined
+  if (serverConfig?.transport === 'aggregate') return serverConfig.members.some(m => credentialsConfigOf(config, tenant, m.server)?.source === 'token-exchange')
+  return credentialsConfigOf(config, tenant, server)?.source === 'token-exchange'
+}
+
 /** Sources whose credential belongs to one user (not to the tenant). */
 export function isPerUserSource (config: CredentialsConfig | undefined): boolean {
   return config?.source === 'token-exchange' || config?.source === 'user-authorization'

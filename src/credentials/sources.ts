@@ -4,7 +4,7 @@
 // stay, filed under the audience, so an unchanged audience finds them again). `bind` gives a
 // backend connection the credential of one caller (caller.ts).
 import { GW_ERR_CREDENTIAL_REQUIRED, GW_ERR_INTERNAL, withData } from '../core/errors.js'
-import { credentialsConfigOf } from '../config/credentials-check.js'
+import { credentialsConfigOf, wantsCallerToken } from '../config/credentials-check.js'
 import type { Config } from '../config/schema.js'
 import { CallerTokens } from './caller-tokens.js'
 import { isPerUserSource } from '../config/credentials-check.js'
@@ -91,9 +91,9 @@ export class CredentialSources {
     return new CallerCredentialBinding(this, live, caller, server)
   }
 
-  /** Whether `tenant`'s users of `server` need their own JWT at hand (a token exchange). */
+  /** Whether `tenant`'s users of `server` (or of its aggregate members) need their own JWT at hand (a token exchange). */
   wantsCallerToken (live: CredentialsLive, tenant: string | null, server: string): boolean {
-    return credentialsConfigOf(live, tenant, server)?.source === 'token-exchange'
+    return wantsCallerToken(live, tenant, server)
   }
 
   close (): void {

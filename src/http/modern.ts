@@ -408,7 +408,7 @@ export class ModernFace {
     }
     // Answered here (an aggregate's merged lists), or run on a pool: the server's own, or that of
     // the aggregate member that serves it, under the member's own name.
-    const plan = await target.plan(tenant, message)
+    const plan = await target.plan(tenant, message, req.principal.subjectDigest)
     if (plan.kind === 'answer') {
       const answer = plan.response
       if ('result' in answer) {

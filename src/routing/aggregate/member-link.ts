@@ -5,6 +5,9 @@
 //   initialised by the gateway;
 // - a pooled member (`sessions: pooled`): each request borrows a connection of the member's
 //   (server, tenant) pool, as a pooled session's does; the pool initialised it.
+// Either is the session owner's: a dedicated connection carries the owner's credential toward the
+// member (an HTTP member on every request, a stdio child in its environment), and a pooled member
+// runs on the owner's own pool where its credential is one user's (docs/credentials.md).
 // Whether a member is up, and when it is tried again, is the session's (session-members.ts).
 import type { Logger } from 'pino'
 import type { ServerSource } from '../../config/live.js'
@@ -12,6 +15,7 @@ import { backendConfigOf, serverConfigOf } from '../../config/server-kind.js'
 import { GW_ERR_BACKEND_UNAVAILABLE } from '../../core/errors.js'
 import { isResponse, type JsonRpcMessage, type JsonRpcNotification, type JsonRpcRequest, type JsonRpcResponse } from '../../core/jsonrpc.js'
 import { LATEST_VERSION } from '../../core/protocol-version.js'
+import type { CallerCredential } from '../../credentials/types.js'
 import type { GatewayMetrics } from '../../telemetry/metrics.js'
 import type { BackendSupervisor, UpstreamLookup } from '../upstream/ports.js'
 import type { BackendInfo, ConnectionPool, PooledCall } from '../upstream/pool.js'
@@ -55,6 +59,8 @@ export interface DedicatedLinkOptions {
   /** The session's logger (the link's is its child). */
   log: Logger
   principal: { tenant: string | null, subject: string }
+  /** The session owner's credential toward the member; none when the member's is static. */
+  credential: CallerCredential | undefined
   /** The connection is gone for good (its restart cap): the member is down. */
   gone: (reason: string) => void
   /** A message of the connection's own, of no request of the aggregate's (list_changed, a server request). */
@@ -110,6 +116,7 @@ export class DedicatedLink implements MemberLink {
       protocolVersion: LATEST_VERSION,
       initializeParams,
       listen: true,
+      ...(options.credential !== undefined ? { credential: options.credential } : {}),
       ...(options.upstream !== undefined ? { upstream: options.upstream(options.tenant, this.server) } : {})
     })
     const key = `i${++this.#seq}`
@@ -157,24 +164,29 @@ export class DedicatedLink implements MemberLink {
   }
 }
 
-/** A pooled member: each request borrows a connection of the member's (server, tenant) pool. */
+/**
+ * A pooled member: each request borrows a connection of the member's (server, tenant) pool, or of
+ * the session owner's own pool when the member's credential is one user's (the pool decides).
+ */
 export class PooledLink implements MemberLink {
   readonly server: string
   readonly #pool: ConnectionPool
   readonly #tenant: string | null
+  readonly #subject: string | undefined
 
-  constructor (pool: ConnectionPool, server: string, tenant: string | null) {
+  constructor (pool: ConnectionPool, server: string, tenant: string | null, subjectDigest: string | undefined) {
     this.#pool = pool
     this.server = server
     this.#tenant = tenant
+    this.#subject = subjectDigest
   }
 
   async start (): Promise<BackendInfo> {
-    return await this.#pool.info(this.server, this.#tenant)
+    return await this.#pool.info(this.server, this.#tenant, this.#subject)
   }
 
   async run (build: (key: string) => JsonRpcRequest, sink: MemberSink, logLevel: string | null): Promise<MemberCall> {
-    const call: PooledCall = await this.#pool.call(this.server, this.#tenant, build, sink, { logLevel })
+    const call: PooledCall = await this.#pool.call(this.server, this.#tenant, build, sink, { logLevel }, this.#subject)
     return { cancel: reason => { call.cancel(reason) }, answer: response => { call.answer(response) } }
   }
 

@@ -27,13 +27,15 @@ import type { TraceCarrier } from '../../telemetry/tracing.js'
 import { AggregateCatalogue, unitedInfo, type ListKind } from './catalogue.js'
 import { DedicatedLink, PooledLink, type MemberCall } from './member-link.js'
 import { routeRequest } from './route.js'
+import { downError } from './member-state.js'
 import { SessionMembers, type SessionMember } from './session-members.js'
 import { mergedTasks, TASK_ID_METHODS, tagTaskParams, withoutTaskSupport, tagTaskResult, unitedTasks, unknownTaskMessage, untagTaskId } from './tasks.js'
-import type { BackendSupervisor, UpstreamLookup } from '../upstream/ports.js'
+import type { BackendSupervisor, CredentialLookup, UpstreamLookup } from '../upstream/ports.js'
 import type { ConnectionPool } from '../upstream/pool.js'
 import { isJsonStream, Relay, type RelayHost, type RelayOptions } from '../upstream/relay.js'
 import { progressForClient, underGatewayKey } from '../upstream/progress-tokens.js'
 import { capabilityNeededBy } from '../../core/mcp.js'
+import { consentErrorFor } from '../../core/consent-error.js'
 
 /** list_changed of several members within this are one for the client. */
 const LIST_CHANGED_COALESCE_MS = 50
@@ -71,7 +73,11 @@ export interface AggregateOptions extends Omit<RelayOptions, 'legacy' | 'direct'
   backends: BackendSupervisor
   pool: ConnectionPool
   tenant: string | null
+  /** The session owner's subject digest (the record's): whose credential each member link carries. */
+  subjectDigest: string | undefined
   upstream: UpstreamLookup | undefined
+  /** Each member's credential for the session owner; none when static. */
+  credentials: CredentialLookup | undefined
   toolPolicy: ToolPolicyLookup | undefined
   gatewayMetrics: GatewayMetrics
 }
@@ -109,7 +115,7 @@ export class AggregateRelay extends Relay {
       aggregate: this.server,
       config: options.aggregate,
       link: m => kindNameOf(options.live.servers[m.server]) === 'pooled'
-        ? new PooledLink(options.pool, m.server, options.tenant)
+        ? new PooledLink(options.pool, m.server, options.tenant, options.subjectDigest)
         : new DedicatedLink({
           server: m.server,
           sid: this.sid,
@@ -122,6 +128,7 @@ export class AggregateRelay extends Relay {
           nextServerRequestId: () => options.host.nextServerRequestId(),
           log: this.log,
           principal: this.principal,
+          credential: options.credentials?.(options.tenant, options.subjectDigest, m.server),
           gone: reason => { this.#members.down(m.server, reason) },
           fromConnection: (message, answer) => { this.#fromMemberConnection(m.server, message, answer) }
         }),
@@ -304,6 +311,11 @@ export class AggregateRelay extends Relay {
     return { protocolVersion, capabilities: tasks !== undefined ? { ...capabilities, tasks } : capabilities, serverInfo, ...(instructions !== undefined ? { instructions } : {}) }
   }
 
+  /** A consent the user must give, as this client can take it (a URL elicitation where it declared one). */
+  #forClient (err: GatewayError): GatewayError {
+    return consentErrorFor(err, { protocolVersion: this.#protocolVersionOfClient, capabilities: this.#capabilitiesOfClient })
+  }
+
   /** A request of the gateway's own to one member; its result, or throws. */
   async #ask (member: SessionMember, method: string, params: Record<string, unknown>): Promise<Record<string, unknown>> {
     const message = await new Promise<JsonRpcResponse>((resolve) => {
@@ -319,7 +331,8 @@ export class AggregateRelay extends Relay {
 
   #run (member: SessionMember, request: JsonRpcRequest, streamId: string, holder: string | undefined, tool?: string, shown?: (result: Record<string, unknown>) => Record<string, unknown>): void {
     if (member.down !== null) {
-      this.#reply(streamId, toJsonRpcError(new GW_ERR_BACKEND_UNAVAILABLE(member.server, `aggregate member is down (${member.down})`), request.id), holder)
+      // A credential that could not be had says what to do (a consent link, as this client takes it).
+      this.#reply(streamId, toJsonRpcError(this.#forClient(downError(member)), request.id), holder)
       return
     }
     const id = idKey(request.id)
@@ -352,7 +365,7 @@ export class AggregateRelay extends Relay {
       running.call = call
     }, (err: unknown) => {
       if (!this.#settle(request.id)) return
-      const gwErr = isGatewayError(err) ? err : new GW_ERR_BACKEND_UNAVAILABLE(member.server, err instanceof Error ? err.message : String(err))
+      const gwErr = isGatewayError(err) ? this.#forClient(err) : new GW_ERR_BACKEND_UNAVAILABLE(member.server, err instanceof Error ? err.message : String(err))
       this.#answered(running, toJsonRpcError(gwErr, request.id))
     })
   }

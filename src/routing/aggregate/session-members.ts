@@ -8,12 +8,11 @@
 import type { Logger } from 'pino'
 import type { AggregateMemberConfig, AggregateServerConfig } from '../../config/schema.js'
 import type { GatewayMetrics } from '../../telemetry/metrics.js'
-import type { CatalogueMember } from './catalogue.js'
 import type { MemberLink } from './member-link.js'
-import { MEMBER_RETRY_MS, markDown, memberOf, startWithin } from './member-state.js'
+import { MEMBER_RETRY_MS, markDown, markUp, memberOf, startWithin, type MemberState } from './member-state.js'
 import type { BackendInfo } from '../upstream/pool.js'
 
-export interface SessionMember extends CatalogueMember {
+export interface SessionMember extends MemberState {
   link: MemberLink
   info: BackendInfo | null
   /** Its next start, while it is down. */
@@ -83,22 +82,25 @@ export class SessionMembers {
     try {
       member.info = await startWithin(member.server, member.link.start(), boundMs)
       const was = member.down
-      member.down = null
+      markUp(member)
       if (announce && was !== null) {
         this.#options.log.info({ member: member.server }, 'aggregate member is back')
         this.#options.listsChanged()
       }
     } catch (err) {
-      this.down(member.server, err instanceof Error ? err.message : String(err))
+      this.down(member.server, err instanceof Error ? err.message : String(err), err)
     }
   }
 
-  /** A member failed to start or went away: out of lists until it comes back. */
-  down (server: string, reason: string): void {
+  /**
+   * A member failed to start or went away: out of lists until it comes back. `cause`: the error
+   * that took it down (a credential's own is what requests routed to it get meanwhile).
+   */
+  down (server: string, reason: string, cause?: unknown): void {
     const member = this.byServer(server)
     if (member === undefined || this.#closed) return
     const wasUp = member.down === null
-    if (markDown(member, reason)) {
+    if (markDown(member, reason, cause)) {
       this.#options.log.warn({ member: member.server, reason }, 'aggregate member is down: left out of lists, its calls fail at once')
       this.#options.metrics.aggregateMemberLeftOut(this.#options.aggregate, member.server, 'down')
     }

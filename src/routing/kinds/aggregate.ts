@@ -9,7 +9,7 @@ import type { SessionRecord } from '../../state/session-store.js'
 import { principalOfRecord } from '../../auth/principal.js'
 import { lazyChild, shortHash } from '../../telemetry/logger.js'
 import { AggregateRelay } from '../aggregate/relay.js'
-import type { BackendSupervisor, UpstreamLookup } from '../upstream/ports.js'
+import type { BackendSupervisor, CredentialLookup, UpstreamLookup } from '../upstream/ports.js'
 import type { ConnectionPool } from '../upstream/pool.js'
 import { capabilitiesOf, type RelayHost } from '../upstream/relay.js'
 import { serverConfigOf, type KindName } from './kind.js'
@@ -23,6 +23,8 @@ export interface AggregateKindOptions extends RelayKindOptions {
   pool: ConnectionPool
   host: RelayHost
   upstream: UpstreamLookup | undefined
+  /** Each session owner's credential toward a member (credentials/); none when static. */
+  credentials?: CredentialLookup
   toolPolicy: ToolPolicyLookup | undefined
 }
 
@@ -64,7 +66,11 @@ export class AggregateKind extends RoutedKind {
       backends: options.backends,
       pool: options.pool,
       tenant: record.tenant ?? null,
+      // The owner's, from the record: every replica that takes the session over opens its members
+      // for the same user, never for the caller of the request that triggered the takeover.
+      subjectDigest: record.subjectDigest,
       upstream: options.upstream,
+      credentials: options.credentials,
       toolPolicy: options.toolPolicy
     })
     const stop = async (): Promise<void> => {

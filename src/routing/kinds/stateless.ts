@@ -37,8 +37,8 @@ export interface StatelessServer {
   listenTopics (): string[]
   /** Keeps open, while a listen stream lasts, the pools it hears (subscribed to `uris` where supported). */
   holdForListen (tenant: string | null, uris: readonly string[], subject?: string): Promise<() => void>
-  /** Where a request (other than listen and discover) goes. */
-  plan (tenant: string | null, request: JsonRpcRequest): Promise<StatelessPlan>
+  /** Where a request (other than listen and discover) goes; `subject`: the caller's digest (its own pools, where a credential is one user's). */
+  plan (tenant: string | null, request: JsonRpcRequest, subject?: string): Promise<StatelessPlan>
 }
 
 export interface StatelessKindsOptions {
@@ -117,20 +117,20 @@ function pooledServer (server: string, pool: ConnectionPool, live: ServerSource)
 function aggregateServer (server: string, pool: ConnectionPool, aggregates: StatelessAggregates): StatelessServer {
   return {
     async relayTo () { return null },
-    async info (tenant) { return await aggregates.info(server, tenant) },
+    async info (tenant, subject) { return await aggregates.info(server, tenant, subject) },
     // Members' resource subscriptions are not routed through an aggregate's listen stream: it
     // honours list_changed only.
     subscribesResources: false,
     // Other replicas send a member's events by member.
     listenTopics: () => aggregates.membersOf(server),
-    async holdForListen (tenant) {
-      const held = await Promise.allSettled(aggregates.membersOf(server).map(async m => await pool.hold(m, tenant)))
+    async holdForListen (tenant, _uris, subject) {
+      const held = await Promise.allSettled(aggregates.membersOf(server).map(async m => await pool.hold(m, tenant, [], subject)))
       return () => { for (const h of held) if (h.status === 'fulfilled') h.value() }
     },
-    async plan (tenant, request) {
+    async plan (tenant, request, subject) {
       if (TASK_METHODS.has(request.method)) return unknownTask(request)
-      const routed = await aggregates.route(server, tenant, request)
-      const serverInfo = (await aggregates.info(server, tenant)).serverInfo
+      const routed = await aggregates.route(server, tenant, request, subject)
+      const serverInfo = (await aggregates.info(server, tenant, subject)).serverInfo
       return routed.kind === 'answer'
         ? { kind: 'answer', response: routed.response, serverInfo }
         : { kind: 'pool', server: routed.server, params: routed.request.params, serverInfo }
