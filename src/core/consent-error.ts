@@ -53,19 +53,3 @@ export function consentAnswerFor (response: JsonRpcResponse, client: ClientDecla
   const err = withData(new GW_ERR_CREDENTIAL_CONSENT_REQUIRED(String(data.server)), rest)
   return toJsonRpcError(consentErrorFor(err, client), response.id ?? null)
 }
-
-/**
- * The consent-required error again, from its URL elicitation form. A connection the gateway
- * initialises itself (a pool's, an aggregate member's) declares URL elicitation, to carry a
- * backend's own to whichever client a request belongs to, so its relay renders a consent the
- * connection needs as -32042. Its initialize is the gateway's own: it wants the typed error back,
- * to give each client in the form that client takes.
- */
-export function consentErrorOfElicitation (error: { data?: unknown }): GatewayError | undefined {
-  const data = error.data as Record<string, unknown> | undefined
-  if (data?.source !== 'gateway' || data.code !== 'GW_ERR_URL_ELICITATION_REQUIRED' || !Array.isArray(data.elicitations)) return undefined
-  const first = data.elicitations[0] as Record<string, unknown> | undefined
-  if (typeof first?.url !== 'string') return undefined
-  const server = String(data.server)
-  return withData(new GW_ERR_CREDENTIAL_CONSENT_REQUIRED(server), { server, authorizationUrl: first.url, elicitationId: String(first.elicitationId), action: String(first.message) })
-}

@@ -4,7 +4,6 @@
 // request belongs to; the gateway runs their initialize handshake (initializeBackend) and keeps
 // what the backend said of itself.
 import type { BackendServerConfig } from '../../config/schema.js'
-import { consentErrorOfElicitation } from '../../core/consent-error.js'
 import { credentialErrorOf, GW_ERR_BACKEND_UNAVAILABLE } from '../../core/errors.js'
 import { isRecord, isResponse, type JsonRpcMessage, type JsonRpcResponse } from '../../core/jsonrpc.js'
 import { LATEST_VERSION } from '../../core/protocol-version.js'
@@ -38,6 +37,7 @@ export function gatewayRelay ({ config, ...options }: GatewayRelayOptions): Rela
     isOwner: true,
     protocolVersion: LATEST_VERSION,
     clientCapabilities: BRIDGED_CAPABILITIES,
+    rendersConsent: false,
     requestTimeoutMs: config.requestTimeoutMs,
     cancelOnTimeout: config.transport === 'stdio',
     backendTransport: config.transport,
@@ -59,7 +59,7 @@ export async function initializeBackend (relay: Relay, key: string, expect: (onM
     relay.deliver({ jsonrpc: '2.0', id: key, method: 'initialize', params: GATEWAY_INITIALIZE_PARAMS }, key)
   })
   // A caller's credential that could not be had says so itself (which authorization server, why).
-  if ('error' in answer) throw credentialErrorOf(answer.error) ?? consentErrorOfElicitation(answer.error) ?? new GW_ERR_BACKEND_UNAVAILABLE(relay.server, `initialize failed: ${answer.error.message}`)
+  if ('error' in answer) throw credentialErrorOf(answer.error) ?? new GW_ERR_BACKEND_UNAVAILABLE(relay.server, `initialize failed: ${answer.error.message}`)
   relay.deliver({ jsonrpc: '2.0', method: 'notifications/initialized' }, null)
   return backendInfoOf(relay.server, answer.result)
 }

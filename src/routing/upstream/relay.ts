@@ -64,6 +64,12 @@ export interface RelayOptions {
   isOwner: boolean
   protocolVersion: string
   clientCapabilities: Record<string, unknown>
+  /**
+   * False for a connection the gateway initialises itself (a pool's, an aggregate member's): its
+   * "client" is the gateway, so a consent the user must give stays the typed error, for the session
+   * or request that holds the real client to render as that client takes it (core/consent-error.ts).
+   */
+  rendersConsent?: boolean
   requestTimeoutMs: number
   clientRequestTimeoutMs: number
   /** Tell the backend when a request times out (stdio; an HTTP connection cancels on its own). */
@@ -137,6 +143,7 @@ export class Relay {
   backend: BackendSessionHandle | null = null
   #protocolVersion: string
   #clientCapabilities: Record<string, unknown>
+  readonly #rendersConsent: boolean
   readonly #options: RelayOptions
   #nextId = 1
   // The four maps below are made on first use: an idle session (most of them, most of the time)
@@ -164,6 +171,7 @@ export class Relay {
     this.createdAt = options.createdAt
     this.#protocolVersion = options.protocolVersion
     this.#clientCapabilities = options.clientCapabilities
+    this.#rendersConsent = options.rendersConsent ?? true
   }
 
   /** Who the session belongs to (tenant and subject digest), for audit lines. */
@@ -300,7 +308,7 @@ export class Relay {
     let response: JsonRpcResponse = { ...message, id: entry.clientId }
     // Only the gateway marks a request cancelled: a backend's answer carrying the mark loses it.
     if (isCancelledAnswer(response)) delete (response as unknown as Record<string, unknown>)[CANCELLED_MEMBER]
-    if ('error' in response) response = consentAnswerFor(response, { protocolVersion: this.#protocolVersion, capabilities: this.#clientCapabilities })
+    if ('error' in response && this.#rendersConsent) response = consentAnswerFor(response, { protocolVersion: this.#protocolVersion, capabilities: this.#clientCapabilities })
     const backendResult = 'result' in response ? response.result : undefined
     if (entry.method === 'initialize' && 'result' in response && isRecord(response.result)) {
       // The client's hop negotiated its own version: the gateway is a separate MCP peer on each side.
@@ -401,6 +409,7 @@ export class Relay {
 
   /** A consent the user must give, as this client can take it (a URL elicitation where it declared one). */
   #forClient (err: GatewayError): GatewayError {
+    if (!this.#rendersConsent) return err
     return consentErrorFor(err, { protocolVersion: this.#protocolVersion, capabilities: this.#clientCapabilities })
   }
 
