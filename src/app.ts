@@ -525,6 +525,9 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
     modern.endListeners()
     parked.clear()
     admin?.stop()
+    // The tasks this replica runs die with its calls and connections: failed in the store, saying
+    // why, while pool and store are still there (others would wait for the heartbeat to lapse).
+    await Promise.all([modernTasks.shutdown(), router.failTasksHere()]).catch(err => { log.warn({ err }, 'tasks not failed at shutdown') })
     await pool.stop()
     await router.stop()
     // Every stream has ended and every request been answered by now. A connection that opened and

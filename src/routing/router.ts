@@ -173,6 +173,14 @@ export class Router {
     await this.#watch.start()
   }
 
+  /**
+   * Before a graceful stop closes the pool: the tasks of pooled sessions held here end failed (their
+   * connections stop with the pool), written to the store while it is still there.
+   */
+  async failTasksHere (): Promise<void> {
+    await this.#pooled.shutdownTasks()
+  }
+
   /** Graceful stop: streams end with a retry hint, leases released, backends stopped. */
   async stop (): Promise<void> {
     this.#stopping = true

@@ -260,6 +260,11 @@ export class PooledSessions {
     this.#tasks.sessionEnded(sid)
   }
 
+  /** This replica stops gracefully: the tasks held here end failed (pooled-task-requests.ts). */
+  async shutdownTasks (): Promise<void> {
+    await this.#tasks.shutdown(this.#options.replicaId)
+  }
+
   stop (): void {
     clearInterval(this.#sweep)
     this.#state.stop()

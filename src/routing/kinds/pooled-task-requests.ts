@@ -60,7 +60,7 @@ export class PooledTaskRequests {
 
   constructor (host: TaskRequestHost) {
     this.#host = host
-    this.#tasks = new PooledTasks(task => { this.#stored(task) })
+    this.#tasks = new PooledTasks(task => { void this.#stored(task) })
     this.#unwatch = host.pool.watchTasks({
       message: (connectionId, message) => this.#taskNotification(connectionId, message),
       lost: (connectionId, reason) => { this.#tasks.lost(connectionId, reason) }
@@ -130,7 +130,7 @@ export class PooledTaskRequests {
       return toJsonRpcError(asGatewayError(err, record.server), response.id ?? null)
     }
     // A status learnt while the record was being written found no record to change: written now.
-    if (JSON.stringify(this.#tasks.view(task)) !== JSON.stringify(view)) this.#stored(task)
+    if (JSON.stringify(this.#tasks.view(task)) !== JSON.stringify(view)) void this.#stored(task)
     const shown = withTaskIds(response, this.#taskIdsOf(record.id, connectionId)) as JsonRpcResponse & { result: Record<string, unknown> }
     return { ...shown, result: { ...shown.result, task: this.#tasks.view(task) } }
   }
@@ -171,11 +171,21 @@ export class PooledTaskRequests {
     this.#tasks.stop()
   }
 
+  /**
+   * This replica stops gracefully: the tasks it holds die with its pool connections, so they end
+   * failed now, in the store too (awaited), rather than `working` until another replica finds
+   * this one's heartbeat missing.
+   */
+  async shutdown (replicaId: string): Promise<void> {
+    const failed = this.#tasks.shutdown(`The gateway replica ${replicaId} holding this task shut down`)
+    await Promise.all(failed.map(async task => { await this.#stored(task) }))
+  }
+
   /** A task's status changed here: its record follows (tasks/list and other replicas read it). */
-  #stored (task: PooledTask): void {
+  async #stored (task: PooledTask): Promise<void> {
     const view = this.#tasks.view(task)
     const lost = task.lost === undefined ? {} : { outcome: { error: toJsonRpcError(new GW_ERR_BACKEND_UNAVAILABLE(task.server, task.lost), null).error }, connectionId: null }
-    this.#host.remote.store.update(task.id, { task: view, ...lost }).catch(err => {
+    await this.#host.remote.store.update(task.id, { task: view, ...lost }).then(() => {}, err => {
       this.#host.log.warn({ err, sid: shortHash(task.sid) }, 'task status not written to the task store')
     })
   }
