@@ -118,6 +118,10 @@ export class ModernTasks {
         this.#running.delete(taskId)
         this.#store(taskId, outcome, task)
       },
+      described: (taskId, task) => {
+        // Not a status change of the gateway's task: published, not counted.
+        store.update(taskId, { task }).then(record => { this.#published(record) }, err => { warn(err, 'bridged task status not stored') })
+      },
       waiting: (taskId, requestState, task, sink) => { this.#wait(taskId, requestState, task, sink) },
       drop: (requestState, principal) => { try { options.parked.take(requestState, principal).onExpire() } catch {} },
       warn

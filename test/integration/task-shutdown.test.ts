@@ -39,7 +39,10 @@ t.test('a replica stopped gracefully fails the tasks it holds before it goes', a
   const created = await client.request({ method: 'tools/call', params: { name: 'simulate-research-query', arguments: { topic: 'stopped', ambiguous: false }, task: { ttl: 120_000 } } }, CreateTaskResultSchema)
   const pooledId = created.task.taskId
 
-  // A 2026-07-28 task bridged to the backend's own, made on A.
+  // A 2026-07-28 task bridged to the backend's own, made on A (once server-everything's roots/list,
+  // 350 ms after its initialize, was asked of an idle connection: on the call it would fail it).
+  await modernPost(`${a.url}/mcp/bridged`, 'server/discover', { _meta: ext })
+  await new Promise(resolve => setTimeout(resolve, 1000))
   const bridged = resultOf(await modernPost(`${a.url}/mcp/bridged`, 'tools/call', { name: 'simulate-research-query', arguments: { topic: 'stopped too' }, _meta: ext }))
   t.match(bridged, { resultType: 'task', status: 'working' }, 'a bridged task runs on A')
 
