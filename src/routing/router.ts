@@ -128,6 +128,7 @@ export class Router {
       store,
       log,
       append: async (sid, streamId, message) => await this.#streams.append(sid, streamId, message),
+      answerOnce: async (sid, streamId, message) => await this.#streams.append(sid, streamId, message, false, undefined, true),
       writes: (sid, streamId) => this.#streams.writes(sid, streamId),
       pendingReplicas: async sid => await eventLog.pendingReplicas(sid),
       tasks,

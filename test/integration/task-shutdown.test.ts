@@ -10,7 +10,7 @@ import { CreateTaskResultSchema } from '@modelcontextprotocol/sdk/types.js'
 import t from 'tap'
 import { envelope, modernPost, resultOf } from '../helpers/modern.js'
 import { randomPrefix, startRedis } from '../helpers/redis-server.js'
-import { startReplica, type ReplicaProcess } from '../helpers/replicas.js'
+import { startReplica, steeredFetch, type ReplicaProcess } from '../helpers/replicas.js'
 
 const EVERYTHING = fileURLToPath(new URL('../../../node_modules/@modelcontextprotocol/server-everything/dist/index.js', import.meta.url))
 const ext = envelope({ elicitation: {}, extensions: { 'io.modelcontextprotocol/tasks': {} } })
@@ -28,11 +28,7 @@ t.test('a replica stopped gracefully fails the tasks it holds before it goes', a
 
   // A pooled session's task, made on A; the session's later requests go to B.
   let target = a
-  const fetchVia = async (input: string | URL | Request, init?: RequestInit): Promise<Response> => {
-    const url = new URL(input instanceof Request ? input.url : String(input))
-    url.host = new URL(target.url).host
-    return await fetch(url, init)
-  }
+  const fetchVia = steeredFetch(() => target)
   const client = new Client({ name: 'stopper', version: '1' }, { capabilities: {} })
   await client.connect(new StreamableHTTPClientTransport(new URL(`${a.url}/mcp/everything`), { fetch: fetchVia }))
   t.teardown(async () => { await client.close().catch(() => {}) })

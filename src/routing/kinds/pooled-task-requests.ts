@@ -23,6 +23,7 @@ import { asGatewayError } from '../upstream/relay.js'
 import { shortHash } from '../../telemetry/logger.js'
 import type { TaskRecord } from '../../state/task-store.js'
 import { unknownTask, type RemoteTasks } from './pooled-task-remote.js'
+import { ForwardedTaskRequests } from './pooled-task-forwarded.js'
 import { isTerminal, PooledTasks, relatedTaskOf, withTaskIds, type PooledTask } from './pooled-tasks.js'
 
 /** Bounds of how often a waiting tasks/result asks the backend (the task's pollInterval, else a second). */
@@ -47,6 +48,8 @@ export interface TaskRequestHost {
   forward (replica: string, sid: string, streamId: string, request: JsonRpcRequest): Promise<void>
   /** Appends to a client stream's log (failures are logged there). */
   append (sid: string, streamId: string, message: JsonRpcMessage): void
+  /** Appends an answer unless the stream's log holds one to its request already. */
+  answerOnce (sid: string, streamId: string, message: JsonRpcMessage): Promise<void>
   /** Records a request waiting here among the session's calls. */
   track (sid: string, clientId: RequestId, streamId: string, connectionId: string): TrackedCall
   /** Runs a client's request on the connection `connectionId`, as any request of the session. */
@@ -57,9 +60,12 @@ export class PooledTaskRequests {
   readonly #host: TaskRequestHost
   readonly #tasks: PooledTasks
   readonly #unwatch: () => void
+  /** Requests passed to a task's holder with no marker naming it (pooled-task-forwarded.ts). */
+  readonly #forwarded: ForwardedTaskRequests
 
   constructor (host: TaskRequestHost) {
     this.#host = host
+    this.#forwarded = new ForwardedTaskRequests({ isAlive: async replica => await host.remote.isAlive(replica), answerOnce: host.answerOnce, log: host.log })
     this.#tasks = new PooledTasks(task => { void this.#stored(task) })
     this.#unwatch = host.pool.watchTasks({
       message: (connectionId, message) => this.#taskNotification(connectionId, message),
@@ -142,6 +148,7 @@ export class PooledTaskRequests {
       this.#host.remote.store.delete(task.id).catch(() => {})
     }
     this.#tasks.forgetSession(sid)
+    this.#forwarded.sessionEnded(sid)
   }
 
   /** A task-augmented tools/call while the session holds as many live tasks as it may: refused, its error sent. */
@@ -168,6 +175,7 @@ export class PooledTaskRequests {
 
   stop (): void {
     this.#unwatch()
+    this.#forwarded.stop()
     this.#tasks.stop()
   }
 
@@ -213,7 +221,13 @@ export class PooledTaskRequests {
       const stored = await this.#host.remote.find(record, params.taskId)
       if (stored === null) { send(unknownTask(request)); return }
       const replica = forwarded ? undefined : await this.#host.remote.holderOf(stored)
-      if (replica !== undefined) { await this.#host.forward(replica, sid, streamId, request); return }
+      if (replica !== undefined) {
+        // Passed on here (legacy, a batch): its marker, if any, names this replica, so this
+        // replica answers it should the holder die first.
+        this.#forwarded.watch({ sid, streamId, id: request.id, replica, server: stored.server, until: stored.expiresAt })
+        await this.#host.forward(replica, sid, streamId, request)
+        return
+      }
       send(await this.#host.remote.answerFromStore(request, stored))
       return
     }
