@@ -78,6 +78,8 @@ import { MemorySessionQuotas, QuotaGate, RedisSessionQuotas, type SessionQuotas 
 
 /** After the shutdown path has answered everything: connections still open are closed this much later. */
 const CLOSE_STRAGGLERS_MS = 1000
+/** How long a stop waits for the tasks held here to be failed in the store (see preClose). */
+const FAIL_TASKS_MS = 3000
 
 /** A request (its body included) must arrive within this time (slowloris). */
 const REQUEST_TIMEOUT_MS = 30_000
@@ -525,6 +527,13 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
     modern.endListeners()
     parked.clear()
     admin?.stop()
+    // The tasks this replica runs die with its calls and connections: failed in the store, saying
+    // why, while pool and store are still there (others would wait for the heartbeat to lapse).
+    // Bounded: a store that does not answer must not hold the stop up.
+    let bound: NodeJS.Timeout | undefined
+    const failing = Promise.all([modernTasks.shutdown(), router.failTasksHere()]).catch(err => { log.warn({ err }, 'tasks not failed at shutdown') })
+    await Promise.race([failing, new Promise<void>(resolve => { bound = setTimeout(() => { log.warn('tasks not failed at shutdown within the bound'); resolve() }, FAIL_TASKS_MS) })])
+    clearTimeout(bound)
     await pool.stop()
     await router.stop()
     // Every stream has ended and every request been answered by now. A connection that opened and

@@ -13,6 +13,7 @@ import { GW_ERR_BACKEND_UNAVAILABLE } from '../core/errors.js'
 import type { ConnectionPool } from '../routing/upstream/pool.js'
 import type { ParkedCalls } from '../routing/upstream/mrtr.js'
 import { Exchange } from './modern-exchange.js'
+import { HostingSink } from './modern-task-host.js'
 import type { ResponseSink } from './modern-response.js'
 import { legacyParams, type RequestEnvelope } from './modern-rules.js'
 import { declaresTasks, missingTasksCapability, withTasksExtension, type HostCaller, type ModernTasks } from './modern-tasks.js'
@@ -55,9 +56,22 @@ export class TaskBridge {
   readonly #options: TaskBridgeOptions
   /** `taskSupport` of each tool, per (server, tenant), with when it was read. */
   readonly #support = new Map<string, { at: number, tools: Promise<Map<string, string>> }>()
+  /** The gateway's task of each backend task followed here, by connection id and backend task id. */
+  readonly #following = new Map<string, HostingSink>()
 
   constructor (options: TaskBridgeOptions) {
     this.#options = options
+    // The backend's notifications/tasks/status of a task followed here (its statusMessage as it
+    // goes) become the gateway's task's; what no bridged task here names is left to the others.
+    options.pool.watchTasks({
+      message: (connectionId, message) => {
+        if (!('method' in message) || message.method !== 'notifications/tasks/status' || !isRecord(message.params)) return false
+        const sink = this.#following.get(followKey(connectionId, message.params.taskId))
+        sink?.said(message.params.status, message.params.statusMessage)
+        return sink !== undefined
+      },
+      lost: () => {}
+    })
   }
 
   /** The tool's 2025 `execution.taskSupport` ("forbidden" when unknown). */
@@ -116,15 +130,24 @@ export class TaskBridge {
       pollIntervalMs: typeof backendTask.pollInterval === 'number' ? backendTask.pollInterval : settings?.pollIntervalMs ?? 1000
     }, cancelBackend)
     const exchange = new Exchange(parked, sink, request, envelope, caller.server, caller.principal, call.serverInfo, {})
+    const key = followKey(connectionId, backendId)
+    if (sink instanceof HostingSink) this.#following.set(key, sink)
     try {
       const reservation = await pool.reserveOn(caller.server, caller.tenant, connectionId)
-      exchange.start(reservation.run(id => ({ jsonrpc: '2.0', id, method: 'tasks/result', params: { taskId: backendId } }), exchange))
+      // Followed until tasks/result answers (the task ended, or its connection did).
+      const followed = { onMessage: (message: JsonRpcMessage): void => { if (!('method' in message)) this.#following.delete(key); exchange.onMessage(message) } }
+      exchange.start(reservation.run(id => ({ jsonrpc: '2.0', id, method: 'tasks/result', params: { taskId: backendId } }), followed))
     } catch (err) {
+      this.#following.delete(key)
       cancelBackend()
       sink.fail(new GW_ERR_BACKEND_UNAVAILABLE(caller.server, `the task's connection cannot be reached: ${err instanceof Error ? err.message : String(err)}`), request.id)
     }
     return true
   }
+}
+
+function followKey (connectionId: string, backendId: unknown): string {
+  return `${connectionId}\0${String(backendId)}`
 }
 
 /**

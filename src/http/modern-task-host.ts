@@ -43,6 +43,8 @@ export interface HostRegistry {
   running (taskId: string, cancel: () => void): void
   /** The call ended: its outcome is stored, the task leaves this replica's table. */
   ended (taskId: string, outcome: TaskOutcome, task: Record<string, unknown>): void
+  /** A 2025 backend described its own task again (bridged): the record's task becomes `task`. */
+  described (taskId: string, task: Record<string, unknown>): void
   /** The call is parked under `requestState` until tasks/update answers its asks. */
   waiting (taskId: string, requestState: unknown, task: Record<string, unknown>, sink: HostingSink): void
   /** A parked call that cannot be resumed (see HostedRequest.resumable): dropped. */
@@ -73,6 +75,8 @@ export class HostingSink implements ResponseSink {
   #task: Record<string, unknown> | undefined
   /** The answer that came while the record was being written. */
   #early: JsonRpcMessage | undefined
+  /** What a bridged backend last said of its own task (notifications/tasks/status). */
+  #said: { status: unknown, statusMessage: string | undefined } | undefined
   /** Set by the exchange: cancels the call (the client went away, or the task was cancelled). */
   onClientGone: (() => void) | undefined
 
@@ -94,7 +98,27 @@ export class HostingSink implements ResponseSink {
 
   /** tasks/update resumes the parked call into this sink. */
   rearm (): void {
-    if (this.#state === 'waiting') this.#state = 'hosted'
+    if (this.#state !== 'waiting' || this.#task === undefined) return
+    this.#state = 'hosted'
+    this.#task = taskWith(this.#task, 'working')
+  }
+
+  /**
+   * A bridged 2025 backend's status of its own task: its statusMessage becomes the task's while the
+   * task is live. The status itself follows what reaches the gateway on the task's `tasks/result`
+   * (input_required once the backend's asks arrive, its result or error at the end), so a task never
+   * says input_required without the inputRequests to answer.
+   */
+  said (status: unknown, statusMessage: unknown): void {
+    const message = typeof statusMessage === 'string' ? statusMessage : undefined
+    this.#said = { status, statusMessage: message }
+    const task = this.#task
+    // A terminal status comes with the task's result, on its tasks/result.
+    if (task === undefined || task.statusMessage === message || status === 'completed' || status === 'failed' || status === 'cancelled') return
+    if (this.#state === 'hosted') this.#task = taskWith(task, 'working', message)
+    else if (this.#state === 'waiting' && status === 'input_required') this.#task = { ...taskWith(task, 'input_required', message), inputRequests: task.inputRequests }
+    else return
+    this.#registry.described(String(task.taskId), this.#task)
   }
 
   notify (message: JsonRpcMessage): void {
@@ -176,7 +200,8 @@ export class HostingSink implements ResponseSink {
     if (result.resultType === 'input_required' && this.#request.resumable) {
       // The backend asks the client something: the task says so, tasks/update answers.
       this.#state = 'waiting'
-      this.#task = { ...taskWith(task, 'input_required'), inputRequests: isRecord(result.inputRequests) ? result.inputRequests : {} }
+      const asked = this.#said?.status === 'input_required' ? this.#said.statusMessage : undefined
+      this.#task = { ...taskWith(task, 'input_required', asked), inputRequests: isRecord(result.inputRequests) ? result.inputRequests : {} }
       this.#registry.waiting(String(task.taskId), result.requestState, this.#task, this)
       return
     }

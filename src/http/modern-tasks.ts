@@ -10,7 +10,7 @@
 //   replica is gone ends failed. tasks/cancel and tasks/update reach the replica running the call
 //   over the bus; tasks/update answers the inputRequests of a pooled call the backend made wait.
 // Tasks of a 2026-07-28 backend are not the gateway's: their requests are relayed as they are.
-import { GW_ERR_BACKEND_LOST, GW_ERR_MISSING_CAPABILITY, toJsonRpcError, withData } from '../core/errors.js'
+import { GW_ERR_BACKEND_LOST, GW_ERR_MISSING_CAPABILITY, GW_ERR_SHUTTING_DOWN, toJsonRpcError, withData } from '../core/errors.js'
 import { errorResponse, isRecord, JSONRPC_INVALID_PARAMS, type JsonRpcNotification, type JsonRpcRequest, type JsonRpcResponse } from '../core/jsonrpc.js'
 import type { TaskHostingConfig } from '../config/schema.js'
 import type { Envelope } from '../state/bus.js'
@@ -118,6 +118,10 @@ export class ModernTasks {
         this.#running.delete(taskId)
         this.#store(taskId, outcome, task)
       },
+      described: (taskId, task) => {
+        // Not a status change of the gateway's task: published, not counted.
+        store.update(taskId, { task }).then(record => { this.#published(record) }, err => { warn(err, 'bridged task status not stored') })
+      },
       waiting: (taskId, requestState, task, sink) => { this.#wait(taskId, requestState, task, sink) },
       drop: (requestState, principal) => { try { options.parked.take(requestState, principal).onExpire() } catch {} },
       warn
@@ -205,6 +209,25 @@ export class ModernTasks {
     for (const record of records) {
       if (record.backendTaskId === null && record.sessionId === null && !isTerminalStatus(record.task.status)) await this.#lost(record)
     }
+  }
+
+  /**
+   * This replica stops (a graceful shutdown): the hosted calls it runs (bridged ones included) die
+   * with it, so their tasks end failed now, saying why, rather than `working` until another
+   * replica finds the heartbeat missing. Awaited before the pool and the store close.
+   */
+  async shutdown (): Promise<void> {
+    const ids = [...new Set([...this.#running.keys(), ...this.#waiting.keys()])]
+    for (const waiting of this.#waiting.values()) clearTimeout(waiting.timer)
+    this.#running.clear()
+    this.#waiting.clear()
+    const err = toJsonRpcError(new GW_ERR_SHUTTING_DOWN(), null).error
+    const message = `The gateway replica ${this.#options.peers.replicaId} running the task shut down`
+    await Promise.all(ids.map(async taskId => {
+      const record = await this.#options.store.get(taskId)
+      if (record === null || isTerminalStatus(record.task.status)) return
+      await this.#update(taskId, { task: taskWith(record.task, 'failed', message), outcome: { error: err } })
+    }).map(async failing => { await failing.catch(e => { this.#options.warn(e, 'hosted task not failed at shutdown') }) }))
   }
 
   /** Whether the call of a live task still runs (here, or on a replica that is alive). */

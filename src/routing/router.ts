@@ -128,6 +128,7 @@ export class Router {
       store,
       log,
       append: async (sid, streamId, message) => await this.#streams.append(sid, streamId, message),
+      answerOnce: async (sid, streamId, message) => await this.#streams.append(sid, streamId, message, false, undefined, true),
       writes: (sid, streamId) => this.#streams.writes(sid, streamId),
       pendingReplicas: async sid => await eventLog.pendingReplicas(sid),
       tasks,
@@ -171,6 +172,14 @@ export class Router {
   async start (): Promise<void> {
     await this.#services.bus.start(this.replicaId, envelope => { this.#onEnvelope(envelope) })
     await this.#watch.start()
+  }
+
+  /**
+   * Before a graceful stop closes the pool: the tasks of pooled sessions held here end failed (their
+   * connections stop with the pool), written to the store while it is still there.
+   */
+  async failTasksHere (): Promise<void> {
+    await this.#pooled.shutdownTasks()
   }
 
   /** Graceful stop: streams end with a retry hint, leases released, backends stopped. */

@@ -56,3 +56,14 @@ export async function modernPost (url: string, method: string, params: Record<st
 /** The last message of an answer (its response). */
 export const last = (a: Answer): Record<string, unknown> => a.messages[a.messages.length - 1] ?? {}
 export const resultOf = (a: Answer): Record<string, unknown> => last(a).result as Record<string, unknown>
+
+/** Reads an SSE answer as it comes (a listen stream): its messages so far, and the reading's end. */
+export function readEvents (res: Response): { events: Array<Record<string, unknown>>, reading: Promise<void> } {
+  const events: Array<Record<string, unknown>> = []
+  const parser = createParser({ onEvent: e => { if (e.data !== '') events.push(JSON.parse(e.data) as Record<string, unknown>) } })
+  const reading = (async () => {
+    const decoder = new TextDecoder()
+    for await (const chunk of res.body as unknown as AsyncIterable<Uint8Array>) parser.feed(decoder.decode(chunk, { stream: true }))
+  })().catch(() => {})
+  return { events, reading }
+}

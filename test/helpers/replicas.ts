@@ -117,3 +117,12 @@ export async function startRoundRobinProxy (t: Test, initial: string[]): Promise
   })
   return { url: `http://127.0.0.1:${address.port}`, counts, setTargets: list => { targets = [...list] } }
 }
+
+/** A fetch that sends each request to the replica `target()` names now (a client steered between replicas). */
+export function steeredFetch (target: () => ReplicaProcess): (input: string | URL | Request, init?: RequestInit) => Promise<Response> {
+  return async (input, init) => {
+    const url = new URL(input instanceof Request ? input.url : String(input))
+    url.host = new URL(target().url).host
+    return await fetch(url, init)
+  }
+}

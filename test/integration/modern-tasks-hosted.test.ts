@@ -9,8 +9,7 @@ import { eventually } from '../helpers/wait.js'
 import { randomPrefix, startRedis, testRedis } from '../helpers/redis-server.js'
 import { RedisTaskStore } from '../../src/state/task-store-redis.js'
 import { parseConfig } from '../../src/config/load.js'
-import { createParser } from 'eventsource-parser'
-import { envelope, last, modernFetch, modernPost, resultOf } from '../helpers/modern.js'
+import { envelope, last, modernFetch, modernPost, readEvents, resultOf } from '../helpers/modern.js'
 import { scrape } from '../helpers/prometheus.js'
 import { createLogger } from '../../src/telemetry/logger.js'
 
@@ -247,12 +246,7 @@ t.test('notifications/tasks: a listen stream that names a hosted task hears its 
   const abort = new AbortController()
   t.teardown(() => { abort.abort() })
   const res = await modernFetch(`${b.url}/mcp/tools`, 'subscriptions/listen', { notifications: { taskIds: [created.taskId, 'gwt-not-mine'] }, _meta: withTasks }, 7, {}, abort.signal)
-  const events: Array<Record<string, unknown>> = []
-  const parser = createParser({ onEvent: e => { if (e.data !== '') events.push(JSON.parse(e.data) as Record<string, unknown>) } })
-  const reading = (async () => {
-    const decoder = new TextDecoder()
-    for await (const chunk of res.body as unknown as AsyncIterable<Uint8Array>) parser.feed(decoder.decode(chunk, { stream: true }))
-  })().catch(() => {})
+  const { events, reading } = readEvents(res)
   const ack = await eventually('the acknowledgement', () => events.find(e => e.method === 'notifications/subscriptions/acknowledged'))
   t.same((ack.params as { notifications: unknown }).notifications, { taskIds: [created.taskId] }, 'only the caller\'s own hosted task is honoured')
   // Cancelled through A (where the call runs): the change is made there, and heard here.

@@ -8,12 +8,13 @@
 import { execFileSync } from 'node:child_process'
 import { fileURLToPath } from 'node:url'
 import { Client } from '@modelcontextprotocol/sdk/client/index.js'
+import { SSEClientTransport } from '@modelcontextprotocol/sdk/client/sse.js'
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
 import { CallToolResultSchema, CreateTaskResultSchema, ElicitRequestSchema, TaskStatusNotificationSchema } from '@modelcontextprotocol/sdk/types.js'
 import t, { type Test } from 'tap'
 import { newKey, PUBLIC_URL } from '../helpers/auth.js'
 import { randomPrefix, startRedis, testRedis } from '../helpers/redis-server.js'
-import { startReplica, type ReplicaProcess } from '../helpers/replicas.js'
+import { startReplica, steeredFetch, type ReplicaProcess } from '../helpers/replicas.js'
 import { eventually, textOf } from '../helpers/wait.js'
 
 const EVERYTHING = fileURLToPath(new URL('../../../node_modules/@modelcontextprotocol/server-everything/dist/index.js', import.meta.url))
@@ -185,6 +186,54 @@ t.test('the replica holding a task is killed mid-task: the task ends failed, a w
   t.match((await alice.client.experimental.tasks.listTasks()).tasks, [{ taskId: id, status: 'failed' }], 'tasks/list agrees')
   await t.rejects(alice.client.experimental.tasks.getTaskResult(id, CallToolResultSchema), { code: -32007 }, 'tasks/result afterwards: -32007')
   await t.rejects(alice.client.experimental.tasks.cancelTask(id), { code: -32602, message: /terminal status: failed/ }, 'nothing left to cancel')
+})
+
+t.test('a tasks/result passed on over the legacy transport, its task\'s replica killed: answered -32007', async t => {
+  const { a, b } = await twoReplicas(t, pooled)
+  // The stream on B; each POST to the replica the test names.
+  let target = a
+  const posts = steeredFetch(() => target)
+  const client = new Client({ name: 'legacy', version: '1' }, { capabilities: {} })
+  await client.connect(new SSEClientTransport(new URL(`${b.url}/sse/everything`), { fetch: posts, eventSourceInit: { fetch } }))
+  t.teardown(async () => { await client.close().catch(() => {}) })
+  const created = await client.request({ method: 'tools/call', params: { name: 'simulate-research-query', arguments: { topic: 'legacy', ambiguous: false }, task: { ttl: 120_000 } } }, CreateTaskResultSchema)
+  target = b
+  t.match(await client.experimental.tasks.getTask(created.task.taskId), { status: 'working' }, 'made on A, seen through B')
+  const waiting = client.experimental.tasks.getTaskResult(created.task.taskId, CallToolResultSchema, { timeout: 60_000 })
+  waiting.catch(() => {})
+  await new Promise(resolve => setTimeout(resolve, 300))
+  await a.kill()
+  const started = Date.now()
+  await t.rejects(waiting, { code: -32007, message: /holding the task is gone/ }, 'the tasks/result passed on through B is answered -32007')
+  t.ok(Date.now() - started < 20_000, `within ${Date.now() - started} ms`)
+})
+
+t.test('a tasks/result inside a 2025-03-26 batch, its task\'s replica killed: answered -32007', async t => {
+  const { a, b } = await twoReplicas(t, pooled)
+  const headers = { 'content-type': 'application/json', accept: 'application/json, text/event-stream', 'mcp-protocol-version': '2025-03-26' }
+  const init = await fetch(`${a.url}/mcp/everything`, { method: 'POST', headers, body: JSON.stringify({ jsonrpc: '2.0', id: 0, method: 'initialize', params: { protocolVersion: '2025-03-26', capabilities: {}, clientInfo: { name: 'batch', version: '1' } } }) })
+  const sid = init.headers.get('mcp-session-id') ?? ''
+  await init.text()
+  const post = async (replica: ReplicaProcess, body: unknown): Promise<Array<Record<string, unknown>>> => {
+    const res = await fetch(`${replica.url}/mcp/everything`, { method: 'POST', headers: { ...headers, 'mcp-session-id': sid }, body: JSON.stringify(body) })
+    const text = await res.text()
+    if ((res.headers.get('content-type') ?? '').includes('text/event-stream')) return text.split('\n').filter(line => line.startsWith('data: ') && line.length > 6).map(line => JSON.parse(line.slice(6)) as Record<string, unknown>)
+    return text === '' ? [] : [JSON.parse(text) as Record<string, unknown>].flat()
+  }
+  await post(a, { jsonrpc: '2.0', method: 'notifications/initialized' })
+  const [made] = await post(a, { jsonrpc: '2.0', id: 1, method: 'tools/call', params: { name: 'simulate-research-query', arguments: { topic: 'batch' }, task: { ttl: 120_000 } } })
+  const taskId = String((made?.result as { task?: { taskId?: string } } | undefined)?.task?.taskId)
+  t.match(made, { result: { task: { status: 'working' } } }, 'a task made on A')
+  // Two requests: the batch is not routed as a whole to the task's replica, the tasks/result in it is passed on.
+  const answers = post(b, [{ jsonrpc: '2.0', id: 2, method: 'tasks/result', params: { taskId } }, { jsonrpc: '2.0', id: 3, method: 'ping' }])
+  await new Promise(resolve => setTimeout(resolve, 300))
+  await a.kill()
+  const started = Date.now()
+  const got = await answers
+  t.match(got.find(m => m.id === 2), { error: { code: -32007, message: /holding the task is gone/ } }, 'the tasks/result of the batch is answered -32007')
+  t.match(got.find(m => m.id === 3), { result: {} }, 'and the ping')
+  t.equal(got.filter(m => m.id === 2).length, 1, 'once')
+  t.ok(Date.now() - started < 20_000, `within ${Date.now() - started} ms`)
 })
 
 t.test('a child stopped while its task runs: the task fails on every replica', async t => {

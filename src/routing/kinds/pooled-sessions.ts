@@ -59,6 +59,8 @@ export interface PooledSessionsOptions {
   log: Logger
   /** Appends to a client stream's log and wakes its holder (ClientStreams.append). */
   append: (sid: string, streamId: string, message: JsonRpcMessage) => Promise<unknown>
+  /** Appends an answer unless the stream's log holds one to its request already (ClientStreams.append `once`). */
+  answerOnce: (sid: string, streamId: string, message: JsonRpcMessage) => Promise<unknown>
   /** Whether this replica writes that stream now (ClientStreams.writes). */
   writes: (sid: string, streamId: string) => boolean
   /** Replicas that serve requests of the session now (their pending markers), for a cancellation. */
@@ -120,6 +122,7 @@ export class PooledSessions {
       log: options.log,
       forward: async (replica, sid, streamId, request) => { await options.forward(replica, sid, request, streamId) },
       append: (sid, streamId, message) => { this.#append(sid, streamId, message) },
+      answerOnce: async (sid, streamId, message) => { await options.answerOnce(sid, streamId, message) },
       track: (sid, clientId, streamId, connectionId) => {
         const local = this.#track(sid, clientId, streamId, connectionId)
         return { current: () => this.#current(local), settle: () => { this.#settled(local) } }
@@ -258,6 +261,11 @@ export class PooledSessions {
     for (const [id, ask] of this.#asks) if (ask.sid === sid) this.#asks.delete(id)
     this.#state.forget(sid)
     this.#tasks.sessionEnded(sid)
+  }
+
+  /** This replica stops gracefully: the tasks held here end failed (pooled-task-requests.ts). */
+  async shutdownTasks (): Promise<void> {
+    await this.#tasks.shutdown(this.#options.replicaId)
   }
 
   stop (): void {

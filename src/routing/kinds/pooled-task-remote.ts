@@ -77,6 +77,11 @@ export class RemoteTasks {
     return record === null ? undefined : await this.holderOf(record)
   }
 
+  /** Whether a replica's heartbeat is there now. */
+  async isAlive (replica: string): Promise<boolean> {
+    return await this.#options.isAlive(replica)
+  }
+
   /** The live replica, other than this one, that holds a task still running there (else undefined). */
   async holderOf (record: TaskRecord): Promise<string | undefined> {
     if (record.replica === this.#options.replicaId || record.outcome !== undefined) return undefined

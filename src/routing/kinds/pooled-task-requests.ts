@@ -23,6 +23,7 @@ import { asGatewayError } from '../upstream/relay.js'
 import { shortHash } from '../../telemetry/logger.js'
 import type { TaskRecord } from '../../state/task-store.js'
 import { unknownTask, type RemoteTasks } from './pooled-task-remote.js'
+import { ForwardedTaskRequests } from './pooled-task-forwarded.js'
 import { isTerminal, PooledTasks, relatedTaskOf, withTaskIds, type PooledTask } from './pooled-tasks.js'
 
 /** Bounds of how often a waiting tasks/result asks the backend (the task's pollInterval, else a second). */
@@ -47,6 +48,8 @@ export interface TaskRequestHost {
   forward (replica: string, sid: string, streamId: string, request: JsonRpcRequest): Promise<void>
   /** Appends to a client stream's log (failures are logged there). */
   append (sid: string, streamId: string, message: JsonRpcMessage): void
+  /** Appends an answer unless the stream's log holds one to its request already. */
+  answerOnce (sid: string, streamId: string, message: JsonRpcMessage): Promise<void>
   /** Records a request waiting here among the session's calls. */
   track (sid: string, clientId: RequestId, streamId: string, connectionId: string): TrackedCall
   /** Runs a client's request on the connection `connectionId`, as any request of the session. */
@@ -57,10 +60,13 @@ export class PooledTaskRequests {
   readonly #host: TaskRequestHost
   readonly #tasks: PooledTasks
   readonly #unwatch: () => void
+  /** Requests passed to a task's holder with no marker naming it (pooled-task-forwarded.ts). */
+  readonly #forwarded: ForwardedTaskRequests
 
   constructor (host: TaskRequestHost) {
     this.#host = host
-    this.#tasks = new PooledTasks(task => { this.#stored(task) })
+    this.#forwarded = new ForwardedTaskRequests({ isAlive: async replica => await host.remote.isAlive(replica), answerOnce: host.answerOnce, log: host.log })
+    this.#tasks = new PooledTasks(task => { void this.#stored(task) })
     this.#unwatch = host.pool.watchTasks({
       message: (connectionId, message) => this.#taskNotification(connectionId, message),
       lost: (connectionId, reason) => { this.#tasks.lost(connectionId, reason) }
@@ -130,7 +136,7 @@ export class PooledTaskRequests {
       return toJsonRpcError(asGatewayError(err, record.server), response.id ?? null)
     }
     // A status learnt while the record was being written found no record to change: written now.
-    if (JSON.stringify(this.#tasks.view(task)) !== JSON.stringify(view)) this.#stored(task)
+    if (JSON.stringify(this.#tasks.view(task)) !== JSON.stringify(view)) void this.#stored(task)
     const shown = withTaskIds(response, this.#taskIdsOf(record.id, connectionId)) as JsonRpcResponse & { result: Record<string, unknown> }
     return { ...shown, result: { ...shown.result, task: this.#tasks.view(task) } }
   }
@@ -142,6 +148,7 @@ export class PooledTaskRequests {
       this.#host.remote.store.delete(task.id).catch(() => {})
     }
     this.#tasks.forgetSession(sid)
+    this.#forwarded.sessionEnded(sid)
   }
 
   /** A task-augmented tools/call while the session holds as many live tasks as it may: refused, its error sent. */
@@ -168,14 +175,25 @@ export class PooledTaskRequests {
 
   stop (): void {
     this.#unwatch()
+    this.#forwarded.stop()
     this.#tasks.stop()
   }
 
+  /**
+   * This replica stops gracefully: the tasks it holds die with its pool connections, so they end
+   * failed now, in the store too (awaited), rather than `working` until another replica finds
+   * this one's heartbeat missing.
+   */
+  async shutdown (replicaId: string): Promise<void> {
+    const failed = this.#tasks.shutdown(`The gateway replica ${replicaId} holding this task shut down`)
+    await Promise.all(failed.map(async task => { await this.#stored(task) }))
+  }
+
   /** A task's status changed here: its record follows (tasks/list and other replicas read it). */
-  #stored (task: PooledTask): void {
+  async #stored (task: PooledTask): Promise<void> {
     const view = this.#tasks.view(task)
     const lost = task.lost === undefined ? {} : { outcome: { error: toJsonRpcError(new GW_ERR_BACKEND_UNAVAILABLE(task.server, task.lost), null).error }, connectionId: null }
-    this.#host.remote.store.update(task.id, { task: view, ...lost }).catch(err => {
+    await this.#host.remote.store.update(task.id, { task: view, ...lost }).then(() => {}, err => {
       this.#host.log.warn({ err, sid: shortHash(task.sid) }, 'task status not written to the task store')
     })
   }
@@ -203,7 +221,13 @@ export class PooledTaskRequests {
       const stored = await this.#host.remote.find(record, params.taskId)
       if (stored === null) { send(unknownTask(request)); return }
       const replica = forwarded ? undefined : await this.#host.remote.holderOf(stored)
-      if (replica !== undefined) { await this.#host.forward(replica, sid, streamId, request); return }
+      if (replica !== undefined) {
+        // Passed on here (legacy, a batch): its marker, if any, names this replica, so this
+        // replica answers it should the holder die first.
+        this.#forwarded.watch({ sid, streamId, id: request.id, replica, server: stored.server, until: stored.expiresAt })
+        await this.#host.forward(replica, sid, streamId, request)
+        return
+      }
       send(await this.#host.remote.answerFromStore(request, stored))
       return
     }

@@ -148,6 +148,22 @@ export class PooledTasks {
     }
   }
 
+  /**
+   * This replica stops: every live task here fails, saying why (its connection stops with the
+   * pool). Returns them, for their records to follow before the store closes.
+   */
+  shutdown (reason: string): PooledTask[] {
+    const failed: PooledTask[] = []
+    for (const task of this.#byId.values()) {
+      if (task.lost !== undefined || isTerminal(task.task.status)) continue
+      task.lost = reason
+      task.unpin()
+      this.#wake(task)
+      failed.push(task)
+    }
+    return failed
+  }
+
   /** The task as the client sees it: its id, and `failed` if the gateway failed it. */
   view (task: PooledTask): Record<string, unknown> {
     const view: Record<string, unknown> = { ...task.task, taskId: task.id }

@@ -126,12 +126,14 @@ export class ClientStreams {
    * exactly one answer per request, whoever gives it. `claimed`: the caller took the request's
    * marker already (claimOrphans). `expectedHolder`: the replica expected to hold the stream (the
    * one that sent the request here): a small entry's wake to it goes with the append (Bus.prepareWake).
+   * `once`: an answer on a stream that keeps no markers (the legacy stream) is written only if the
+   * log holds no answer to its request yet (EventLog.append `answers` with no marker).
    * Returns '' when nothing was written.
    */
-  async append (sid: string, streamId: string, message: JsonRpcMessage | null, claimed = false, expectedHolder?: string): Promise<string> {
+  async append (sid: string, streamId: string, message: JsonRpcMessage | null, claimed = false, expectedHolder?: string, once = false): Promise<string> {
     if (message !== null) this.#services.taskEvents?.toClient(sid, message)
     const response = message !== null && isResponse(message) && isRequestStreamId(streamId)
-    const answers = !claimed && response && message.id != null ? message.id : undefined
+    const answers = !claimed && message !== null && isResponse(message) && (response || once) && message.id != null ? message.id : undefined
     // The one answer of a one-request stream completes it: the log is kept only briefly from now
     // on (see #onWriterEnd), set in the same step rather than by a command of its own.
     const ttlMs = response && expectedResponsesOf(streamId) === 1 ? Math.min(this.#idleMs, COMPLETED_STREAM_TTL_MS) : this.#idleMs
@@ -144,7 +146,7 @@ export class ClientStreams {
     try {
       // A stream opened before its mark (openPost, `mark`): the verdict on the session first.
       if (local?.marking !== undefined) await local.marking
-      if (answers !== undefined && local !== undefined) {
+      if (response && answers !== undefined && local !== undefined) {
         // Local fast path: the answer that completes a stream written here goes to its client before
         // the log's round trip (ClientWriter.answerDirectly). As one JSON body it never needs the log
         // (#onWriterEnd drops log and marker, if it was marked); as an SSE stream's last frame it is
