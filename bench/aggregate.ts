@@ -1,4 +1,4 @@
-// Issue 27's figure: sequential p50 of a call through an aggregate of two members, against the
+// sequential p50 of a call through an aggregate of two members, against the
 // same call on the member's own endpoint, in one run on one gateway process (memory mode). Both
 // sessions are open all along; each round runs a block of calls on each, in a shuffled order, so
 // the machine's swings hit both alike. Prints the ratio; writes bench/results/<date>-aggregate.json.
@@ -64,7 +64,7 @@ async function main (): Promise<void> {
     await mkdir(out, { recursive: true })
     const file = join(out, `${new Date().toISOString().slice(0, 10)}-aggregate.json`)
     await writeFile(file, JSON.stringify({
-      what: 'sequential tools/call p50: through an aggregate of two members vs the member\'s own endpoint (issue 27)',
+      what: 'sequential tools/call p50: through an aggregate of two members vs the member\'s own endpoint',
       rounds: ROUNDS,
       block: BLOCK,
       figures,

@@ -1,4 +1,4 @@
-// Gateway benchmark (issue 10): every figure is a ratio to a floor measured in the same run, a
+// Gateway benchmark: every figure is a ratio to a floor measured in the same run, a
 // deliberately minimal proxy (bench/minimal-proxy.ts), with all targets up at once and their
 // calls interleaved, because a fresh process per target swings ±30 % on a shared machine.
 // Figures only; nothing is asserted. See bench/README.md.

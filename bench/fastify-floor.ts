@@ -1,4 +1,4 @@
-// For reference next to the floor (issue 10): the floor's own logic (floor-sessions.ts) behind
+// For reference next to the floor: the floor's own logic (floor-sessions.ts) behind
 // Fastify instead of plain node:http, with Fastify's defaults otherwise (no logger, no hooks, no
 // plugins). Its ratio to the floor is what the framework the gateway is built on costs by itself.
 //

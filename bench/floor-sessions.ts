@@ -1,4 +1,4 @@
-// The floor's MCP logic (issue 10), shared by its two HTTP front-ends: the minimal proxy (plain
+// The floor's MCP logic, shared by its two HTTP front-ends: the minimal proxy (plain
 // node:http, the floor every figure is divided by) and fastify-floor (the same logic behind
 // Fastify, to show what the framework alone adds). One child per session; the POSTed line is
 // written to the child and the child's answer goes back as one JSON body. No validation, no

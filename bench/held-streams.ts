@@ -1,4 +1,4 @@
-// Issue 32's figure: idle GET streams held for a long time on one replica, in memory mode and in
+// idle GET streams held for a long time on one replica, in memory mode and in
 // Redis mode (a redis-server this run starts), with bursts of calls that make the pool start and
 // stop children. Goal: no stream ended by the gateway. Also reported: the upkeep passes' durations
 // (the gateway's own histogram, mcpgw_upkeep_pass_duration_seconds), the gateway's RSS, children,

@@ -1,4 +1,4 @@
-// The memory phases (issue 10): the gateway heap per idle session with its GET stream open, and
+// The memory phases: the gateway heap per idle session with its GET stream open, and
 // 10,000 idle GET streams on one replica with an HTTP backend (RSS and event-loop stalls).
 // Both drive the gateway with bench/raw-client.ts, and read its memory after a forced full GC
 // (bench/gc-probe.ts) and its stalls from bench/loop-probe.ts.

@@ -1,7 +1,7 @@
 // mcp-proxy (punkpeye's, the npm package) as a bench target: one stdio child shared by every
 // session. Its CLI connects one SDK client to the child at start, and each HTTP session gets a
 // server of its own proxying to that one client (dist/bin/mcp-proxy.mjs, createServer), so it is
-// the "shared child" design issue 26 compares pooled sessions with. Shipped defaults otherwise.
+// the "shared child" design pooled sessions are compared with. Shipped defaults otherwise.
 import { spawn } from 'node:child_process'
 import { closeSync, openSync } from 'node:fs'
 import { join } from 'node:path'

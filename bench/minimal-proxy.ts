@@ -1,4 +1,4 @@
-// The benchmark's floor (issue 10): a deliberately minimal MCP proxy that the gateway's figures
+// The benchmark's floor: a deliberately minimal MCP proxy that the gateway's figures
 // are divided by. Plain node:http in front of floor-sessions.ts (one child per session, the POSTed
 // line to the child, its answer back as one JSON body). Whatever the gateway does beyond this is
 // what its ratios measure.

@@ -1,4 +1,4 @@
-// Issue 26's idle figure: 10,000 idle pooled sessions on one replica (memory mode), each with its
+// The idle figure: 10,000 idle pooled sessions on one replica (memory mode), each with its
 // GET stream open, in front of the full-server stdio fixture with `sessions: pooled`. Goals: the
 // gateway's children stay at most poolSize, and the gateway's RSS plus its children's stays under
 // 1 GiB. Figures only; nothing is asserted.

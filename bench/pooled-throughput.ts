@@ -1,4 +1,4 @@
-// Issue 26's throughput figures: 50 sessions x 100 concurrent tools/call (echo of the full-server
+// The pooled throughput figures: 50 sessions x 100 concurrent tools/call (echo of the full-server
 // fixture) against the gateway with `sessions: pooled`, the gateway with `sessions: dedicated` (a
 // child per session) and mcp-proxy (one child shared by every session, bench/mcp-proxy.ts), all
 // up at once, their passes interleaved in a fresh shuffled order each round (measure.ts), then
@@ -6,7 +6,7 @@
 //
 //   npm run bench:pooled-throughput      (builds, then node dist/bench/pooled-throughput.js)
 //
-// Goals (issue 26): pooled calls/s >= 1.0x mcp-proxy's and >= dedicated's, with at most poolMax
+// Goals: pooled calls/s >= 1.0x mcp-proxy's and >= dedicated's, with at most poolMax
 // children; sequential p50 pooled <= 1.05x dedicated.
 //
 // Knobs (env, defaults in brackets): BENCH_TP_ROUNDS [5], BENCH_TP_WARMUP [1], BENCH_SESSIONS [50],

@@ -1,5 +1,5 @@
 // The benchmark's stdout: tables of absolute figures and ratios to each target's comparison
-// (the floor unless the target says otherwise), and each of issue 10's goals marked OK or MISS.
+// (the floor unless the target says otherwise), and each of its goals marked OK or MISS.
 import type { IdleResult, StreamsResult } from './idle.js'
 import type { SequentialResult, ThroughputResult } from './measure.js'
 import { fmt, ratio, stats, table } from './stats.js'
@@ -26,7 +26,7 @@ export interface RunHeader {
   knobs: Record<string, unknown>
 }
 
-/** Issue 10's goals for the memory phases. */
+/** The goals of the memory phases. */
 export const IDLE_HEAP_GOAL_KIB = 16
 export const STREAMS_GOAL = { count: 10_000, rssBytes: 500e6, stallMs: 50 }
 
@@ -246,9 +246,9 @@ export function report (header: RunHeader, results: TargetResult[], idle: IdleRe
     }
   }
   const goals = goalLines(results, byName, idle, streams)
-  if (goals.length > 0) lines.push('', 'Issue 10 targets:', ...goals.map(l => `  ${l}`))
+  if (goals.length > 0) lines.push('', 'Targets:', ...goals.map(l => `  ${l}`))
   const costs = featureCostLines(byName)
-  if (costs.length > 0) lines.push('', 'Optional features, on over off (issue 11):', ...costs.map(l => `  ${l}`))
+  if (costs.length > 0) lines.push('', 'Optional features, on over off:', ...costs.map(l => `  ${l}`))
   const compare = compareLines(results, byName)
   if (compare.length > 0) lines.push('', 'This build over BENCH_COMPARE_MAIN:', ...compare.map(l => `  ${l}`))
   const errors = [

@@ -60,7 +60,7 @@ export async function connectHttp (url: string, fetchImpl?: FetchLike): Promise<
   return track(client, async () => { await transport.terminateSession() })
 }
 
-/** The v2 SDK client pinned to 2026-07-28: no session, every call a stateless request (issue 9). */
+/** The v2 SDK client pinned to 2026-07-28: no session, every call a stateless request. */
 export async function connectModern (url: string): Promise<BenchSession> {
   const client = new ClientV2({ name: 'bench', version: '1.0.0' }, { versionNegotiation: { mode: { pin: '2026-07-28' } } })
   await client.connect(new TransportV2(new URL(url)))

@@ -1,7 +1,7 @@
 // What the benchmark measures, as data: each target is a name, how to start it, what it is
 // compared with (the floor unless said otherwise) and the issue's goals for that comparison.
 // All targets are started before any measurement and stay up to the end, so every round of
-// every phase visits the same processes (issue 10: a fresh process per target swings ±30 %).
+// every phase visits the same processes (a fresh process per target swings ±30 %).
 //
 // Adding a target is one entry in targetSpecs(), usually gatewayTarget() with config overrides:
 //   gatewayTarget('gateway-json', { config: { http: { responseMode: 'json' } } })
@@ -211,7 +211,7 @@ export function targetSpecs (compareMain: string | undefined): TargetSpec[] {
     gatewayTarget('gateway-redis-cross', { redis: 'cross', goals: REDIS_CROSS_GOALS }),
     // The same gateway with an optional feature off: the report divides on by off (FEATURE_COSTS).
     gatewayTarget('gateway-no-metrics', { config: { metrics: { enabled: false } } }),
-    // The default with one of issue 10's savings undone: every POST answered as an SSE stream
+    // The default with one of the hot path's savings undone: every POST answered as an SSE stream
     // at once (no lazy JSON), and one write(2) per log line (no buffer).
     gatewayTarget('gateway-eager-sse', { config: { http: { lazySseMs: 0 } } }),
     gatewayTarget('gateway-log-sync', { config: { log: { flushMs: 0 } } }),
@@ -219,7 +219,7 @@ export function targetSpecs (compareMain: string | undefined): TargetSpec[] {
     gatewayTarget('gateway-http-backend', { backend: 'http', compareTo: 'direct-http' }),
     // Redis, one replica, the same HTTP backend: what the store adds to a direct session's call.
     gatewayTarget('gateway-redis-http', { backend: 'http', redis: 'local', compareTo: 'direct-http' }),
-    // 2026-07-28 requests through the pool, next to the 2025 session path of the same build (issue 9).
+    // 2026-07-28 requests through the pool, next to the 2025 session path of the same build.
     gatewayTarget('gateway-modern', { modern: true, compareTo: 'gateway-memory', goals: { seqP50Max: 1.2 } })
   ]
   if (compareMain !== undefined) {
@@ -235,7 +235,7 @@ export function targetSpecs (compareMain: string | undefined): TargetSpec[] {
 
 /**
  * What an optional feature costs, from two targets run interleaved in the same run: the one with
- * the feature on over the one with it off (issue 11: metrics on cost at most 3 % of sequential p50).
+ * the feature on over the one with it off (metrics on cost at most 3 % of sequential p50).
  */
 export interface FeatureCost {
   feature: string
