@@ -21,18 +21,19 @@ const QUIET_MS = 700
 
 interface Setup { users: TestIssuer, gw: RunningGateway }
 
-async function setup (t: Test, server: Record<string, unknown>): Promise<Setup> {
-  const users = await startIssuer(t, 'https://users.example', { aud: `${PUBLIC}/mcp/full` })
+async function setup (t: Test, server: Record<string, unknown>, path = 'full'): Promise<Setup> {
+  const users = await startIssuer(t, 'https://users.example', { aud: `${PUBLIC}/mcp/${path}` })
   const as = await startOAuthServer(t, { keys: users.keys.map(k => k.jwk) }, users.issuer)
   const gw = await startGateway(t, {
     auth: { publicUrl: PUBLIC },
-    tenants: { acme: { jwt: [{ issuer: users.issuer, jwksUri: users.jwksUri }], servers: { full: {} } } },
+    tenants: { acme: { jwt: [{ issuer: users.issuer, jwksUri: users.jwksUri }], servers: { full: {}, agg: {} } } },
     servers: {
       full: stdioFixture('full-server', [], {
         credentials: { source: 'token-exchange', issuer: as.issuer, clientId: GATEWAY_CLIENT.id, clientSecret: GATEWAY_CLIENT.secret, audience: 'https://full.example/api', env: 'FULL_TOKEN', timeoutMs: 2000 },
         poolSize: 1,
         ...server
-      })
+      }),
+      agg: { transport: 'aggregate', members: [{ server: 'full' }] }
     }
   }, { vaultKeys: `k1:${randomBytes(32).toString('base64')}` })
   return { users, gw }
@@ -125,4 +126,26 @@ t.test('2026-07-28 subscriptions/listen: alice\'s events reach her listen stream
   t.same(alice.heard, aliceHeard, 'alice\'s streams hear nothing of bob\'s child')
   await alice.close()
   await bob.close()
+})
+
+t.test('aggregate sessions: a per-user pooled member\'s list_changed reaches its own user\'s aggregate session only', async t => {
+  const s = await setup(t, { sessions: 'pooled' }, 'agg')
+  const open = async (subject: string): Promise<{ client: Client, heard: Heard }> => {
+    const client = new Client({ name: `agg-${subject}`, version: '1.0.0' })
+    const heard: Heard = { listChanged: 0, updated: [] }
+    client.setNotificationHandler(ToolListChangedNotificationSchema, () => { heard.listChanged++ })
+    await client.connect(new StreamableHTTPClientTransport(new URL(`${s.gw.url}/mcp/agg`), { requestInit: { headers: await headersOf(s, subject) } }))
+    t.teardown(async () => { await client.close().catch(() => {}) })
+    return { client, heard }
+  }
+  const alice = await open('alice')
+  const bob = await open('bob')
+  t.ok((await bob.client.listTools()).tools.some(tool => tool.name === 'full__add-tool'), 'the member\'s tools are listed')
+  await triggerUntil('alice\'s aggregate session hears her member\'s list_changed', async () => await alice.client.callTool({ name: 'full__add-tool', arguments: {} }), () => alice.heard.listChanged > 0)
+  await sleep(QUIET_MS)
+  t.equal(bob.heard.listChanged, 0, 'bob\'s aggregate session does not')
+  const aliceBefore = alice.heard.listChanged
+  await triggerUntil('bob\'s aggregate session hears his member\'s list_changed', async () => await bob.client.callTool({ name: 'full__add-tool', arguments: {} }), () => bob.heard.listChanged > 0)
+  await sleep(QUIET_MS)
+  t.equal(alice.heard.listChanged, aliceBefore, 'alice\'s hears nothing of bob\'s child')
 })
