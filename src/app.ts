@@ -329,9 +329,9 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
     // A per-user credential: each subject's own pool, so no child ever serves two users.
     ownConnections: (server, tenant) => needsOwnConnections(credentialsLive, tenant, server),
     toolPolicy,
-    onServerEvent: (server, tenant, message) => {
-      modern.onServerEvent(server, tenant, message)
-      router.poolEvent(server, tenant, message, false)
+    onServerEvent: (server, tenant, subject, message) => {
+      modern.onServerEvent(server, tenant, subject, message)
+      router.poolEvent(server, tenant, subject, message, false)
     }
   })
   const router = new Router({
@@ -372,7 +372,7 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
     hosting: server => serverConfigOf(live, server)?.tasks,
     parked,
     inputWaitMs: PARKED_CALL_TTL_MS,
-    notify: (server, tenant, message) => { modern.onServerEvent(server, tenant, message) },
+    notify: (server, tenant, message) => { modern.onServerEvent(server, tenant, null, message) },
     warn: (err, msg) => { log.warn({ err }, msg) },
     metrics,
     auditLog: log
@@ -395,7 +395,7 @@ export async function buildGateway (config: Readonly<Config>, options: GatewayOp
   router.onReplicaGone(replica => { modernTasks.replicaGone(replica).catch(err => { log.warn({ err }, 'hosted tasks of a lost replica not failed') }) })
   router.onModernEnvelope(envelope => {
     modern.onEnvelope(envelope)
-    if (envelope.kind === 'listen-event') router.poolEvent(envelope.server, envelope.tenant, envelope.message, true)
+    if (envelope.kind === 'listen-event') router.poolEvent(envelope.server, envelope.tenant, envelope.subject ?? null, envelope.message, true)
   })
   metrics.observe({
     sessions: () => mergeCounts(router.ownedSessions(), router.pooledSessions()),

@@ -104,6 +104,8 @@ interface Listener {
   /** Who opened it, and the id of its listen request: a client's notifications/cancelled names it. */
   principal: string
   id: RequestId
+  /** Its caller's subject digest: the events of a per-user pool reach that subject's streams only. */
+  subject: string
   /** The notification methods it asked for and the backend can send. */
   methods: Set<string>
   /** The resources whose notifications/resources/updated it asked for. */
@@ -160,7 +162,7 @@ export class ModernFace {
         return
       }
       case 'listen-event':
-        this.#deliverEvent(envelope.server, envelope.tenant, envelope.message)
+        this.#deliverEvent(envelope.server, envelope.tenant, envelope.subject ?? null, envelope.message)
         return
       case 'task-cancel':
       case 'task-update':
@@ -233,41 +235,50 @@ export class ModernFace {
    * A backend's session-level notification (list_changed, resources/updated) seen by this replica's
    * pool: to the listen streams here that asked for it, and to every other replica that holds
    * listen streams of the same server and tenant (a change made through one replica reaches a
-   * listener on another).
+   * listener on another). `subject`: the one subject whose own pool saw it (a per-user
+   * credential): only that subject's streams hear it, here and on the replicas registered for its
+   * topic; null for a tenant's pool.
    */
-  onServerEvent (server: string, tenant: string | null, message: JsonRpcMessage): void {
+  onServerEvent (server: string, tenant: string | null, subject: string | null, message: JsonRpcMessage): void {
     // A pool hands over every notification no request waits for (idle logs, late progress).
     if (!isNotification(message) || !LISTENABLE.has(message.method)) return
-    this.#deliverEvent(server, tenant, message)
+    this.#deliverEvent(server, tenant, subject, message)
     const peers = this.#options.peers
-    this.#options.listenRegistry.listeners(listenTopic(server, tenant)).then(async replicas => {
-      await Promise.all(replicas.filter(r => r !== peers.replicaId).map(async r => { await peers.send(r, { kind: 'listen-event', server, tenant, message }) }))
+    this.#options.listenRegistry.listeners(listenTopic(server, tenant, subject)).then(async replicas => {
+      await Promise.all(replicas.filter(r => r !== peers.replicaId).map(async r => { await peers.send(r, { kind: 'listen-event', server, tenant, subject, message }) }))
     }).catch(err => { this.#options.log.warn({ err, server }, 'listen event not sent to other replicas') })
   }
 
-  /** Registers this replica for the topics it holds listen streams of (renewed by the face's tick). */
-  #register (key: string): void {
-    const [server = '', tenant = ''] = key.split('\0')
+  /**
+   * Registers this replica for the topics a listen stream of `subject` on (server, tenant) hears:
+   * each pool's, that of `subject`'s own where the pool is per user (renewed by the face's tick).
+   */
+  #register (server: string, tenant: string | null, subject: string): void {
     for (const topic of this.#options.kinds.of(server).listenTopics()) {
-      this.#options.listenRegistry.addListener(listenTopic(topic, tenant === '' ? null : tenant), this.#options.peers.replicaId, LISTEN_REGISTRATION_MS)
+      const scope = this.#options.pool.eventSubject(topic, tenant, subject)
+      this.#options.listenRegistry.addListener(listenTopic(topic, tenant, scope), this.#options.peers.replicaId, LISTEN_REGISTRATION_MS)
         .catch(err => { this.#options.log.warn({ err, server }, 'listen registration failed') })
     }
   }
 
   /** Keeps this replica registered for every topic it holds listen streams of. */
   #renewRegistrations (): void {
-    for (const key of this.#listeners.keys()) this.#register(key)
+    for (const [key, set] of this.#listeners) {
+      const [server = '', tenant = ''] = key.split('\0')
+      for (const subject of new Set([...set].map(l => l.subject))) this.#register(server, tenant === '' ? null : tenant, subject)
+    }
   }
 
-  #deliverEvent (server: string, tenant: string | null, message: JsonRpcMessage): void {
+  #deliverEvent (server: string, tenant: string | null, subject: string | null, message: JsonRpcMessage): void {
     if (!isNotification(message)) return
-    for (const hearer of this.#options.kinds.hearersOf(server, message)) this.#deliverTo(hearer, tenant, message)
+    for (const hearer of this.#options.kinds.hearersOf(server, message)) this.#deliverTo(hearer, tenant, subject, message)
   }
 
-  #deliverTo (server: string, tenant: string | null, message: JsonRpcMessage): void {
+  #deliverTo (server: string, tenant: string | null, subject: string | null, message: JsonRpcMessage): void {
     if (!isNotification(message)) return
     const uri = message.method === 'notifications/resources/updated' && isRecord(message.params) ? message.params.uri : undefined
     for (const listener of this.#listeners.get(serverTenantKey(server, tenant)) ?? []) {
+      if (subject !== null && listener.subject !== subject) continue
       if (!listener.methods.has(message.method)) continue
       if (uri !== undefined && !(typeof uri === 'string' && listener.uris.has(uri))) continue
       if (message.method === 'notifications/tasks' && !listener.taskIds.has(String(isRecord(message.params) ? message.params.taskId : ''))) continue
@@ -331,15 +342,14 @@ export class ModernFace {
     write(tag({ jsonrpc: '2.0', method: 'notifications/subscriptions/acknowledged', params: { notifications: honoured } }))
     const key = serverTenantKey(server, tenant)
     let set = this.#listeners.get(key)
-    if (set === undefined) {
-      this.#listeners.set(key, set = new Set())
-      this.#register(key)
-    }
+    if (set === undefined) this.#listeners.set(key, set = new Set())
+    this.#register(server, tenant, req.principal.subjectDigest)
     const keepAlive = setInterval(() => { if (!res.writableEnded) res.write(': keepalive\n\n') }, this.#options.keepAliveMs)
     keepAlive.unref()
     const listener: Listener = {
       principal: req.principal.key,
       id: subscriptionId,
+      subject: req.principal.subjectDigest,
       methods,
       uris: new Set(uris),
       taskIds: new Set(taskIds),

@@ -235,8 +235,8 @@ export class Router {
    * A session-level notification a pool saw (`forwarded`: another replica's pool): to the
    * sessions it concerns (SessionKinds.poolEvent).
    */
-  poolEvent (server: string, tenant: string | null, message: JsonRpcMessage, forwarded: boolean): void {
-    this.#kinds.poolEvent(server, tenant, message, forwarded)
+  poolEvent (server: string, tenant: string | null, subject: string | null, message: JsonRpcMessage, forwarded: boolean): void {
+    this.#kinds.poolEvent(server, tenant, subject, message, forwarded)
   }
 
   /** Client streams this replica writes, by kind (read when metrics are scraped). */

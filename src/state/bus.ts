@@ -30,7 +30,8 @@ export type Envelope =
   /** The client of a forwarded retry went away: the resumed call is cancelled. */
   | { kind: 'mrtr-cancel', ticket: string }
   /** A backend's session-level notification seen by another replica's pool, for listen streams here. */
-  | { kind: 'listen-event', server: string, tenant: string | null, message: JsonRpcMessage }
+  /** `subject`: the one subject whose pool saw the event (a per-user credential); absent or null: the tenant's. */
+  | { kind: 'listen-event', server: string, tenant: string | null, subject?: string | null, message: JsonRpcMessage }
   /** 2026-07-28: a client cancelled a task the gateway hosts on the receiving replica: its call is cancelled. */
   | { kind: 'task-cancel', taskId: string }
   /** 2026-07-28: tasks/update answers for a hosted task whose call waits, parked, on the receiving replica. */

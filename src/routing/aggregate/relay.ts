@@ -466,9 +466,13 @@ export class AggregateRelay extends Relay {
     if (isNotification(message)) this.#fromMemberNotification(member, message, side)
   }
 
-  /** A pooled member's session-level notification (its pool saw it). */
-  poolEvent (server: string, tenant: string | null, message: JsonRpcMessage): void {
+  /**
+   * A pooled member's session-level notification (its pool saw it): `subject` names the one
+   * subject whose own pool it was (a per-user credential), whose sessions alone hear it.
+   */
+  poolEvent (server: string, tenant: string | null, subject: string | null, message: JsonRpcMessage): void {
     if (tenant !== this.#options.tenant || !isNotification(message)) return
+    if (subject !== null && subject !== this.#options.subjectDigest) return
     const member = this.#members.all.find(m => m.server === server && m.link instanceof PooledLink)
     if (member !== undefined) this.#fromMemberNotification(member, message, this.legacy ? LEGACY_STREAM : GET_STREAM)
   }

@@ -90,7 +90,7 @@ export class AggregateKind extends RoutedKind {
   }
 
   /** A session-level notification of `server`'s pool on this replica: to the aggregates here that have it as a pooled member. */
-  poolEvent (server: string, tenant: string | null, message: JsonRpcMessage): void {
-    for (const relay of this.#relays) if (relay.hasPooledMember(server)) relay.poolEvent(server, tenant, message)
+  poolEvent (server: string, tenant: string | null, subject: string | null, message: JsonRpcMessage): void {
+    for (const relay of this.#relays) if (relay.hasPooledMember(server)) relay.poolEvent(server, tenant, subject, message)
   }
 }

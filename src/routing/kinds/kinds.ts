@@ -36,10 +36,11 @@ export class SessionKinds {
   /**
    * A session-level notification a (server, tenant) pool saw (`forwarded`: another replica's
    * pool): to the pooled sessions whose streams are held here, and to the aggregates owned here
-   * that have the server as a pooled member (their own replica's pool only).
+   * that have the server as a pooled member (their own replica's pool only). `subject`: the one
+   * subject whose pool it was (a per-user credential): only that subject's sessions hear it.
    */
-  poolEvent (server: string, tenant: string | null, message: JsonRpcMessage, forwarded: boolean): void {
-    this.#pooledSessions.onServerEvent(server, tenant, message, forwarded)
-    if (!forwarded) this.#aggregate.poolEvent(server, tenant, message)
+  poolEvent (server: string, tenant: string | null, subject: string | null, message: JsonRpcMessage, forwarded: boolean): void {
+    this.#pooledSessions.onServerEvent(server, tenant, subject, message, forwarded)
+    if (!forwarded) this.#aggregate.poolEvent(server, tenant, subject, message)
   }
 }

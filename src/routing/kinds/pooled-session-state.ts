@@ -9,7 +9,9 @@
 // - Session-level notifications: `list_changed` goes to every session of the (server, tenant)
 //   whose GET (or legacy) stream is held here, and to the replicas registered for the topic;
 //   `resources/updated` only to the sessions that subscribed to that URI on this replica, whose
-//   pool holds the one upstream subscription per URI.
+//   pool holds the one upstream subscription per URI. Where each subject has a pool of its own (a
+//   per-user credential) both go to that subject's sessions only, and the topic names the subject
+//   (listenTopic): one user's backend account shows nothing of itself to another.
 import type { Logger } from 'pino'
 import type { ServerSource } from '../../config/live.js'
 import { GW_ERR_BACKEND_CAPACITY, withRetryAfter } from '../../core/errors.js'
@@ -18,7 +20,7 @@ import { isLogLevel, LOG_LEVELS } from '../../core/mcp.js'
 import { GET_STREAM, LEGACY_STREAM } from '../../state/event-log.js'
 import type { EstablishedState, SessionRecord, SessionStore } from '../../state/session-store.js'
 import { LISTEN_REGISTRATION_MS, listenTopic, type BackendInfo, type ConnectionPool } from '../upstream/pool.js'
-import { serverTenantKey } from '../upstream/ports.js'
+import { poolKey } from '../upstream/ports.js'
 
 /** Retry-After of a new session refused at a pooled server's maxSessions. */
 const CAPACITY_RETRY_AFTER_S = 5
@@ -40,19 +42,21 @@ export interface PooledSessionStateOptions {
   writes: (sid: string, streamId: string) => boolean
 }
 
-/** The sessions of one (server, tenant) whose GET or legacy stream is held here. */
+/** The sessions of one (server, tenant) pool whose GET or legacy stream is held here. */
 interface Listeners {
   server: string
   tenant: string | null
+  /** The one subject whose pool they hear (a per-user credential); null: the tenant's pool. */
+  subject: string | null
   sessions: Set<string>
 }
 
 export class PooledSessionState {
   readonly #options: PooledSessionStateOptions
-  /** Sessions whose GET or legacy stream is held here, by serverTenantKey. */
+  /** Sessions whose GET or legacy stream is held here, by the poolKey of the pool whose events they hear. */
   readonly #listening = new Map<string, Listeners>()
-  /** Upstream subscriptions taken here, by session: the stream their updates go to, and a release per uri. */
-  readonly #subscriptions = new Map<string, { stream: string, uris: Map<string, () => void> }>()
+  /** Upstream subscriptions taken here, by session: the stream their updates go to, whose pool's updates they hear, and a release per uri. */
+  readonly #subscriptions = new Map<string, { stream: string, subject: string | null, uris: Map<string, () => void> }>()
   /** Sessions created here and not known to have ended, by server (maxSessions). */
   readonly #created = new Map<string, Set<string>>()
 
@@ -96,33 +100,34 @@ export class PooledSessionState {
   /** A session's GET (or legacy) stream is held here now: it gets the pool's list_changed. */
   listen (record: SessionRecord): void {
     const tenant = record.tenant ?? null
-    const key = serverTenantKey(record.server, tenant)
+    const subject = this.#options.pool.eventSubject(record.server, tenant, record.subjectDigest)
+    const key = poolKey(record.server, tenant, subject)
     let listeners = this.#listening.get(key)
     if (listeners === undefined) {
-      this.#listening.set(key, listeners = { server: record.server, tenant, sessions: new Set() })
-      this.#register(record.server, tenant)
+      this.#listening.set(key, listeners = { server: record.server, tenant, subject, sessions: new Set() })
+      this.#register(record.server, tenant, subject)
     }
     listeners.sessions.add(record.id)
   }
 
   /** Forgets listeners whose stream is no longer held here, and renews this replica's registration for the topics still heard. */
   renewListening (): void {
-    for (const [key, { server, tenant, sessions }] of this.#listening) {
+    for (const [key, { server, tenant, subject, sessions }] of this.#listening) {
       for (const sid of sessions) if (!this.#options.writes(sid, GET_STREAM) && !this.#options.writes(sid, LEGACY_STREAM)) sessions.delete(sid)
       if (sessions.size === 0) { this.#listening.delete(key); continue }
-      this.#register(server, tenant)
+      this.#register(server, tenant, subject)
     }
   }
 
   /**
-   * A session-level notification of a (server, tenant) pool: `forwarded` when another replica's
-   * pool saw it (then only list_changed applies here: resources/updated belongs to the sessions
-   * that subscribed on the replica whose pool holds the subscription).
+   * A session-level notification of a (server, tenant) pool, or of `subject`'s own: `forwarded`
+   * when another replica's pool saw it (then only list_changed applies here: resources/updated
+   * belongs to the sessions that subscribed on the replica whose pool holds the subscription).
    */
-  onServerEvent (server: string, tenant: string | null, message: JsonRpcMessage, forwarded: boolean): void {
+  onServerEvent (server: string, tenant: string | null, subject: string | null, message: JsonRpcMessage, forwarded: boolean): void {
     if (!isNotification(message)) return
     if (LIST_CHANGED.test(message.method)) {
-      const sessions = this.#listening.get(serverTenantKey(server, tenant))?.sessions
+      const sessions = this.#listening.get(poolKey(server, tenant, subject))?.sessions
       if (sessions === undefined) return
       for (const sid of sessions) {
         const stream = this.#options.writes(sid, GET_STREAM) ? GET_STREAM : this.#options.writes(sid, LEGACY_STREAM) ? LEGACY_STREAM : null
@@ -135,7 +140,7 @@ export class PooledSessionState {
     const uri = isRecord(message.params) ? message.params.uri : undefined
     if (typeof uri !== 'string') return
     for (const [sid, subscribed] of this.#subscriptions) {
-      if (subscribed.uris.has(uri)) this.#options.append(sid, subscribed.stream, message)
+      if (subscribed.subject === subject && subscribed.uris.has(uri)) this.#options.append(sid, subscribed.stream, message)
     }
   }
 
@@ -209,7 +214,10 @@ export class PooledSessionState {
     if (this.#subscriptions.get(record.id)?.uris.has(uri) === true) return
     const release = await this.#options.pool.hold(record.server, record.tenant ?? null, [uri], record.subjectDigest)
     let subscribed = this.#subscriptions.get(record.id)
-    if (subscribed === undefined) this.#subscriptions.set(record.id, subscribed = { stream: record.transport === 'legacy' ? LEGACY_STREAM : GET_STREAM, uris: new Map() })
+    if (subscribed === undefined) {
+      const subject = this.#options.pool.eventSubject(record.server, record.tenant ?? null, record.subjectDigest)
+      this.#subscriptions.set(record.id, subscribed = { stream: record.transport === 'legacy' ? LEGACY_STREAM : GET_STREAM, subject, uris: new Map() })
+    }
     if (subscribed.uris.has(uri)) { release(); return }
     subscribed.uris.set(uri, release)
   }
@@ -228,8 +236,8 @@ export class PooledSessionState {
     await this.#options.store.update(record.id, { established })
   }
 
-  #register (server: string, tenant: string | null): void {
-    this.#options.store.addListener(listenTopic(server, tenant), this.#options.replicaId, LISTEN_REGISTRATION_MS)
+  #register (server: string, tenant: string | null, subject: string | null): void {
+    this.#options.store.addListener(listenTopic(server, tenant, subject), this.#options.replicaId, LISTEN_REGISTRATION_MS)
       .catch(err => { this.#options.log.warn({ err, server }, 'pooled sessions: event registration failed') })
   }
 }

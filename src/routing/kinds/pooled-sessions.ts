@@ -246,8 +246,8 @@ export class PooledSessions {
   }
 
   /** A session-level notification of a (server, tenant) pool (`forwarded`: another replica's pool saw it). */
-  onServerEvent (server: string, tenant: string | null, message: JsonRpcMessage, forwarded: boolean): void {
-    this.#state.onServerEvent(server, tenant, message, forwarded)
+  onServerEvent (server: string, tenant: string | null, subject: string | null, message: JsonRpcMessage, forwarded: boolean): void {
+    this.#state.onServerEvent(server, tenant, subject, message, forwarded)
   }
 
   /** What this replica holds of a session ends (DELETE, idle, end-session): its calls answered with `err`. */

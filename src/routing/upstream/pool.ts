@@ -72,18 +72,25 @@ export interface ConnectionPoolOptions extends ConnectionSettings {
    * credential): its pool is then keyed by (server, tenant, subject digest).
    */
   ownConnections?: (server: string, tenant: string | null) => boolean
-  /** Session-level messages of a backend (list_changed, resources/updated), for listen streams. */
-  onServerEvent?: (server: string, tenant: string | null, message: JsonRpcMessage) => void
+  /**
+   * Session-level messages of a backend (list_changed, resources/updated), for listen streams;
+   * `subject`: the one subject whose pool saw it (a per-user credential), null for a tenant's pool.
+   */
+  onServerEvent?: (server: string, tenant: string | null, subject: string | null, message: JsonRpcMessage) => void
 }
 
 /** How long a replica's registration for a pool's session-level events lives unless renewed (a third of it apart). */
 export const LISTEN_REGISTRATION_MS = 15_000
 
 /**
- * The registry topic of a server and tenant: replicas registered for it (SessionStore.addListener)
- * get the session-level notifications (list_changed, resources/updated) another replica's pool sees.
+ * The registry topic of a pool: replicas registered for it (SessionStore.addListener) get the
+ * session-level notifications (list_changed, resources/updated) another replica's pool sees. A
+ * per-user pool's topic names its subject (eventSubject), so its events reach that subject's
+ * sessions and listen streams only: a resource URI or list of one user's backend account is no
+ * other user's to see.
  */
-export const listenTopic = (server: string, tenant: string | null): string => `${server}:${tenant ?? ''}`
+export const listenTopic = (server: string, tenant: string | null, subject: string | null = null): string =>
+  subject === null ? `${server}:${tenant ?? ''}` : `${server}:${tenant ?? ''}\0${subject}`
 
 /** Connections opened beyond poolSize for a burst are stopped after this long idle. */
 const EXTRA_IDLE_MS = 30_000
@@ -133,7 +140,7 @@ export class ConnectionPool {
       released: conn => { this.#released(conn) },
       forget: conn => { this.#forget(conn) },
       serverEvent: (conn, message) => {
-        forwardIfChanged(conn, message, this.#groupOf(conn)?.lists, event => { options.onServerEvent?.(conn.server, conn.tenant, event) })
+        forwardIfChanged(conn, message, this.#groupOf(conn)?.lists, event => { options.onServerEvent?.(conn.server, conn.tenant, conn.subjectDigest, event) })
       },
       taskMessage: (conn, message) => this.#tasks.message(conn, message),
       lost: (conn, reason) => { this.#tasks.lost(conn, reason) }
@@ -375,6 +382,14 @@ export class ConnectionPool {
       this.#groups.set(key, group)
     }
     return group
+  }
+
+  /**
+   * Whose events a caller of (server, tenant) hears: `subject` where each subject has a pool of its
+   * own (onServerEvent names it), null where the tenant's users share one.
+   */
+  eventSubject (server: string, tenant: string | null, subject: string | undefined): string | null {
+    return this.#options.ownConnections?.(server, tenant) === true ? subject ?? null : null
   }
 
   #subjectOf (server: string, tenant: string | null, subject: string | undefined): string | null {
