@@ -245,10 +245,18 @@ t.test('a child stopped while its task runs: the task fails on every replica', a
   t.ok(pids.length >= 1, `A runs the pooled child (${pids.join(', ')})`)
   for (const pid of pids) process.kill(pid, 'SIGKILL')
   alice.to(b)
+  // In the moment the child dies, a tasks/get may still meet its connection and get -32007 once;
+  // from when the gateway knows, the task answers failed, on every replica.
+  const transient: string[] = []
   const task = await eventually('the task failed, seen through B', async () => {
-    const got = await alice.client.experimental.tasks.getTask(id)
-    return got.status === 'failed' ? got : undefined
+    const got = await alice.client.experimental.tasks.getTask(id).catch((err: { code?: number, message?: string }) => {
+      if (err.code !== -32007) throw err
+      transient.push(String(err.message))
+      return undefined
+    })
+    return got?.status === 'failed' ? got : undefined
   }, 15_000, 250)
+  t.ok(transient.length <= 2, `-32007 at most while the loss was being learnt (${transient.length}: ${transient.join(' | ').slice(0, 300)})`)
   t.match(task, { taskId: id, status: 'failed', statusMessage: /lost the backend connection/ }, 'failed, saying why')
   await t.rejects(alice.client.experimental.tasks.getTaskResult(id, CallToolResultSchema), { code: -32007, message: /lost the backend connection/ }, 'tasks/result through B: -32007')
 })

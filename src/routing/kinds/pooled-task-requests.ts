@@ -237,9 +237,10 @@ export class PooledTaskRequests {
         let busy = false
         const answer = await this.#askTask(task, 'tasks/get').catch((err: unknown) => {
           busy = isGatewayError(err) && err.code === 'GW_ERR_POOL_BUSY'
-          // The connection died under the request before the pool reported it lost: the task is
-          // failed now (as that report would do), and tasks/get answers its status, not -32007.
-          if (isGatewayError(err) && err.code === 'GW_ERR_BACKEND_LOST') this.#tasks.lost(task.connectionId, err.message)
+          // The connection died under the request, or was found dead, before the pool reported it
+          // lost: the task is failed now (as that report would do; a child started again knows no
+          // task of the one that died), and tasks/get answers its status, not -32007.
+          if (isGatewayError(err) && (err.code === 'GW_ERR_BACKEND_LOST' || err.code === 'GW_ERR_BACKEND_UNAVAILABLE')) this.#tasks.lost(task.connectionId, err.message)
           return toJsonRpcError(asGatewayError(err, task.server), request.id)
         })
         // Its connection stayed busy past poolWaitMs (a long request of another session): the
